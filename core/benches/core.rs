@@ -1,1 +1,102 @@
-fn main() {}
+//! The core's decisions, measured against hand-written baselines in the same run (DESIGN §8).
+//!
+//! `cargo bench -p persevere --bench core`
+//!
+//! - `baseline/handwritten_full_jitter`: what a hand-written capped exponential with a full-jitter
+//!   draw costs (`min(cap, base << n)`, then one multiply-shift draw), with the same RNG.
+//! - `next_delay/*`: one failure → next delay decision, for each jitter, through
+//!   [`BackoffState::next_delay`] (failure count cycling 1..=8, so both growth and cap are hit).
+//! - `retry/cycle`: a whole operation: start → fail → sleep → start → success, drained.
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use persevere::{Action, Backoff, BackoffState, Failure, Instant, Jitter, Retry, RetryPolicy};
+use rand_chacha::ChaCha8Rng;
+use rand_core::{Rng, SeedableRng};
+
+fn backoff(jitter: Jitter) -> Backoff {
+    Backoff::exponential(Duration::from_millis(10), 2.0)
+        .max_delay(Duration::from_secs(1))
+        .jitter(jitter)
+        .build()
+        .unwrap()
+}
+
+fn next_delay(c: &mut Criterion) {
+    let mut group = c.benchmark_group("next_delay");
+    let mut rng = ChaCha8Rng::seed_from_u64(1);
+    group.bench_function("baseline/handwritten_full_jitter", |b| {
+        let mut n = 0u32;
+        b.iter(|| {
+            n = (n & 7) + 1;
+            let envelope = (10_000_000u64 << (n - 1)).min(1_000_000_000);
+            let draw = ((u128::from(rng.next_u64()) * u128::from(envelope + 1)) >> 64) as u64;
+            black_box(Duration::from_nanos(draw))
+        })
+    });
+    for (name, jitter) in [
+        ("none", Jitter::None),
+        ("full", Jitter::Full),
+        ("equal", Jitter::Equal),
+        ("proportional", Jitter::Proportional(0.1)),
+    ] {
+        let backoff = backoff(jitter);
+        let mut state = BackoffState::new();
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                if state.failures() == 8 {
+                    state.reset();
+                }
+                black_box(state.next_delay(black_box(&backoff), &mut rng))
+            })
+        });
+    }
+    let decorrelated =
+        Backoff::decorrelated(Duration::from_millis(10)).max_delay(Duration::from_secs(1)).build().unwrap();
+    let mut state = BackoffState::new();
+    group.bench_function("decorrelated", |b| {
+        b.iter(|| {
+            if state.failures() == 8 {
+                state.reset();
+            }
+            black_box(state.next_delay(black_box(&decorrelated), &mut rng))
+        })
+    });
+    group.finish();
+}
+
+fn retry_cycle(c: &mut Criterion) {
+    let mut group = c.benchmark_group("retry");
+    let policy = RetryPolicy::builder(backoff(Jitter::Full)).max_attempts(3).build().unwrap();
+    let mut rng = ChaCha8Rng::seed_from_u64(2);
+    group.bench_function("baseline/direct_call", |b| b.iter(|| black_box(black_box(7u64).wrapping_add(1))));
+    group.bench_function("cycle", |b| {
+        b.iter(|| {
+            let mut retry = Retry::<u32>::new();
+            let now = black_box(Instant::from_secs(1));
+            retry.handle_start(&policy, now).unwrap();
+            let Some(Action::Start { attempt, .. }) = retry.poll_action() else { unreachable!() };
+            retry.handle_failure(&policy, now, attempt, Failure::retryable(7), &mut rng).unwrap();
+            let Some(Action::Sleep { until, .. }) = retry.poll_action() else { unreachable!() };
+            retry.handle_timeout(&policy, until, &mut rng);
+            let Some(Action::Start { attempt, .. }) = retry.poll_action() else { unreachable!() };
+            retry.handle_success(until, attempt).unwrap();
+            black_box(retry.poll_action())
+        })
+    });
+    group.bench_function("first_attempt_success", |b| {
+        b.iter(|| {
+            let mut retry = Retry::<u32>::new();
+            retry.handle_start(&policy, black_box(Instant::from_secs(1))).unwrap();
+            let Some(Action::Start { attempt, .. }) = retry.poll_action() else { unreachable!() };
+            retry.handle_success(Instant::from_secs(1), attempt).unwrap();
+            black_box(retry.poll_action())
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, next_delay, retry_cycle);
+criterion_main!(benches);

@@ -1,0 +1,112 @@
+//! The per-call paths allocate nothing (DESIGN §8), proven with a counting global allocator.
+//!
+//! The counter is per thread, so the test harness's own allocations on other threads do not
+//! count; each test counts only what its closure does.
+#![allow(unsafe_code)]
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::time::Duration;
+
+use persevere::{Action, Backoff, BackoffState, Failure, Instant, Jitter, Retry, RetryPolicy};
+use rand_chacha::ChaCha8Rng;
+use rand_core::SeedableRng;
+
+struct Counting;
+
+thread_local! {
+    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
+}
+
+// SAFETY: every call is forwarded unchanged to the system allocator; counting touches only a
+// const-initialised thread-local `Cell<u64>`, which never allocates and has no destructor.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.with(|n| n.set(n.get() + 1));
+        // SAFETY: forwarded with the caller's layout.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from `System.alloc` with this layout.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.with(|n| n.set(n.get() + 1));
+        // SAFETY: forwarded unchanged.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// How many allocations `f` makes on this thread.
+fn allocations(f: impl FnOnce()) -> u64 {
+    let before = ALLOCATIONS.with(Cell::get);
+    f();
+    ALLOCATIONS.with(Cell::get) - before
+}
+
+#[test]
+fn the_counter_sees_an_allocation() {
+    // Proves the harness can fail: a boxed value is counted.
+    assert_eq!(allocations(|| drop(std::hint::black_box(Box::new(7u64)))), 1);
+}
+
+#[test]
+fn next_delay_with_every_jitter_allocates_nothing() {
+    let mut rng = ChaCha8Rng::seed_from_u64(1);
+    for jitter in [Jitter::None, Jitter::Full, Jitter::Equal, Jitter::Proportional(0.2)] {
+        let backoff = Backoff::exponential(Duration::from_millis(5), 2.0)
+            .max_delay(Duration::from_secs(9))
+            .jitter(jitter)
+            .build()
+            .unwrap();
+        let mut state = BackoffState::new();
+        let n = allocations(|| {
+            for _ in 0..1_000 {
+                std::hint::black_box(state.next_delay(&backoff, &mut rng));
+            }
+        });
+        assert_eq!(n, 0, "{jitter:?}");
+    }
+}
+
+#[test]
+fn a_full_retry_cycle_allocates_nothing() {
+    let policy =
+        RetryPolicy::builder(Backoff::exponential(Duration::from_millis(5), 2.0).jitter(Jitter::Full).build().unwrap())
+            .max_attempts(4)
+            .total(Duration::from_secs(60))
+            .attempt_timeout(Duration::from_secs(1))
+            .build()
+            .unwrap();
+    let mut rng = ChaCha8Rng::seed_from_u64(2);
+    let n = allocations(|| {
+        for round in 0..100u64 {
+            let mut retry = Retry::<u64>::new();
+            let mut now = Instant::from_secs(round);
+            retry.handle_start(&policy, now).unwrap();
+            loop {
+                match retry.poll_action() {
+                    Some(Action::Start { attempt, .. }) if attempt < 3 => {
+                        retry.handle_failure(&policy, now, attempt, Failure::retryable(round), &mut rng).unwrap();
+                    }
+                    Some(Action::Start { attempt, .. }) => retry.handle_success(now, attempt).unwrap(),
+                    Some(Action::Finish { outcome, .. }) => {
+                        std::hint::black_box(outcome);
+                        break;
+                    }
+                    Some(_) => {}
+                    None => {
+                        now = retry.poll_timeout().unwrap();
+                        retry.handle_timeout(&policy, now, &mut rng);
+                    }
+                }
+            }
+        }
+    });
+    assert_eq!(n, 0);
+}
