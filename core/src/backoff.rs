@@ -90,7 +90,8 @@ pub enum Jitter {
     Full,
     /// `U[⌊d/2⌋, d]`.
     Equal,
-    /// `U[d − ⌊d·f⌋, d + ⌊d·f⌋]` with `f` in `[0, 1]`, then capped at `max_delay`.
+    /// `U[d − ⌊d·f⌋, d + ⌊d·f⌋]` with `f` in `[0, 1]`, then capped at `max_delay`. `f` is
+    /// applied in fixed point, rounded to the nearest multiple of 2^-32.
     Proportional(f64),
 }
 
@@ -119,7 +120,17 @@ pub struct Backoff {
     jitter: Jitter,
     min_ns: u64,
     max_ns: u64,
+    /// The proportional jitter factor in units of 2^-32 (`f` rounded to the nearest unit).
+    spread_q32: u64,
+    /// The first failure count whose envelope is the cap (`u64::MAX` if no `u32` count reaches it).
+    cap_from: u64,
+    /// The envelopes of failures 1..=TABLE_LEN, precomputed by the same arithmetic.
+    table: [u64; TABLE_LEN],
 }
+
+/// How many envelopes a [`Backoff`] precomputes: the common case of a handful of retries is a
+/// lookup.
+const TABLE_LEN: usize = 16;
 
 /// The settings of a [`Backoff`] before validation.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -230,7 +241,17 @@ impl BackoffBuilder {
         if max_ns < min_ns {
             return Err(PolicyError::CapBelow { setting: "min_delay", max_delay_ns: max_ns, value_ns: min_ns });
         }
-        Ok(Backoff { shape, jitter: self.jitter, min_ns, max_ns })
+        let spread_q32 = match self.jitter {
+            Jitter::Proportional(f) => (f * 4_294_967_296.0 + 0.5) as u64,
+            _ => 0,
+        };
+        let mut backoff =
+            Backoff { shape, jitter: self.jitter, min_ns, max_ns, spread_q32, cap_from: 1, table: [0; TABLE_LEN] };
+        backoff.cap_from = backoff.first_capped();
+        for (i, slot) in backoff.table.iter_mut().enumerate() {
+            *slot = raw_envelope(shape, max_ns, i as u32 + 1);
+        }
+        Ok(backoff)
     }
 }
 
@@ -340,8 +361,8 @@ impl Backoff {
                     Jitter::None => envelope,
                     Jitter::Full => uniform_inclusive(rng, 0, envelope),
                     Jitter::Equal => uniform_inclusive(rng, envelope / 2, envelope),
-                    Jitter::Proportional(f) => {
-                        let spread = (envelope as f64 * f) as u64;
+                    Jitter::Proportional(_) => {
+                        let spread = ((u128::from(envelope) * u128::from(self.spread_q32)) >> 32) as u64;
                         uniform_inclusive(rng, envelope.saturating_sub(spread), envelope.saturating_add(spread))
                     }
                 }
@@ -353,20 +374,48 @@ impl Backoff {
     #[inline]
     pub(crate) fn envelope_ns(&self, failures: u32) -> u64 {
         let n = failures.max(1);
-        let raw = match self.shape {
-            Shape::Constant { delay } => delay,
-            Shape::Linear { initial, step } => initial.saturating_add(step.saturating_mul(u64::from(n - 1))),
-            Shape::Exponential { initial, multiplier, cap_ratio } => match growth(multiplier, n - 1, cap_ratio) {
-                Some(factor) => ((initial as f64 * factor) as u64).max(initial),
-                None => u64::MAX,
-            },
-            Shape::Decorrelated { base } => match growth(3.0, n, self.max_ns as f64 / base as f64) {
-                Some(factor) => ((base as f64 * factor) as u64).max(base),
-                None => u64::MAX,
-            },
-        };
-        raw.min(self.max_ns)
+        if u64::from(n) >= self.cap_from {
+            self.max_ns
+        } else if let Some(&envelope) = self.table.get(n as usize - 1) {
+            envelope
+        } else {
+            raw_envelope(self.shape, self.max_ns, n)
+        }
     }
+
+    /// The first `n` whose envelope is the cap, by binary search (the envelope is monotone).
+    fn first_capped(&self) -> u64 {
+        let (mut lo, mut hi) = (1u32, u32::MAX);
+        if raw_envelope(self.shape, self.max_ns, hi) < self.max_ns {
+            return u64::MAX;
+        }
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if raw_envelope(self.shape, self.max_ns, mid) >= self.max_ns {
+                hi = mid;
+            } else {
+                lo = mid + 1;
+            }
+        }
+        u64::from(lo)
+    }
+}
+
+/// The envelope of failure `n ≥ 1`, computed from scratch and capped at `max_ns`.
+fn raw_envelope(shape: Shape, max_ns: u64, n: u32) -> u64 {
+    let raw = match shape {
+        Shape::Constant { delay } => delay,
+        Shape::Linear { initial, step } => initial.saturating_add(step.saturating_mul(u64::from(n - 1))),
+        Shape::Exponential { initial, multiplier, cap_ratio } => match growth(multiplier, n - 1, cap_ratio) {
+            Some(factor) => ((initial as f64 * factor) as u64).max(initial),
+            None => u64::MAX,
+        },
+        Shape::Decorrelated { base } => match growth(3.0, n, max_ns as f64 / base as f64) {
+            Some(factor) => ((base as f64 * factor) as u64).max(base),
+            None => u64::MAX,
+        },
+    };
+    raw.min(max_ns)
 }
 
 /// `multiplier^exponent` by repeated squaring, or `None` once it reaches `limit` (the ratio at
@@ -447,5 +496,29 @@ impl BackoffState {
     /// The last delay returned (zero before the first failure).
     pub const fn last_delay(&self) -> Duration {
         Duration::from_nanos(self.last_delay_ns)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The lookup table and the cap shortcut answer exactly what the arithmetic answers.
+        #[test]
+        fn b5_shortcuts_agree_with_the_arithmetic(
+            initial in 1..5_000_000_000u64,
+            multiplier in prop_oneof![Just(1.0), 1.000_000_000_01..1.01f64, 1.01..100.0f64],
+            cap in prop::option::of(1..u64::MAX),
+            n in prop_oneof![1..40u32, any::<u32>()],
+        ) {
+            let mut builder = Backoff::exponential(Duration::from_nanos(initial), multiplier);
+            if let Some(cap) = cap {
+                builder = builder.max_delay(Duration::from_nanos(cap.max(initial)));
+            }
+            let backoff = builder.build().unwrap();
+            prop_assert_eq!(backoff.envelope_ns(n), raw_envelope(backoff.shape, backoff.max_ns, n));
+        }
     }
 }
