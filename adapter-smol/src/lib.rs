@@ -1,0 +1,80 @@
+//! # persevere-smol
+//!
+//! persevere's retry, breaker and budget on smol. Timers come from `async-io`, so everything
+//! here also runs under async-std's executor (async-std is itself built on async-io). The driving
+//! loop lives once in [`persevere_driver`]; this crate supplies the clock and timers
+//! ([`SmolRuntime`]) and the same public names as `persevere-tokio`.
+//!
+//! ```
+//! use std::time::Duration;
+//! use persevere::{Backoff, RetryPolicy};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let policy = RetryPolicy::builder(Backoff::constant(Duration::from_millis(2)).build()?)
+//!     .max_attempts(3)
+//!     .build()?;
+//! let mut calls = 0;
+//! let done = smol::block_on(persevere_smol::retry(&policy, || {
+//!     calls += 1;
+//!     let n = calls;
+//!     async move { if n < 3 { Err("flaky") } else { Ok(n) } }
+//! }));
+//! assert_eq!(done.result, Ok(3));
+//! assert_eq!(done.stats.attempts, 3);
+//! # Ok(()) }
+//! ```
+#![deny(missing_docs)]
+
+use std::borrow::Borrow;
+use std::future::Future;
+
+use persevere::{Instant, RetryPolicy};
+use persevere_driver::LazyEpoch;
+pub use persevere_driver::{
+    ByTrait, Classifier, Classify, GaveUp, Notify, Retried, RetryAll, RetryEvent, RetryGate, Stats, retry_after,
+};
+
+/// async-io's clock and timers. Its epoch is its first clock reading, taken lazily: creating
+/// one costs nothing and reads no clock.
+#[derive(Debug, Default)]
+pub struct SmolRuntime {
+    epoch: LazyEpoch,
+}
+
+impl SmolRuntime {
+    /// A runtime whose epoch is set by its first clock reading.
+    pub const fn new() -> Self {
+        SmolRuntime { epoch: LazyEpoch::new() }
+    }
+}
+
+impl persevere_driver::Runtime for SmolRuntime {
+    type Sleep = async_io::Timer;
+
+    fn now(&self) -> Instant {
+        self.epoch.instant(std::time::Instant::now)
+    }
+
+    fn sleep_until(&self, deadline: Instant) -> Self::Sleep {
+        match self.epoch.to_std(deadline) {
+            Some(at) => async_io::Timer::at(at),
+            None => async_io::Timer::never(),
+        }
+    }
+}
+
+/// The future returned by [`retry`] on smol.
+pub type RetryFuture<P, Op, Fut, E, C = RetryAll, N = (), G = (), S = std::future::Pending<()>> =
+    persevere_driver::RetryFuture<SmolRuntime, P, Op, Fut, E, C, N, G, S>;
+
+/// Retries `op` under `policy` on async-io's timers: every error is retried unless classified
+/// otherwise (see [`persevere_driver::RetryFuture`] for `.classify`, `.notify`, `.gate`,
+/// `.cancel_on`, `.seed`).
+pub fn retry<P, Op, Fut, T, E>(policy: P, op: Op) -> RetryFuture<P, Op, Fut, E>
+where
+    P: Borrow<RetryPolicy>,
+    Op: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+{
+    persevere_driver::retry(SmolRuntime::new(), policy, op)
+}

@@ -1,0 +1,88 @@
+//! # persevere-tokio
+//!
+//! persevere's retry, breaker and budget on tokio. The driving loop lives once in
+//! [`persevere_driver`]; this crate supplies tokio's clock and timers ([`TokioRuntime`]) and the
+//! same public names as `persevere-smol`.
+//!
+//! ```
+//! use std::time::Duration;
+//! use persevere::{Backoff, RetryPolicy};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let policy = RetryPolicy::builder(Backoff::exponential(Duration::from_millis(500), 2.0).build()?)
+//!     .max_attempts(3)
+//!     .build()?;
+//! let mut calls = 0;
+//! let done = persevere_tokio::retry(&policy, || {
+//!     calls += 1;
+//!     let n = calls;
+//!     async move { if n < 3 { Err("flaky") } else { Ok(n) } }
+//! })
+//! .await;
+//! assert_eq!(done.result, Ok(3));
+//! assert_eq!(done.stats.attempts, 3);
+//! assert_eq!(done.stats.slept, Duration::from_millis(1_500));
+//! # Ok(()) }
+//! ```
+#![deny(missing_docs)]
+
+use std::borrow::Borrow;
+use std::future::Future;
+use std::time::Duration;
+
+use persevere::{Instant, RetryPolicy};
+use persevere_driver::LazyEpoch;
+pub use persevere_driver::{
+    ByTrait, Classifier, Classify, GaveUp, Notify, Retried, RetryAll, RetryEvent, RetryGate, Stats, retry_after,
+};
+
+/// How far ahead an instant beyond the clock's range is put (about 30 years, as tokio does).
+const FAR_FUTURE: Duration = Duration::from_secs(86_400 * 365 * 30);
+
+/// tokio's clock and timers. Its epoch is its first clock reading, taken lazily: creating one
+/// costs nothing and reads no clock. Honours tokio's paused time (`start_paused`,
+/// `tokio::time::pause`).
+#[derive(Debug, Default)]
+pub struct TokioRuntime {
+    epoch: LazyEpoch,
+}
+
+impl TokioRuntime {
+    /// A runtime whose epoch is set by its first clock reading.
+    pub const fn new() -> Self {
+        TokioRuntime { epoch: LazyEpoch::new() }
+    }
+}
+
+impl persevere_driver::Runtime for TokioRuntime {
+    type Sleep = tokio::time::Sleep;
+
+    fn now(&self) -> Instant {
+        self.epoch.instant(|| tokio::time::Instant::now().into_std())
+    }
+
+    fn sleep_until(&self, deadline: Instant) -> Self::Sleep {
+        match self.epoch.to_std(deadline) {
+            Some(at) => tokio::time::sleep_until(at.into()),
+            // Beyond the clock's range: as good as never (tokio's own "far future").
+            None => tokio::time::sleep(FAR_FUTURE),
+        }
+    }
+}
+
+/// The future returned by [`retry`] on tokio.
+pub type RetryFuture<P, Op, Fut, E, C = RetryAll, N = (), G = (), S = std::future::Pending<()>> =
+    persevere_driver::RetryFuture<TokioRuntime, P, Op, Fut, E, C, N, G, S>;
+
+/// Retries `op` under `policy` on tokio's timers: every error is retried unless classified
+/// otherwise (see [`persevere_driver::RetryFuture`] for `.classify`, `.notify`, `.gate`,
+/// `.cancel_on`, `.seed`).
+pub fn retry<P, Op, Fut, T, E>(policy: P, op: Op) -> RetryFuture<P, Op, Fut, E>
+where
+    P: Borrow<RetryPolicy>,
+    Op: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+{
+    persevere_driver::retry(TokioRuntime::new(), policy, op)
+}

@@ -1,0 +1,163 @@
+//! How a failed attempt's error is classified, who hears about retries, and who may veto them.
+
+use std::io;
+use std::time::Duration;
+
+use persevere::{FailureClass, FailureKind, Instant};
+
+/// Classifies an error by its own type: implement it for your error types and call
+/// [`RetryFuture::classified`](crate::RetryFuture::classified).
+///
+/// ```
+/// use persevere::FailureKind;
+/// use persevere_driver::Classify;
+///
+/// enum ApiError { Unavailable, BadRequest }
+/// impl Classify for ApiError {
+///     fn classify(&self) -> FailureKind {
+///         match self {
+///             ApiError::Unavailable => FailureKind::Retryable,
+///             ApiError::BadRequest => FailureKind::Fatal,
+///         }
+///     }
+/// }
+/// assert_eq!(ApiError::BadRequest.classify(), FailureKind::Fatal);
+/// ```
+pub trait Classify {
+    /// The kind of failure this error is.
+    fn classify(&self) -> FailureKind;
+}
+
+/// `std::io::Error` by its kind: timeouts are [`FailureKind::Timeout`]; connection trouble,
+/// interruptions and `WouldBlock` are [`FailureKind::Retryable`]; everything else (not found,
+/// permission denied, invalid input, …) is [`FailureKind::Fatal`].
+impl Classify for io::Error {
+    fn classify(&self) -> FailureKind {
+        use io::ErrorKind::*;
+        match self.kind() {
+            TimedOut => FailureKind::Timeout,
+            ConnectionRefused | ConnectionReset | ConnectionAborted | NotConnected | BrokenPipe | Interrupted
+            | WouldBlock | UnexpectedEof | AddrInUse | AddrNotAvailable => FailureKind::Retryable,
+            _ => FailureKind::Fatal,
+        }
+    }
+}
+
+/// Chooses the [`FailureKind`] of an attempt's error. Implemented by closures
+/// `FnMut(&E) -> FailureKind`, by [`RetryAll`] and by [`ByTrait`].
+pub trait Classifier<E> {
+    /// The kind of failure `error` is.
+    fn classify(&mut self, error: &E) -> FailureKind;
+}
+
+impl<E, F: FnMut(&E) -> FailureKind> Classifier<E> for F {
+    fn classify(&mut self, error: &E) -> FailureKind {
+        self(error)
+    }
+}
+
+/// The default classifier: **every error is retryable** (limits permitting). Errors the caller
+/// cannot or does not classify are retried, as with most retry libraries; give a closure or
+/// [`Classify`] to stop on permanent errors.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RetryAll;
+
+impl<E> Classifier<E> for RetryAll {
+    fn classify(&mut self, _: &E) -> FailureKind {
+        FailureKind::Retryable
+    }
+}
+
+/// Classifies through the error type's [`Classify`] implementation.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ByTrait;
+
+impl<E: Classify> Classifier<E> for ByTrait {
+    fn classify(&mut self, error: &E) -> FailureKind {
+        error.classify()
+    }
+}
+
+/// A retry about to be scheduled, as told to a [`Notify`] hook.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct RetryEvent<'a, E> {
+    /// The failed attempt's error; `None` when the attempt timed out or panicked.
+    pub error: Option<&'a E>,
+    /// How the failure was classified.
+    pub class: FailureClass,
+    /// The attempt that starts after the delay.
+    pub next_attempt: u32,
+    /// The delay before it.
+    pub delay: Duration,
+}
+
+/// Hears about each scheduled retry. Implemented by closures `FnMut(&RetryEvent<'_, E>)` and by
+/// `()` (nothing).
+pub trait Notify<E> {
+    /// A retry is scheduled.
+    fn notify(&mut self, event: &RetryEvent<'_, E>);
+}
+
+impl<E> Notify<E> for () {
+    fn notify(&mut self, _: &RetryEvent<'_, E>) {}
+}
+
+impl<E, F: FnMut(&RetryEvent<'_, E>)> Notify<E> for F {
+    fn notify(&mut self, event: &RetryEvent<'_, E>) {
+        self(event)
+    }
+}
+
+/// Something shared that may veto a retry: a retry budget or a breaker (rule U4).
+///
+/// `retry` calls [`on_request`](RetryGate::on_request) once per operation,
+/// [`allow_retry`](RetryGate::allow_retry) whenever the machine wants to retry (a refusal ends
+/// the operation with `Rejected`), and [`on_success`](RetryGate::on_success) when an attempt
+/// succeeds. `()` allows everything.
+pub trait RetryGate {
+    /// An operation starts (its first attempt). `now` is `None` on the clock-free fast path.
+    fn on_request(&self, now: Option<Instant>) {
+        let _ = now;
+    }
+
+    /// May a retry after a failure of `class` be scheduled?
+    fn allow_retry(&self, now: Instant, class: FailureClass) -> bool;
+
+    /// An attempt succeeded.
+    fn on_success(&self) {}
+}
+
+impl RetryGate for () {
+    fn allow_retry(&self, _: Instant, _: FailureClass) -> bool {
+        true
+    }
+}
+
+impl<G: RetryGate + ?Sized> RetryGate for &G {
+    fn on_request(&self, now: Option<Instant>) {
+        (**self).on_request(now)
+    }
+
+    fn allow_retry(&self, now: Instant, class: FailureClass) -> bool {
+        (**self).allow_retry(now, class)
+    }
+
+    fn on_success(&self) {
+        (**self).on_success()
+    }
+}
+
+impl<G: RetryGate + ?Sized> RetryGate for std::sync::Arc<G> {
+    fn on_request(&self, now: Option<Instant>) {
+        (**self).on_request(now)
+    }
+
+    fn allow_retry(&self, now: Instant, class: FailureClass) -> bool {
+        (**self).allow_retry(now, class)
+    }
+
+    fn on_success(&self) {
+        (**self).on_success()
+    }
+}

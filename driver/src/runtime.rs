@@ -1,0 +1,87 @@
+//! The tiny trait an executor implements to drive persevere's machines.
+
+use std::collections::hash_map::RandomState;
+use std::future::Future;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::OnceLock;
+
+use persevere::{Epoch, Instant};
+
+/// A clock and a timer: all that the driving loop needs from an executor.
+///
+/// Each value defines its own epoch: [`now`](Runtime::now) and
+/// [`sleep_until`](Runtime::sleep_until) speak of the same [`Instant`]s. Implementations read
+/// their clock lazily, so a value can be created on every call for free; the success path of
+/// [`retry`](crate::retry) never calls `now` unless the policy has a deadline or a budget.
+pub trait Runtime {
+    /// The future returned by [`sleep_until`](Runtime::sleep_until); its output is ignored.
+    type Sleep: Future;
+
+    /// The current instant on this runtime's clock.
+    fn now(&self) -> Instant;
+
+    /// A future that completes at or after `deadline`.
+    fn sleep_until(&self, deadline: Instant) -> Self::Sleep;
+
+    /// A seed for the jitter RNG of one operation. The default mixes the process's random
+    /// hash keys; a simulator returns a value drawn from its own seed.
+    fn entropy(&self) -> u64 {
+        let mut hasher = RandomState::new().build_hasher();
+        hasher.write_u64(0x9e37_79b9_7f4a_7c15);
+        hasher.finish()
+    }
+}
+
+impl<R: Runtime + ?Sized> Runtime for &R {
+    type Sleep = R::Sleep;
+
+    fn now(&self) -> Instant {
+        (**self).now()
+    }
+
+    fn sleep_until(&self, deadline: Instant) -> Self::Sleep {
+        (**self).sleep_until(deadline)
+    }
+
+    fn entropy(&self) -> u64 {
+        (**self).entropy()
+    }
+}
+
+/// An [`Epoch`] fixed by the first clock reading, for [`Runtime`] implementations whose clock
+/// speaks `std::time::Instant`: creating one reads no clock.
+///
+/// ```
+/// use persevere::Instant;
+/// use persevere_driver::LazyEpoch;
+///
+/// let epoch = LazyEpoch::new();
+/// let first = std::time::Instant::now();
+/// assert_eq!(epoch.instant(|| first), Instant::ZERO);
+/// let later = first + std::time::Duration::from_millis(3);
+/// assert_eq!(epoch.instant(|| later), Instant::from_millis(3));
+/// assert_eq!(epoch.to_std(Instant::from_millis(3)), Some(later));
+/// ```
+#[derive(Debug, Default)]
+pub struct LazyEpoch {
+    epoch: OnceLock<Epoch>,
+}
+
+impl LazyEpoch {
+    /// An epoch not yet fixed.
+    pub const fn new() -> Self {
+        LazyEpoch { epoch: OnceLock::new() }
+    }
+
+    /// The instant of a clock reading taken by `read`; the first reading becomes the epoch.
+    pub fn instant(&self, read: impl FnOnce() -> std::time::Instant) -> Instant {
+        let reading = read();
+        self.epoch.get_or_init(|| Epoch::new(reading)).instant(reading)
+    }
+
+    /// The `std` instant of `instant`, or `None` if it is beyond the platform's range or the
+    /// epoch is not fixed yet (no reading has been taken, so nothing can be due).
+    pub fn to_std(&self, instant: Instant) -> Option<std::time::Instant> {
+        self.epoch.get()?.to_std(instant)
+    }
+}

@@ -1,0 +1,256 @@
+//! The driving loop on a counting virtual clock: what it reads, when it sleeps, what it reports.
+
+use std::cell::Cell;
+use std::future::{Future, Ready, ready};
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures_lite::future::block_on;
+use persevere::{Backoff, FailureClass, FailureKind, Hint, Instant, OutcomeKind, RetryPolicy};
+use persevere_driver::{RetryEvent, RetryGate, Runtime, retry};
+
+/// Virtual time: sleeping jumps the clock to the deadline at once. Counts clock reads and sleeps.
+#[derive(Clone, Default)]
+struct Virtual {
+    now: Rc<Cell<u64>>,
+    reads: Rc<Cell<u32>>,
+    sleeps: Rc<Cell<u32>>,
+}
+
+impl Runtime for Virtual {
+    type Sleep = Ready<()>;
+
+    fn now(&self) -> Instant {
+        self.reads.set(self.reads.get() + 1);
+        Instant::from_nanos(self.now.get())
+    }
+
+    fn sleep_until(&self, deadline: Instant) -> Ready<()> {
+        self.sleeps.set(self.sleeps.get() + 1);
+        self.now.set(self.now.get().max(deadline.as_nanos()));
+        ready(())
+    }
+
+    fn entropy(&self) -> u64 {
+        7
+    }
+}
+
+impl Virtual {
+    fn advance(&self, by: Duration) {
+        self.now.set(self.now.get() + by.as_nanos() as u64);
+    }
+}
+
+fn policy(backoff: Backoff, attempts: u32) -> RetryPolicy {
+    RetryPolicy::builder(backoff).max_attempts(attempts).build().unwrap()
+}
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+#[test]
+fn r5_the_success_path_reads_no_clock_and_sleeps_never() {
+    let rt = Virtual::default();
+    let p = policy(Backoff::constant(ms(10)).build().unwrap(), 3);
+    let done = block_on(retry(&rt, &p, || async { Ok::<_, ()>(5) }));
+    assert_eq!(done.result, Ok(5));
+    assert_eq!((done.stats.attempts, done.stats.elapsed), (1, None));
+    assert_eq!((rt.reads.get(), rt.sleeps.get()), (0, 0));
+}
+
+#[test]
+fn a_policy_with_a_deadline_reads_the_clock_and_reports_elapsed() {
+    let rt = Virtual::default();
+    let p = RetryPolicy::builder(Backoff::constant(ms(10)).build().unwrap()).total(ms(100)).build().unwrap();
+    let clock = rt.clone();
+    let done = block_on(retry(&rt, &p, move || {
+        clock.advance(ms(4));
+        async { Ok::<_, ()>(()) }
+    }));
+    assert_eq!(done.stats.elapsed, Some(ms(4)));
+    assert!(rt.reads.get() >= 1);
+}
+
+#[test]
+fn zero_delays_never_touch_the_timer() {
+    let rt = Virtual::default();
+    let p = policy(Backoff::constant(Duration::ZERO).build().unwrap(), 4);
+    let mut calls = 0;
+    let done = block_on(retry(&rt, &p, || {
+        calls += 1;
+        let n = calls;
+        async move { if n < 4 { Err(n) } else { Ok(n) } }
+    }));
+    assert_eq!(done.result, Ok(4));
+    assert_eq!(done.stats.attempts, 4);
+    assert_eq!(rt.sleeps.get(), 0, "no timer for zero delays");
+}
+
+#[test]
+fn r6_delays_are_slept_on_the_runtime_clock_and_notified() {
+    let rt = Virtual::default();
+    let p = policy(Backoff::exponential(ms(100), 2.0).build().unwrap(), 4);
+    let mut seen = Vec::new();
+    let done = block_on(
+        retry(&rt, &p, || async { Err::<(), _>("busy") })
+            .notify(|e: &RetryEvent<'_, &'static str>| seen.push((e.next_attempt, e.delay, e.error.copied()))),
+    );
+    assert_eq!(seen, vec![(2, ms(100), Some("busy")), (3, ms(200), Some("busy")), (4, ms(400), Some("busy"))]);
+    let gave_up = done.result.unwrap_err();
+    assert_eq!(
+        (gave_up.outcome, gave_up.class, gave_up.error),
+        (OutcomeKind::Exhausted, Some(FailureClass::Retryable), Some("busy"))
+    );
+    assert_eq!(done.stats.slept, ms(700));
+    assert_eq!(rt.now.get(), ms(700).as_nanos() as u64);
+    assert_eq!(rt.sleeps.get(), 3);
+}
+
+#[test]
+fn r2_a_classifier_stops_on_fatal_errors_and_honours_hints() {
+    let rt = Virtual::default();
+    let p = policy(Backoff::constant(ms(10)).build().unwrap(), 5);
+    let mut calls = 0;
+    let done = block_on(
+        retry(&rt, &p, || {
+            calls += 1;
+            let n = calls;
+            async move { Err::<(), u32>(n) }
+        })
+        .classify(|e: &u32| match e {
+            1 => FailureKind::Hinted(Hint::After(ms(250))),
+            _ => FailureKind::Fatal,
+        }),
+    );
+    let gave_up = done.result.unwrap_err();
+    assert_eq!((gave_up.outcome, gave_up.error), (OutcomeKind::Fatal, Some(2)));
+    assert_eq!(done.stats.slept, ms(250), "the hint, not the schedule");
+    assert_eq!(done.stats.attempts, 2);
+}
+
+#[test]
+fn s4_a_panicking_attempt_is_caught_and_retried() {
+    let rt = Virtual::default();
+    let p = policy(Backoff::constant(ms(1)).build().unwrap(), 3);
+    let mut calls = 0;
+    let done = block_on(retry(&rt, &p, || {
+        calls += 1;
+        let n = calls;
+        async move {
+            if n == 1 {
+                panic!("attempt 1 explodes");
+            }
+            Ok::<_, ()>(n)
+        }
+    }));
+    assert_eq!(done.result, Ok(2));
+    assert_eq!(done.stats.attempts, 2);
+}
+
+#[test]
+fn a_panic_while_creating_an_attempt_is_caught_too() {
+    let rt = Virtual::default();
+    let p = policy(Backoff::constant(ms(1)).build().unwrap(), 2);
+    let done = block_on(retry(&rt, &p, || -> Ready<Result<(), ()>> { panic!("no future for you") }));
+    let gave_up = done.result.unwrap_err();
+    assert_eq!(
+        (gave_up.outcome, gave_up.class, gave_up.error),
+        (OutcomeKind::Exhausted, Some(FailureClass::Panicked), None)
+    );
+    assert_eq!(done.stats.attempts, 2);
+}
+
+/// Pending forever; records its drop.
+struct Hang(Rc<Cell<u32>>);
+
+impl Future for Hang {
+    type Output = Result<(), ()>;
+    fn poll(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Self::Output> {
+        Poll::Pending
+    }
+}
+
+impl Drop for Hang {
+    fn drop(&mut self) {
+        self.0.set(self.0.get() + 1);
+    }
+}
+
+#[test]
+fn r3_an_attempt_past_its_deadline_is_dropped_and_counts_as_a_timeout() {
+    let rt = Virtual::default();
+    let dropped = Rc::new(Cell::new(0));
+    let p = RetryPolicy::builder(Backoff::constant(ms(5)).build().unwrap())
+        .max_attempts(3)
+        .attempt_timeout(ms(20))
+        .build()
+        .unwrap();
+    let d = dropped.clone();
+    let done = block_on(retry(&rt, &p, move || Hang(d.clone())));
+    let gave_up = done.result.unwrap_err();
+    assert_eq!((gave_up.outcome, gave_up.class), (OutcomeKind::Exhausted, Some(FailureClass::Timeout)));
+    assert_eq!(dropped.get(), 3, "each timed-out attempt was dropped");
+    assert_eq!(done.stats.elapsed, Some(ms(3 * 20 + 2 * 5)));
+}
+
+#[test]
+fn cancel_on_stops_a_hanging_attempt_and_reports_canceled() {
+    let rt = Virtual::default();
+    let dropped = Rc::new(Cell::new(0));
+    let p = policy(Backoff::constant(ms(5)).build().unwrap(), 3);
+    let d = dropped.clone();
+    let done = block_on(retry(&rt, &p, move || Hang(d.clone())).cancel_on(ready(())));
+    assert_eq!(done.result.unwrap_err().outcome, OutcomeKind::Canceled);
+    assert_eq!(done.stats.attempts, 1);
+    assert_eq!(dropped.get(), 1);
+}
+
+struct Refuse(Cell<u32>);
+
+impl RetryGate for Refuse {
+    fn allow_retry(&self, _: Instant, _: FailureClass) -> bool {
+        self.0.set(self.0.get() + 1);
+        self.0.get() < 2
+    }
+}
+
+#[test]
+fn u4_a_gate_refusal_ends_the_operation_rejected() {
+    let rt = Virtual::default();
+    let gate = Refuse(Cell::new(0));
+    let p = policy(Backoff::constant(ms(5)).build().unwrap(), 10);
+    let done = block_on(retry(&rt, &p, || async { Err::<(), _>("no") }).gate(&gate));
+    let gave_up = done.result.unwrap_err();
+    assert_eq!((gave_up.outcome, gave_up.error), (OutcomeKind::Rejected, Some("no")));
+    assert_eq!(done.stats.attempts, 2, "one retry granted, the second refused");
+}
+
+#[test]
+fn the_same_seed_gives_the_same_delays() {
+    let delays = |seed| {
+        let rt = Virtual::default();
+        let p = policy(Backoff::exponential(ms(10), 2.0).jitter(persevere::Jitter::Full).build().unwrap(), 6);
+        let mut seen = Vec::new();
+        let _ = block_on(
+            retry(&rt, &p, || async { Err::<(), ()>(()) })
+                .seed(seed)
+                .notify(|e: &RetryEvent<'_, ()>| seen.push(e.delay)),
+        );
+        seen
+    };
+    assert_eq!(delays(1), delays(1));
+    assert_ne!(delays(1), delays(2));
+}
+
+#[test]
+fn gave_up_explains_itself() {
+    let rt = Virtual::default();
+    let p = policy(Backoff::constant(Duration::ZERO).build().unwrap(), 2);
+    let done = block_on(retry(&rt, &p, || async { Err::<(), _>(std::io::Error::other("disk on fire")) }));
+    let message = done.result.unwrap_err().to_string();
+    assert_eq!(message, "gave up: attempt limit reached; last error: disk on fire");
+}
