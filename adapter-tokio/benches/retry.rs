@@ -1,1 +1,69 @@
-fn main() {}
+//! The cost of `retry` on tokio (current-thread), against baselines measured in the same run.
+//!
+//! `cargo bench -p persevere-tokio --bench retry`
+//!
+//! - `success/direct_call`: awaiting the operation itself (the floor).
+//! - `success/hand_written_loop`: a hand-written `loop { match op().await { .. } }` retry.
+//! - `success/retry`: `persevere_tokio::retry` when the first attempt succeeds.
+//! - `fail_three_times/*`: three failures then a success, with zero delays (no timer is touched).
+
+use std::cell::Cell;
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use persevere::{Backoff, RetryPolicy};
+
+async fn op(fail_until: &Cell<u32>) -> Result<u64, &'static str> {
+    if fail_until.get() > 0 {
+        fail_until.set(fail_until.get() - 1);
+        Err("busy")
+    } else {
+        Ok(black_box(42))
+    }
+}
+
+fn bench(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+    let exponential = RetryPolicy::builder(Backoff::exponential(Duration::from_millis(100), 2.0).build().unwrap())
+        .max_attempts(5)
+        .build()
+        .unwrap();
+    let zero =
+        RetryPolicy::builder(Backoff::constant(Duration::ZERO).build().unwrap()).max_attempts(5).build().unwrap();
+
+    for (group, failures) in [("success", 0u32), ("fail_three_times", 3)] {
+        let policy = if failures == 0 { &exponential } else { &zero };
+        let mut g = c.benchmark_group(group);
+        g.bench_function("direct_call", |b| {
+            b.to_async(&rt).iter(|| async {
+                let left = Cell::new(0);
+                black_box(op(&left).await)
+            })
+        });
+        g.bench_function("hand_written_loop", |b| {
+            b.to_async(&rt).iter(|| async {
+                let left = Cell::new(failures);
+                let mut attempts = 0;
+                loop {
+                    attempts += 1;
+                    match op(&left).await {
+                        Ok(v) => break black_box(Ok::<_, &str>(v)),
+                        Err(e) if attempts >= 5 => break Err(e),
+                        Err(_) => tokio::task::yield_now().await,
+                    }
+                }
+            })
+        });
+        g.bench_function("retry", |b| {
+            b.to_async(&rt).iter(|| async {
+                let left = Cell::new(failures);
+                black_box(persevere_tokio::retry(policy, || op(&left)).await.result)
+            })
+        });
+        g.finish();
+    }
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

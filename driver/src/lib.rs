@@ -13,6 +13,7 @@
 #![deny(missing_docs)]
 
 mod classify;
+mod jitter_rng;
 mod retry;
 mod retry_after;
 mod runtime;

@@ -10,10 +10,9 @@ use std::time::Duration;
 
 use persevere::{Action, Failure, FailureClass, FailureKind, Instant, OutcomeKind, Retry, RetryPolicy};
 use pin_project_lite::pin_project;
-use rand_chacha::ChaCha8Rng;
-use rand_core::SeedableRng;
 
 use crate::classify::{ByTrait, Classifier, Classify, Notify, RetryAll, RetryEvent, RetryGate};
+use crate::jitter_rng::SplitMix64;
 use crate::runtime::Runtime;
 
 /// What an operation took (rule R5).
@@ -126,7 +125,7 @@ pin_project! {
         seed: Option<u64>,
         measure_elapsed: bool,
         machine: Retry<()>,
-        rng: Option<ChaCha8Rng>,
+        rng: Option<SplitMix64>,
         last_error: Option<E>,
         started: bool,
         clock_at_start: bool,
@@ -284,8 +283,8 @@ macro_rules! event {
     };
 }
 
-fn rng_of<'a, Rt: Runtime>(slot: &'a mut Option<ChaCha8Rng>, seed: Option<u64>, rt: &Rt) -> &'a mut ChaCha8Rng {
-    slot.get_or_insert_with(|| ChaCha8Rng::seed_from_u64(seed.unwrap_or_else(|| rt.entropy())))
+fn rng_of<'a, Rt: Runtime>(slot: &'a mut Option<SplitMix64>, seed: Option<u64>, rt: &Rt) -> &'a mut SplitMix64 {
+    slot.get_or_insert_with(|| SplitMix64::new(seed.unwrap_or_else(|| rt.entropy())))
 }
 
 /// Calls `op` for a new attempt, catching a panic raised while creating it.
