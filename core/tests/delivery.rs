@@ -901,3 +901,29 @@ proptest! {
         prop_assert_eq!(model.finishes, 1, "exactly one Finish");
     }
 }
+
+#[cfg(feature = "serde")]
+#[test]
+fn a_task_and_its_policy_survive_a_serde_round_trip() {
+    type Owned = Delivery<u32, u8, u32, u32, u32>;
+    let retry = RetryPolicy::builder(Backoff::constant(ms(100)).build().unwrap()).max_attempts(3).build().unwrap();
+    let p = DeliveryPolicy::builder(retry)
+        .heartbeat_timeout(Duration::from_secs(2))
+        .on_failure(FailurePolicy::Divert(9u32))
+        .build()
+        .unwrap();
+    let mut task = Owned::new(&p, at(0), TASK, STEP);
+    task.handle_hand_out(&p, at(0), 1).unwrap();
+    task.handle_heartbeat(&p, at(1), 1, &1, Some(3)).unwrap();
+    let json = serde_json::to_string(&task).unwrap();
+    let back: Owned = serde_json::from_str(&json).unwrap();
+    assert_eq!(back, task, "a persisted task resumes exactly");
+    let json = serde_json::to_string(&p).unwrap();
+    let back: DeliveryPolicy<u32> = serde_json::from_str(&json).unwrap();
+    assert_eq!(back, p);
+    // A persisted policy is validated again when loaded.
+    let bad = json
+        .replace("\"heartbeat_timeout\":{\"secs\":2,\"nanos\":0}", "\"heartbeat_timeout\":{\"secs\":0,\"nanos\":0}");
+    assert_ne!(bad, json, "the policy's JSON shape changed: {json}");
+    assert!(serde_json::from_str::<DeliveryPolicy<u32>>(&bad).is_err());
+}
