@@ -5,7 +5,7 @@
 use std::hint::black_box;
 use std::time::Duration;
 
-use criterion::{Criterion, criterion_group, criterion_main};
+use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use persevere::{Backoff, Delivery, DeliveryPolicy, Failure, FreeReturn, Instant, Jitter, Retry, RetryPolicy};
 use rand_chacha::ChaCha8Rng;
 use rand_core::SeedableRng;
@@ -53,46 +53,54 @@ fn benches(c: &mut Criterion) {
     });
     g.bench_function("baseline/copy_task_state", |b| b.iter(|| black_box(black_box(template))));
     g.bench_function("hand_out_then_completed", |b| {
-        b.iter(|| {
-            let mut t = black_box(template);
-            t.handle_hand_out(&policy, now, black_box(3)).unwrap();
-            drain(&mut t);
-            t.handle_completed(now, 1, &3).unwrap();
-            drain(&mut t);
-            t
-        })
+        b.iter_batched_ref(
+            || template,
+            |t| {
+                t.handle_hand_out(&policy, now, black_box(3)).unwrap();
+                drain(t);
+                t.handle_completed(now, 1, &3).unwrap();
+                drain(t);
+            },
+            BatchSize::SmallInput,
+        )
     });
     g.bench_function("hand_out_started_heartbeat_completed", |b| {
-        b.iter(|| {
-            let mut t = black_box(template);
-            t.handle_hand_out(&policy, now, black_box(3)).unwrap();
-            drain(&mut t);
-            t.handle_started(&policy, now, 1, &3).unwrap();
-            t.handle_heartbeat(&policy, now, 1, &3, Some(black_box(9))).unwrap();
-            t.handle_completed(now, 1, &3).unwrap();
-            drain(&mut t);
-            t
-        })
+        b.iter_batched_ref(
+            || template,
+            |t| {
+                t.handle_hand_out(&policy, now, black_box(3)).unwrap();
+                drain(t);
+                t.handle_started(&policy, now, 1, &3).unwrap();
+                t.handle_heartbeat(&policy, now, 1, &3, Some(black_box(9))).unwrap();
+                t.handle_completed(now, 1, &3).unwrap();
+                drain(t);
+            },
+            BatchSize::SmallInput,
+        )
     });
     g.bench_function("hand_out_then_failed_with_jittered_retry", |b| {
-        b.iter(|| {
-            let mut t = black_box(template);
-            t.handle_hand_out(&policy, now, black_box(3)).unwrap();
-            drain(&mut t);
-            t.handle_failed(&policy, now, 1, &3, Failure::retryable(black_box(5)), &mut rng).unwrap();
-            drain(&mut t);
-            t
-        })
+        b.iter_batched_ref(
+            || template,
+            |t| {
+                t.handle_hand_out(&policy, now, black_box(3)).unwrap();
+                drain(t);
+                t.handle_failed(&policy, now, 1, &3, Failure::retryable(black_box(5)), &mut rng).unwrap();
+                drain(t);
+            },
+            BatchSize::SmallInput,
+        )
     });
     g.bench_function("hand_out_then_declined", |b| {
-        b.iter(|| {
-            let mut t = black_box(template);
-            t.handle_hand_out(&policy, now, black_box(3)).unwrap();
-            drain(&mut t);
-            t.handle_returned(&policy, now, 1, &3, FreeReturn::Declined).unwrap();
-            drain(&mut t);
-            t
-        })
+        b.iter_batched_ref(
+            || template,
+            |t| {
+                t.handle_hand_out(&policy, now, black_box(3)).unwrap();
+                drain(t);
+                t.handle_returned(&policy, now, 1, &3, FreeReturn::Declined).unwrap();
+                drain(t);
+            },
+            BatchSize::SmallInput,
+        )
     });
     g.bench_function("new_task", |b| b.iter(|| Task::new(&policy, black_box(now), black_box(42), 7)));
     g.finish();

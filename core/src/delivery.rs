@@ -362,7 +362,9 @@ pub struct RecoveryError<E> {
     pub last_failure: LastFailure<AttemptFailure<E>>,
     /// The furthest any attempt reached.
     pub progress: AttemptProgress,
-    /// Attempts made, time spent waiting between them, and the time from the task's creation.
+    /// As counted by the embedded retry: attempt numbers used, the retry delays scheduled
+    /// between them (time spent waiting for a worker is not included), and the time from the
+    /// task's creation to the end of retries.
     pub stats: Stats,
 }
 
@@ -841,9 +843,10 @@ impl<K, W, C, E, R> Delivery<K, W, C, E, R> {
         self.check_out(attempt, worker)?;
         let now = self.last_now.later(now);
         self.last_now = now;
-        // The embedded retry runs `attempt`, so it accepts the success.
+        // The embedded retry runs `attempt`, so it accepts the success. Its `Finish` action is
+        // left undrained: the task's own `Finish` reports the outcome, and the retry is never
+        // driven again.
         let _ = self.retry.handle_success(now, attempt);
-        drain_retry(&mut self.retry);
         self.progress = AttemptProgress::NotCompleted;
         self.state = DeliveryState::Done(Terminal::Completed { attempt });
         self.pending |= FINISH;
