@@ -71,10 +71,15 @@
 #![deny(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+#[cfg(feature = "alloc")]
+extern crate alloc;
 #[cfg(feature = "std")]
 extern crate std;
 
 mod backoff;
+#[cfg(feature = "alloc")]
+mod deliveries;
+mod delivery;
 mod error;
 mod failure;
 mod random;
@@ -82,6 +87,13 @@ mod retry;
 mod time;
 
 pub use backoff::{Backoff, BackoffBuilder, BackoffState, Jitter, Schedule};
+#[cfg(feature = "alloc")]
+pub use deliveries::{Deliveries, DeliveryCounts};
+pub use delivery::{
+    AttemptFailure, AttemptProgress, DECLINED_CAPACITY, DeadLetter, Delivery, DeliveryAction, DeliveryError,
+    DeliveryPolicy, DeliveryPolicyBuilder, DeliveryState, Durability, FailurePolicy, FreeReturn, HandOut,
+    IdempotencyKey, Interruption, RecoveryError, Refused, Terminal, TerminalKind,
+};
 pub use error::PolicyError;
 pub use failure::{Failure, FailureClass, FailureKind, Hint, LastFailure};
 pub use retry::{

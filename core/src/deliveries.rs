@@ -1,0 +1,429 @@
+//! A table of deliveries keyed by task id, for a dispatcher (requires the `alloc` feature).
+
+use alloc::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use rand_core::Rng;
+
+use crate::Instant;
+use crate::delivery::{
+    Delivery, DeliveryAction, DeliveryError, DeliveryPolicy, DeliveryState, FreeReturn, Interruption, Refused, Terminal,
+};
+use crate::failure::Failure;
+
+/// How many tasks are in each state (D1, D9); see [`Deliveries::counts`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct DeliveryCounts {
+    /// Waiting for a worker (or for a retry delay).
+    pub pending: usize,
+    /// Handed out, not started.
+    pub handed_out: usize,
+    /// Running.
+    pub running: usize,
+    /// [`Terminal::Completed`].
+    pub completed: usize,
+    /// [`Terminal::Failed`].
+    pub failed: usize,
+    /// [`Terminal::Proceeded`].
+    pub proceeded: usize,
+    /// [`Terminal::Diverted`].
+    pub diverted: usize,
+    /// [`Terminal::DeadLettered`].
+    pub dead_lettered: usize,
+}
+
+impl DeliveryCounts {
+    /// All tasks counted: every task is in exactly one state (D9).
+    pub const fn total(&self) -> usize {
+        self.pending
+            + self.handed_out
+            + self.running
+            + self.completed
+            + self.failed
+            + self.proceeded
+            + self.diverted
+            + self.dead_lettered
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Entry<K, T, W, C, E, R> {
+    task_type: T,
+    delivery: Delivery<K, W, C, E, R>,
+}
+
+/// Many tasks' [`Delivery`] machines keyed by task id `K`, each with a task type `T`, driven by a
+/// dispatcher: it hands the next ready task to a worker that has not declined its type, expires
+/// leases and heartbeats on [`handle_timeout`](Self::handle_timeout), forwards every worker
+/// report to the right task, and counts tasks per state.
+///
+/// Finished tasks stay in the table (in their one terminal state, D9) until
+/// [`remove`](Self::remove)d, so nothing is lost.
+///
+/// **Drain order.** [`poll_action`](Self::poll_action) yields `(task id, action)`: tasks in the
+/// order they first had undrained actions, each task's actions in [`Delivery`]'s drain order.
+///
+/// **Cost.** Lookups by id are `O(log n)`; [`hand_out_next`](Self::hand_out_next),
+/// [`poll_timeout`](Self::poll_timeout), [`handle_timeout`](Self::handle_timeout),
+/// [`handle_failover`](Self::handle_failover) and [`counts`](Self::counts) scan every task
+/// (`O(n)`, no allocation). Allocation happens on [`insert`](Self::insert), on the first decline
+/// of a (worker, type) pair, and when the queue of tasks with undrained actions grows past its
+/// largest size so far.
+///
+/// **Misuse** (an unknown id, or anything a [`Delivery`] refuses) leaves the table exactly as it was.
+///
+/// ```
+/// use core::time::Duration;
+/// use persevere::{Backoff, Deliveries, DeliveryAction, DeliveryPolicy, FreeReturn, Instant, RetryPolicy};
+///
+/// let policy = DeliveryPolicy::builder(RetryPolicy::builder(Backoff::constant(Duration::ZERO).build()?).build()?)
+///     .build()?;
+/// let mut table = Deliveries::<u32, &str, &str, (), ()>::new();
+/// let now = Instant::ZERO;
+/// table.insert(&policy, now, 1, "pdf", 100).unwrap();
+/// table.insert(&policy, now, 2, "email", 200).unwrap();
+///
+/// assert_eq!(table.hand_out_next(&policy, now, &"w1"), Some(1));
+/// table.handle_returned(&policy, now, &1, 1, &"w1", FreeReturn::Declined)?; // w1 does no "pdf"
+/// assert_eq!(table.hand_out_next(&policy, now, &"w1"), Some(2)); // so it gets the email
+/// assert_eq!(table.hand_out_next(&policy, now, &"w2"), Some(1)); // and w2 the pdf, attempt 1 still
+/// table.handle_completed(now, &1, 1, &"w2")?;
+/// let counts = table.counts();
+/// assert_eq!((counts.handed_out, counts.completed, counts.total()), (1, 1, 2));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Deliveries<K, T, W, C, E, R = ()> {
+    tasks: BTreeMap<K, Entry<K, T, W, C, E, R>>,
+    /// Task types each worker declined.
+    declined: BTreeMap<W, BTreeSet<T>>,
+    /// Tasks with undrained actions, each at most once.
+    dirty: VecDeque<K>,
+}
+
+impl<K, T, W, C, E, R> Default for Deliveries<K, T, W, C, E, R> {
+    fn default() -> Self {
+        Deliveries::new()
+    }
+}
+
+impl<K, T, W, C, E, R> Deliveries<K, T, W, C, E, R> {
+    /// An empty table.
+    pub const fn new() -> Self {
+        Deliveries { tasks: BTreeMap::new(), declined: BTreeMap::new(), dirty: VecDeque::new() }
+    }
+
+    /// The number of tasks, finished ones included.
+    pub fn len(&self) -> usize {
+        self.tasks.len()
+    }
+
+    /// Whether the table holds no task.
+    pub fn is_empty(&self) -> bool {
+        self.tasks.is_empty()
+    }
+
+    /// How many tasks are in each state.
+    pub fn counts(&self) -> DeliveryCounts {
+        let mut counts = DeliveryCounts::default();
+        for entry in self.tasks.values() {
+            let slot = match entry.delivery.state() {
+                DeliveryState::Pending { .. } => &mut counts.pending,
+                DeliveryState::HandedOut { .. } => &mut counts.handed_out,
+                DeliveryState::Running { .. } => &mut counts.running,
+                DeliveryState::Done(Terminal::Completed { .. }) => &mut counts.completed,
+                DeliveryState::Done(Terminal::Failed(_)) => &mut counts.failed,
+                DeliveryState::Done(Terminal::Proceeded(_)) => &mut counts.proceeded,
+                DeliveryState::Done(Terminal::Diverted { .. }) => &mut counts.diverted,
+                DeliveryState::Done(Terminal::DeadLettered(_)) => &mut counts.dead_lettered,
+            };
+            *slot += 1;
+        }
+        counts
+    }
+
+    /// The earliest instant at which [`handle_timeout`](Self::handle_timeout) has work: a retry
+    /// delay ending, a lease or a heartbeat deadline. A pure query.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.tasks.values().filter_map(|entry| entry.delivery.poll_timeout()).min()
+    }
+
+    /// Every task with its id and type, in id order.
+    pub fn iter(&self) -> impl Iterator<Item = (&K, &T, &Delivery<K, W, C, E, R>)> {
+        self.tasks.iter().map(|(key, entry)| (key, &entry.task_type, &entry.delivery))
+    }
+}
+
+impl<K, T, W, C, E, R> Deliveries<K, T, W, C, E, R>
+where
+    K: Ord + Clone,
+    T: Ord + Clone,
+    W: Ord + Clone,
+    C: Clone,
+    E: Clone,
+    R: Clone,
+{
+    /// Adds task `task` of type `task_type` at `now`; its attempt 1 is ready.
+    ///
+    /// # Errors
+    /// [`DeliveryError::DuplicateTask`] when the id is taken; the id is handed back.
+    pub fn insert(
+        &mut self,
+        policy: &DeliveryPolicy<R>,
+        now: Instant,
+        task: K,
+        task_type: T,
+        step_execution: u64,
+    ) -> Result<(), Refused<K>> {
+        if self.tasks.contains_key(&task) {
+            return Err(Refused { error: DeliveryError::DuplicateTask, input: task });
+        }
+        let delivery = Delivery::new(policy, now, task.clone(), step_execution);
+        self.tasks.insert(task.clone(), Entry { task_type, delivery });
+        self.dirty.push_back(task);
+        Ok(())
+    }
+
+    /// Removes a task and gives it back with its type (typically once it is finished).
+    #[allow(clippy::type_complexity)]
+    pub fn remove(&mut self, task: &K) -> Option<(T, Delivery<K, W, C, E, R>)> {
+        self.tasks.remove(task).map(|entry| (entry.task_type, entry.delivery))
+    }
+
+    /// One task.
+    pub fn get(&self, task: &K) -> Option<&Delivery<K, W, C, E, R>> {
+        self.tasks.get(task).map(|entry| &entry.delivery)
+    }
+
+    /// One task's type.
+    pub fn task_type(&self, task: &K) -> Option<&T> {
+        self.tasks.get(task).map(|entry| &entry.task_type)
+    }
+
+    /// Whether `worker` declined tasks of type `task_type`.
+    pub fn has_declined(&self, worker: &W, task_type: &T) -> bool {
+        self.declined.get(worker).is_some_and(|types| types.contains(task_type))
+    }
+
+    /// Hands the ready task with the lowest id whose type `worker` has not declined to `worker`,
+    /// and returns its id; drain [`poll_action`](Self::poll_action) for the
+    /// [`HandOut`](crate::HandOut). `None` when no task is ready for this worker.
+    pub fn hand_out_next(&mut self, policy: &DeliveryPolicy<R>, now: Instant, worker: &W) -> Option<K> {
+        let declined = self.declined.get(worker);
+        let (key, entry) = self.tasks.iter_mut().find(|(_, entry)| {
+            !declined.is_some_and(|types| types.contains(&entry.task_type)) && entry.delivery.can_hand_out(now, worker)
+        })?;
+        let was_dirty = entry.delivery.has_actions();
+        // `can_hand_out` said yes, so the hand-out is accepted.
+        let _ = entry.delivery.handle_hand_out(policy, now, worker.clone());
+        if !was_dirty && entry.delivery.has_actions() {
+            self.dirty.push_back(key.clone());
+        }
+        Some(key.clone())
+    }
+
+    /// See [`Delivery::handle_started`].
+    ///
+    /// # Errors
+    /// [`DeliveryError::UnknownTask`], or what the task refuses; nothing changes.
+    pub fn handle_started(
+        &mut self,
+        policy: &DeliveryPolicy<R>,
+        now: Instant,
+        task: &K,
+        attempt: u32,
+        worker: &W,
+    ) -> Result<(), DeliveryError> {
+        self.with(task, |d| d.handle_started(policy, now, attempt, worker)).and_then(|r| r)
+    }
+
+    /// See [`Delivery::handle_heartbeat`].
+    ///
+    /// # Errors
+    /// [`DeliveryError::UnknownTask`], or what the task refuses; nothing changes and the
+    /// checkpoint is handed back.
+    pub fn handle_heartbeat(
+        &mut self,
+        policy: &DeliveryPolicy<R>,
+        now: Instant,
+        task: &K,
+        attempt: u32,
+        worker: &W,
+        checkpoint: Option<C>,
+    ) -> Result<(), Refused<Option<C>>> {
+        let Some(entry) = self.tasks.get_mut(task) else {
+            return Err(Refused { error: DeliveryError::UnknownTask, input: checkpoint });
+        };
+        let was_dirty = entry.delivery.has_actions();
+        let result = entry.delivery.handle_heartbeat(policy, now, attempt, worker, checkpoint);
+        mark(&mut self.dirty, task, was_dirty, &entry.delivery);
+        result
+    }
+
+    /// See [`Delivery::handle_persisted`].
+    ///
+    /// # Errors
+    /// [`DeliveryError::UnknownTask`], or what the task refuses; nothing changes.
+    pub fn handle_persisted(&mut self, now: Instant, task: &K, attempt: u32) -> Result<(), DeliveryError> {
+        self.with(task, |d| d.handle_persisted(now, attempt)).and_then(|r| r)
+    }
+
+    /// See [`Delivery::handle_completed`].
+    ///
+    /// # Errors
+    /// [`DeliveryError::UnknownTask`], or what the task refuses; nothing changes.
+    pub fn handle_completed(&mut self, now: Instant, task: &K, attempt: u32, worker: &W) -> Result<(), DeliveryError> {
+        self.with(task, |d| d.handle_completed(now, attempt, worker)).and_then(|r| r)
+    }
+
+    /// See [`Delivery::handle_failed`].
+    ///
+    /// # Errors
+    /// [`DeliveryError::UnknownTask`], or what the task refuses; nothing changes and the failure
+    /// is handed back.
+    #[allow(clippy::too_many_arguments)]
+    pub fn handle_failed<G: Rng + ?Sized>(
+        &mut self,
+        policy: &DeliveryPolicy<R>,
+        now: Instant,
+        task: &K,
+        attempt: u32,
+        worker: &W,
+        failure: Failure<E>,
+        rng: &mut G,
+    ) -> Result<(), Refused<Failure<E>>> {
+        let Some(entry) = self.tasks.get_mut(task) else {
+            return Err(Refused { error: DeliveryError::UnknownTask, input: failure });
+        };
+        let was_dirty = entry.delivery.has_actions();
+        let result = entry.delivery.handle_failed(policy, now, attempt, worker, failure, rng);
+        mark(&mut self.dirty, task, was_dirty, &entry.delivery);
+        result
+    }
+
+    /// See [`Delivery::handle_interrupted`].
+    ///
+    /// # Errors
+    /// [`DeliveryError::UnknownTask`], or what the task refuses; nothing changes.
+    #[allow(clippy::too_many_arguments)]
+    pub fn handle_interrupted<G: Rng + ?Sized>(
+        &mut self,
+        policy: &DeliveryPolicy<R>,
+        now: Instant,
+        task: &K,
+        attempt: u32,
+        worker: &W,
+        interruption: Interruption,
+        rng: &mut G,
+    ) -> Result<(), DeliveryError> {
+        self.with(task, |d| d.handle_interrupted(policy, now, attempt, worker, interruption, rng)).and_then(|r| r)
+    }
+
+    /// See [`Delivery::handle_returned`]. A [`FreeReturn::Declined`] also makes the table offer
+    /// `worker` no other task of this task's type.
+    ///
+    /// # Errors
+    /// [`DeliveryError::UnknownTask`], or what the task refuses; nothing changes.
+    pub fn handle_returned(
+        &mut self,
+        policy: &DeliveryPolicy<R>,
+        now: Instant,
+        task: &K,
+        attempt: u32,
+        worker: &W,
+        reason: FreeReturn,
+    ) -> Result<(), DeliveryError> {
+        self.with(task, |d| d.handle_returned(policy, now, attempt, worker, reason)).and_then(|r| r)?;
+        if let (FreeReturn::Declined, Some(entry)) = (reason, self.tasks.get(task)) {
+            self.declined.entry(worker.clone()).or_default().insert(entry.task_type.clone());
+        }
+        Ok(())
+    }
+
+    /// Every attempt `worker` holds is interrupted with `interruption` (a crash or a disconnect
+    /// of that worker); returns how many.
+    pub fn handle_worker_lost<G: Rng + ?Sized>(
+        &mut self,
+        policy: &DeliveryPolicy<R>,
+        now: Instant,
+        worker: &W,
+        interruption: Interruption,
+        rng: &mut G,
+    ) -> usize {
+        let mut lost = 0;
+        for (key, entry) in self.tasks.iter_mut() {
+            let d = &mut entry.delivery;
+            let attempt = match d.state() {
+                DeliveryState::HandedOut { attempt, worker: holder, .. }
+                | DeliveryState::Running { attempt, worker: holder, .. }
+                    if holder == worker =>
+                {
+                    *attempt
+                }
+                _ => continue,
+            };
+            let was_dirty = d.has_actions();
+            if d.handle_interrupted(policy, now, attempt, worker, interruption, rng).is_ok() {
+                lost += 1;
+            }
+            if !was_dirty && d.has_actions() {
+                self.dirty.push_back(key.clone());
+            }
+        }
+        lost
+    }
+
+    /// The server failed over: see [`Delivery::handle_failover`], for every task.
+    pub fn handle_failover<G: Rng + ?Sized>(&mut self, policy: &DeliveryPolicy<R>, now: Instant, rng: &mut G) {
+        for (key, entry) in self.tasks.iter_mut() {
+            let was_dirty = entry.delivery.has_actions();
+            entry.delivery.handle_failover(policy, now, rng);
+            if !was_dirty && entry.delivery.has_actions() {
+                self.dirty.push_back(key.clone());
+            }
+        }
+    }
+
+    /// Expires leases and heartbeats and ends retry delays that are due at `now`, for every
+    /// task. Early, repeated or spurious calls change nothing.
+    pub fn handle_timeout<G: Rng + ?Sized>(&mut self, policy: &DeliveryPolicy<R>, now: Instant, rng: &mut G) {
+        for (key, entry) in self.tasks.iter_mut() {
+            if entry.delivery.poll_timeout().is_none_or(|t| t > now) {
+                continue;
+            }
+            let was_dirty = entry.delivery.has_actions();
+            entry.delivery.handle_timeout(policy, now, rng);
+            if !was_dirty && entry.delivery.has_actions() {
+                self.dirty.push_back(key.clone());
+            }
+        }
+    }
+
+    /// The next `(task id, action)`, in the documented drain order; `None` when there is none.
+    #[allow(clippy::type_complexity)]
+    pub fn poll_action(&mut self) -> Option<(K, DeliveryAction<K, W, C, E, R>)> {
+        while let Some(key) = self.dirty.front() {
+            if let Some(action) = self.tasks.get_mut(key).and_then(|entry| entry.delivery.poll_action()) {
+                return Some((key.clone(), action));
+            }
+            self.dirty.pop_front();
+        }
+        None
+    }
+
+    /// Runs `f` on one task and records it as dirty if it now has actions.
+    fn with<X>(&mut self, task: &K, f: impl FnOnce(&mut Delivery<K, W, C, E, R>) -> X) -> Result<X, DeliveryError> {
+        let entry = self.tasks.get_mut(task).ok_or(DeliveryError::UnknownTask)?;
+        let was_dirty = entry.delivery.has_actions();
+        let out = f(&mut entry.delivery);
+        mark(&mut self.dirty, task, was_dirty, &entry.delivery);
+        Ok(out)
+    }
+}
+
+/// Queues `task` for draining if it has just gained actions (so it is queued at most once).
+fn mark<K: Clone, W, C, E, R>(dirty: &mut VecDeque<K>, task: &K, was_dirty: bool, delivery: &Delivery<K, W, C, E, R>) {
+    if !was_dirty && delivery.has_actions() {
+        dirty.push_back(task.clone());
+    }
+}

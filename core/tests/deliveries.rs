@@ -1,0 +1,220 @@
+//! The `Deliveries` table: dispatch that respects declines, lease expiry at `poll_timeout`,
+//! per-state counts, and G11/G12 across many tasks.
+#![cfg(feature = "alloc")]
+
+use core::time::Duration;
+
+use persevere::{
+    Backoff, Deliveries, DeliveryAction, DeliveryCounts, DeliveryError, DeliveryPolicy, DeliveryState, Failure,
+    FailurePolicy, FreeReturn, Instant, Interruption, RetryPolicy, TerminalKind,
+};
+use proptest::prelude::*;
+use rand_chacha::ChaCha8Rng;
+use rand_core::SeedableRng;
+
+/// Task ids `u32`, types `&str`, workers `u8`, checkpoints `u32`, errors `&str`, routes `&str`.
+type Table = Deliveries<u32, &'static str, u8, u32, &'static str, &'static str>;
+type Policy = DeliveryPolicy<&'static str>;
+type Action = DeliveryAction<u32, u8, u32, &'static str, &'static str>;
+
+fn at(n: u64) -> Instant {
+    Instant::from_millis(n)
+}
+
+fn policy(max_attempts: u32, max_redeliveries: u32) -> Policy {
+    let retry = RetryPolicy::builder(Backoff::constant(Duration::from_millis(100)).build().unwrap())
+        .max_attempts(max_attempts)
+        .build()
+        .unwrap();
+    DeliveryPolicy::builder(retry)
+        .max_redeliveries(max_redeliveries)
+        .start_timeout(Duration::from_secs(1))
+        .heartbeat_timeout(Duration::from_secs(2))
+        .on_failure(FailurePolicy::Divert("recover"))
+        .build()
+        .unwrap()
+}
+
+fn drain(table: &mut Table) -> Vec<(u32, Action)> {
+    core::iter::from_fn(|| table.poll_action()).collect()
+}
+
+#[test]
+fn d3_the_table_never_offers_a_declined_type_to_that_worker_again() {
+    let p = policy(3, 3);
+    let mut t = Table::new();
+    for (id, ty) in [(1, "pdf"), (2, "pdf"), (3, "mail")] {
+        t.insert(&p, at(0), id, ty, u64::from(id) * 10).unwrap();
+    }
+    assert_eq!(t.hand_out_next(&p, at(0), &1), Some(1));
+    t.handle_returned(&p, at(0), &1, 1, &1, FreeReturn::Declined).unwrap();
+    assert!(t.has_declined(&1, &"pdf"));
+    // Worker 1 skips both "pdf" tasks, including task 2 that it was never offered.
+    assert_eq!(t.hand_out_next(&p, at(0), &1), Some(3));
+    assert_eq!(t.hand_out_next(&p, at(0), &1), None);
+    assert_eq!(t.hand_out_next(&p, at(0), &2), Some(1));
+    assert_eq!(t.get(&1).unwrap().attempt(), 1, "the decline kept the attempt number");
+    assert_eq!(t.hand_out_next(&p, at(0), &2), Some(2));
+    assert_eq!(t.hand_out_next(&p, at(0), &2), None);
+}
+
+#[test]
+fn d2_leases_and_heartbeats_expire_at_poll_timeout() {
+    let p = policy(3, 3);
+    let mut r = ChaCha8Rng::seed_from_u64(1);
+    let mut t = Table::new();
+    t.insert(&p, at(0), 1, "a", 1).unwrap();
+    t.insert(&p, at(0), 2, "a", 2).unwrap();
+    assert_eq!(t.poll_timeout(), None);
+    t.hand_out_next(&p, at(0), &1);
+    t.hand_out_next(&p, at(500), &2);
+    t.handle_started(&p, at(600), &2, 1, &2).unwrap();
+    drain(&mut t);
+    assert_eq!(t.poll_timeout(), Some(at(1_000)), "task 1's start lease");
+    t.handle_timeout(&p, at(999), &mut r);
+    assert_eq!(drain(&mut t), vec![]);
+    t.handle_timeout(&p, at(1_000), &mut r);
+    assert_eq!(
+        drain(&mut t),
+        vec![(1, DeliveryAction::Revoke { worker: 1, attempt: 1, reason: Interruption::LeaseExpired })]
+    );
+    assert_eq!(t.poll_timeout(), Some(at(1_100)), "task 1's retry delay");
+    t.handle_timeout(&p, at(1_100), &mut r);
+    assert_eq!(drain(&mut t), vec![(1, DeliveryAction::Ready { attempt: 2 })]);
+    assert_eq!(t.poll_timeout(), Some(at(2_600)), "task 2's heartbeat deadline");
+    t.handle_timeout(&p, at(2_600), &mut r);
+    assert_eq!(
+        drain(&mut t),
+        vec![(2, DeliveryAction::Revoke { worker: 2, attempt: 1, reason: Interruption::HeartbeatMissed })]
+    );
+    assert_eq!(t.get(&2).unwrap().retries_used(), 1);
+}
+
+#[test]
+fn d9_counts_cover_every_task_in_exactly_one_state() {
+    let p = policy(1, 0);
+    let mut r = ChaCha8Rng::seed_from_u64(2);
+    let mut t = Table::new();
+    for id in 1..=6 {
+        t.insert(&p, at(0), id, "a", 0).unwrap();
+    }
+    for id in 1..=5u8 {
+        assert_eq!(t.hand_out_next(&p, at(0), &id), Some(u32::from(id)));
+    }
+    t.handle_started(&p, at(0), &2, 1, &2).unwrap();
+    t.handle_completed(at(0), &3, 1, &3).unwrap();
+    t.handle_failed(&p, at(0), &4, 1, &4, Failure::retryable("x"), &mut r).unwrap();
+    t.handle_returned(&p, at(0), &5, 1, &5, FreeReturn::SendFailed).unwrap();
+    let counts = t.counts();
+    assert_eq!(
+        counts,
+        DeliveryCounts {
+            pending: 1,
+            handed_out: 1,
+            running: 1,
+            completed: 1,
+            diverted: 1,
+            dead_lettered: 1,
+            ..Default::default()
+        }
+    );
+    assert_eq!(counts.total(), t.len());
+    let finished: Vec<_> = drain(&mut t)
+        .into_iter()
+        .filter_map(|(id, a)| if let DeliveryAction::Finish(term) = a { Some((id, term.kind())) } else { None })
+        .collect();
+    assert_eq!(
+        finished,
+        vec![(3, TerminalKind::Completed), (4, TerminalKind::Diverted), (5, TerminalKind::DeadLettered)]
+    );
+    // Removing gives the task back; nothing is lost.
+    let (ty, task) = t.remove(&3).unwrap();
+    assert_eq!((ty, task.terminal().map(|t| t.kind())), ("a", Some(TerminalKind::Completed)));
+    assert_eq!(t.counts().total(), 5);
+}
+
+#[test]
+fn a_worker_lost_interrupts_every_attempt_it_holds() {
+    let p = policy(3, 3);
+    let mut r = ChaCha8Rng::seed_from_u64(3);
+    let mut t = Table::new();
+    for id in 1..=3 {
+        t.insert(&p, at(0), id, "a", 0).unwrap();
+    }
+    t.hand_out_next(&p, at(0), &1);
+    t.hand_out_next(&p, at(0), &1);
+    t.hand_out_next(&p, at(0), &2);
+    assert_eq!(t.handle_worker_lost(&p, at(5), &1, Interruption::WorkerCrashed, &mut r), 2);
+    for (id, attempt) in [(1, 2), (2, 2), (3, 1)] {
+        assert_eq!(t.get(&id).unwrap().attempt(), attempt, "task {id}");
+    }
+    assert!(matches!(t.get(&3).unwrap().state(), DeliveryState::HandedOut { worker: 2, .. }));
+}
+
+#[test]
+fn g12_the_table_refuses_unknown_and_duplicate_ids_and_changes_nothing() {
+    let p = policy(3, 3);
+    let mut r = ChaCha8Rng::seed_from_u64(4);
+    let mut t = Table::new();
+    t.insert(&p, at(0), 1, "a", 0).unwrap();
+    let before = t.clone();
+    let err = t.insert(&p, at(0), 1, "b", 0).unwrap_err();
+    assert_eq!((err.error, err.input), (DeliveryError::DuplicateTask, 1));
+    assert_eq!(t.handle_completed(at(0), &9, 1, &1), Err(DeliveryError::UnknownTask));
+    let err = t.handle_failed(&p, at(0), &9, 1, &1, Failure::fatal("kept"), &mut r).unwrap_err();
+    assert_eq!((err.error, err.input), (DeliveryError::UnknownTask, Failure::fatal("kept")));
+    let err = t.handle_heartbeat(&p, at(0), &9, 1, &1, Some(3)).unwrap_err();
+    assert_eq!((err.error, err.input), (DeliveryError::UnknownTask, Some(3)));
+    assert_eq!(t.handle_completed(at(0), &1, 1, &1), Err(DeliveryError::NotHandedOut { attempt: 1 }));
+    assert_eq!(t, before);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+
+    /// G11 and G12 across a table: refused inputs change nothing, every task is always counted in
+    /// exactly one state, and each task finishes at most once.
+    #[test]
+    fn g11_g12_every_task_is_in_one_state_and_finishes_once(
+        ops in prop::collection::vec((0..8u8, 1..5u32, 0..4u8, 0..3u8, 0..2_000u16), 1..120),
+        seed in any::<u64>(),
+    ) {
+        let p = policy(3, 2);
+        let mut r = ChaCha8Rng::seed_from_u64(seed);
+        let mut t = Table::new();
+        for id in 1..=4 {
+            t.insert(&p, at(0), id, ["a", "b"][id as usize % 2], u64::from(id)).unwrap();
+        }
+        let mut now = at(0);
+        let mut finishes = [0u32; 5];
+        for (kind, id, worker, k, dt) in ops {
+            let before = t.clone();
+            let attempt = t.get(&id).map_or(1, |d| d.attempt());
+            let refused = match kind {
+                0 => { t.hand_out_next(&p, now, &worker); false }
+                1 => t.handle_started(&p, now, &id, attempt, &worker).is_err(),
+                2 => t.handle_completed(now, &id, attempt, &worker).is_err(),
+                3 => t.handle_failed(&p, now, &id, attempt, &worker, Failure::retryable("e"), &mut r).is_err(),
+                4 => t.handle_returned(&p, now, &id, attempt, &worker,
+                        [FreeReturn::Declined, FreeReturn::SendFailed, FreeReturn::ClosedBeforeStart][k as usize]).is_err(),
+                5 => { t.handle_worker_lost(&p, now, &worker, Interruption::Disconnected, &mut r); false }
+                6 => t.handle_heartbeat(&p, now, &id, attempt, &worker, Some(u32::from(dt))).is_err(),
+                _ => { now = now.saturating_add(Duration::from_millis(u64::from(dt))); t.handle_timeout(&p, now, &mut r); false }
+            };
+            if refused {
+                prop_assert_eq!(&t, &before, "a refused input changed the table");
+            }
+            while let Some((id, action)) = t.poll_action() {
+                if let DeliveryAction::Finish(term) = action {
+                    finishes[id as usize] += 1;
+                    prop_assert_eq!(Some(&term), t.get(&id).unwrap().terminal());
+                }
+            }
+            prop_assert_eq!(t.counts().total(), 4);
+            for id in 1..=4u32 {
+                let finished = t.get(&id).unwrap().terminal().is_some();
+                prop_assert_eq!(finishes[id as usize], u32::from(finished), "task {} finish count", id);
+            }
+        }
+    }
+}
