@@ -299,6 +299,15 @@ impl Backoff {
         BackoffBuilder::new(Schedule::Decorrelated { base })
     }
 
+    /// An exponential backoff from settings the crate knows to be valid (the presets' and
+    /// defaults' constants), without the `Result` of [`BackoffBuilder::build`]: `initial_ns > 0`,
+    /// a multiplier of 1.0 or at least `1 + 1e-12`, `max_ns >= initial_ns`, a proportional factor
+    /// in `[0, 1]`, no floor. Every caller has a test comparing its value with `build()`'s.
+    pub(crate) fn exponential_unchecked(initial_ns: u64, multiplier: f64, max_ns: u64, jitter: Jitter) -> Backoff {
+        let cap_ratio = max_ns as f64 / initial_ns as f64;
+        Backoff { shape: Shape::Exponential { initial: initial_ns, multiplier, cap_ratio }, jitter, min_ns: 0, max_ns }
+    }
+
     /// The schedule this backoff was built from.
     pub fn schedule(&self) -> Schedule {
         match self.shape {
