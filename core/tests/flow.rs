@@ -3,9 +3,11 @@
 
 use core::time::Duration;
 
+#[cfg(feature = "alloc")]
+use persevere::Flows;
 use persevere::{
-    Backoff, Flow, FlowAction, FlowError, FlowInfo, FlowPolicy, FlowSchedule, FlowStatus, FlowStatusKind, Flows,
-    Instant, Jitter, PolicyError, SkipReason,
+    Backoff, Flow, FlowAction, FlowError, FlowInfo, FlowPolicy, FlowStatus, FlowStatusKind, Instant, Jitter,
+    PolicyError, SkipReason,
 };
 use proptest::prelude::*;
 use rand_chacha::ChaCha8Rng;
@@ -229,6 +231,7 @@ fn f7_trigger_is_rejected_while_tripped_and_while_running() {
     assert_eq!(flow, before);
 }
 
+#[cfg(feature = "alloc")]
 #[test]
 fn f7_trigger_and_every_other_input_on_an_unknown_id_is_rejected() {
     let p = flat(None);
@@ -254,7 +257,10 @@ fn f8_reset_flow_zeroes_streak_and_window_and_sets_idle() {
     let mut flow = running(at(0));
     flow.handle_failure(&p, at(1), 1, &mut r).unwrap();
     flow.reset_flow(at(2));
-    assert_eq!(flow.info(), FlowInfo { failure_streak: 0, next_eligible: None, run_count: 1, status: FlowStatus::Idle });
+    assert_eq!(
+        flow.info(),
+        FlowInfo { failure_streak: 0, next_eligible: None, run_count: 1, status: FlowStatus::Idle }
+    );
     flow.trigger(at(3)).unwrap();
     flow.handle_success(at(4)).unwrap();
     flow.reset_flow(at(5));
@@ -277,6 +283,7 @@ fn f8_reset_while_running_keeps_the_run_and_its_failure_starts_a_new_streak_at_o
     assert_eq!(flow.status(), FlowStatus::Backoff { until: at(106), streak: 1, last_error: &3 });
 }
 
+#[cfg(feature = "alloc")]
 #[test]
 fn f9_flow_info_exposes_streak_next_eligible_run_count_and_status() {
     let p = flat(None);
@@ -298,6 +305,7 @@ fn f9_flow_info_exposes_streak_next_eligible_run_count_and_status() {
     assert_eq!(flows.info(&"g"), None);
 }
 
+#[cfg(feature = "alloc")]
 #[test]
 fn f10_a_tripped_flow_is_not_dispatched_by_time_or_tick_until_reset() {
     let p = flat(Some(1));
@@ -325,6 +333,7 @@ fn f10_a_tripped_flow_is_not_dispatched_by_time_or_tick_until_reset() {
 
 /// The scheduler seed scenario: a flow every 200 ms with policy initial 300 ms, ×2, cap 2 s,
 /// jitter 0.1, trip after 3.
+#[cfg(feature = "alloc")]
 #[test]
 fn seed_scenario_scheduler_flow_trips_after_three_failures_and_runs_again_after_reset() {
     let p = FlowPolicy::builder()
@@ -381,6 +390,7 @@ fn seed_scenario_scheduler_flow_trips_after_three_failures_and_runs_again_after_
     assert_eq!(flows.info(&"sync").unwrap().status, FlowStatus::Completed);
 }
 
+#[cfg(feature = "alloc")]
 #[test]
 fn flows_dispatch_the_earliest_due_first_and_keep_the_index_in_step() {
     let mut flows = Flows::<u32, ()>::new();
@@ -397,7 +407,7 @@ fn flows_dispatch_the_earliest_due_first_and_keep_the_index_in_step() {
     assert!(flows.remove(&((50 * 73) % 100)).is_some()); // 73 = 37⁻¹ mod 100: the flow due at 50
     assert_eq!(flows.poll_timeout(), Some(at(51)));
     assert_eq!(flows.len(), 99);
-    assert_eq!(flows.get(&7).unwrap().schedule(), FlowSchedule::Every { interval: ms(1_000) });
+    assert_eq!(flows.get(&7).unwrap().schedule(), persevere::FlowSchedule::Every { interval: ms(1_000) });
 }
 
 // ---------------------------------------------------------------- properties
@@ -471,6 +481,7 @@ proptest! {
         }
     }
 
+    #[cfg(feature = "alloc")]
     #[test]
     fn g12_a_refused_registry_input_changes_nothing(policy in any_policy(), ops in prop::collection::vec((any_op(), 0..3u8), 1..60), seed in any::<u64>()) {
         let mut r = ChaCha8Rng::seed_from_u64(seed);

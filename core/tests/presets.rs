@@ -4,8 +4,8 @@ use core::time::Duration;
 
 use persevere::presets::{self, WorkflowCap, WorkflowRetryOn};
 use persevere::{
-    Action, Backoff, Failure, FailureClass, Flow, FlowPolicy, FlowStatus, Instant, Jitter, Outcome, Retry,
-    RetryPolicy, SupervisionPolicy, TaskDefaults,
+    Action, Backoff, Failure, FailureClass, Flow, FlowPolicy, FlowStatus, Instant, Jitter, Outcome, Retry, RetryPolicy,
+    SupervisionPolicy, TaskDefaults,
 };
 use rand_chacha::ChaCha8Rng;
 use rand_core::SeedableRng;
@@ -60,7 +60,11 @@ fn p_the_supervisor_preset_is_s2() {
     assert_eq!(d, TaskDefaults::default());
     assert_eq!(
         d.backoff,
-        Backoff::exponential(Duration::from_millis(200), 2.0).max_delay(secs(30)).jitter(Jitter::Equal).build().unwrap()
+        Backoff::exponential(Duration::from_millis(200), 2.0)
+            .max_delay(secs(30))
+            .jitter(Jitter::Equal)
+            .build()
+            .unwrap()
     );
     let p = SupervisionPolicy::from_defaults().build(&d).unwrap();
     assert_eq!((p.attempt_timeout(), p.max_retries(), p.min_spacing()), (None, None, Duration::from_millis(1)));
@@ -99,7 +103,10 @@ fn p_the_workflow_engine_retries_only_transient_failures_when_asked() {
     let only = WorkflowRetryOn::TransientOnly;
     let (slept, outcome) = delays(&p, |a| only.classify(false, a), 100);
     assert!(slept.is_empty());
-    assert_eq!(outcome, Outcome::Fatal { failure: persevere::LastFailure { class: FailureClass::Fatal, error: Some(1) } });
+    assert_eq!(
+        outcome,
+        Outcome::Fatal { failure: persevere::LastFailure { class: FailureClass::Fatal, error: Some(1) } }
+    );
     let (slept, _) = delays(&p, |a| only.classify(true, a), 100);
     assert_eq!(slept.len(), 2);
     let (slept, _) = delays(&p, |a| WorkflowRetryOn::default().classify(false, a), 100);

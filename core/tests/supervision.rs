@@ -371,9 +371,10 @@ fn s4_a_panic_while_dropping_a_timed_out_attempt_finishes_panicked_without_retry
     let tail: Vec<_> = trace.iter().rev().take(2).map(|(_, e)| *e).collect();
     assert_eq!(
         tail,
-        vec![TaskEvent::TaskFinished { outcome: TaskOutcome::Panicked { error: 2 }, attempts: 2 }, TaskEvent::AttemptTimedOut {
-            attempt: 2
-        }]
+        vec![
+            TaskEvent::TaskFinished { outcome: TaskOutcome::Panicked { error: 2 }, attempts: 2 },
+            TaskEvent::AttemptTimedOut { attempt: 2 }
+        ]
     );
     check_grammar(&trace);
 }
