@@ -241,17 +241,7 @@ impl BackoffBuilder {
         if max_ns < min_ns {
             return Err(PolicyError::CapBelow { setting: "min_delay", max_delay_ns: max_ns, value_ns: min_ns });
         }
-        let spread_q32 = match self.jitter {
-            Jitter::Proportional(f) => (f * 4_294_967_296.0 + 0.5) as u64,
-            _ => 0,
-        };
-        let mut backoff =
-            Backoff { shape, jitter: self.jitter, min_ns, max_ns, spread_q32, cap_from: 1, table: [0; TABLE_LEN] };
-        backoff.cap_from = backoff.first_capped();
-        for (i, slot) in backoff.table.iter_mut().enumerate() {
-            *slot = raw_envelope(shape, max_ns, i as u32 + 1);
-        }
-        Ok(backoff)
+        Ok(Backoff::assemble(shape, self.jitter, min_ns, max_ns))
     }
 }
 
@@ -297,6 +287,29 @@ impl Backoff {
     /// Decorrelated jitter: `U[base, 3·previous]`, capped.
     pub const fn decorrelated(base: Duration) -> BackoffBuilder {
         BackoffBuilder::new(Schedule::Decorrelated { base })
+    }
+
+    /// An exponential backoff from settings the crate knows to be valid (the presets' and
+    /// defaults' constants), without the `Result` of [`BackoffBuilder::build`]: `initial_ns > 0`,
+    /// a multiplier of 1.0 or at least `1 + 1e-12`, `max_ns >= initial_ns`, a proportional factor
+    /// in `[0, 1]`, no floor. Every caller has a test comparing its value with `build()`'s.
+    pub(crate) fn exponential_unchecked(initial_ns: u64, multiplier: f64, max_ns: u64, jitter: Jitter) -> Backoff {
+        let cap_ratio = max_ns as f64 / initial_ns as f64;
+        Backoff::assemble(Shape::Exponential { initial: initial_ns, multiplier, cap_ratio }, jitter, 0, max_ns)
+    }
+
+    /// The validated parts, with the derived fields (jitter spread, cap index, envelope table).
+    fn assemble(shape: Shape, jitter: Jitter, min_ns: u64, max_ns: u64) -> Backoff {
+        let spread_q32 = match jitter {
+            Jitter::Proportional(f) => (f * 4_294_967_296.0 + 0.5) as u64,
+            _ => 0,
+        };
+        let mut backoff = Backoff { shape, jitter, min_ns, max_ns, spread_q32, cap_from: 1, table: [0; TABLE_LEN] };
+        backoff.cap_from = backoff.first_capped();
+        for (i, slot) in backoff.table.iter_mut().enumerate() {
+            *slot = raw_envelope(shape, max_ns, i as u32 + 1);
+        }
+        backoff
     }
 
     /// The schedule this backoff was built from.

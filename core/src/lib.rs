@@ -82,8 +82,11 @@ mod deliveries;
 mod delivery;
 mod error;
 mod failure;
+mod flow;
+pub mod presets;
 mod random;
 mod retry;
+mod supervision;
 mod time;
 
 pub use backoff::{Backoff, BackoffBuilder, BackoffState, Jitter, Schedule};
@@ -96,9 +99,19 @@ pub use delivery::{
 };
 pub use error::PolicyError;
 pub use failure::{Failure, FailureClass, FailureKind, Hint, LastFailure};
+#[cfg(feature = "alloc")]
+pub use flow::Flows;
+pub use flow::{
+    Flow, FlowAction, FlowError, FlowFailureRefused, FlowInfo, FlowPolicy, FlowPolicyBuilder, FlowSchedule, FlowStatus,
+    FlowStatusKind, SkipReason,
+};
 pub use retry::{
     Action, FailureRefused, Outcome, OutcomeKind, Retry, RetryError, RetryPolicy, RetryPolicyBuilder, RetryStatus,
     Stats,
+};
+pub use supervision::{
+    Restart, Setting, Supervision, SupervisionError, SupervisionPolicy, SupervisionPolicyBuilder, SupervisionRefused,
+    TaskDefaults, TaskEvent, TaskOutcome, TaskOutcomeKind, TaskStatus,
 };
 #[cfg(feature = "std")]
 pub use time::Epoch;

@@ -208,6 +208,25 @@ impl RetryPolicy {
         }
     }
 
+    /// A policy from settings the crate knows to be valid (the presets), without the `Result`
+    /// of [`RetryPolicyBuilder::build`]: `max_attempts` is `None` or at least 1; no budget, no
+    /// timeout, hints honoured in full. Every caller has a test comparing it with `build()`'s.
+    pub(crate) const fn preset(backoff: Backoff, max_attempts: Option<u32>) -> RetryPolicy {
+        let (max_attempts, limited) = match max_attempts {
+            Some(n) => (n, true),
+            None => (u32::MAX, false),
+        };
+        RetryPolicy {
+            backoff,
+            max_attempts,
+            limited,
+            total_ns: u64::MAX,
+            attempt_timeout_ns: u64::MAX,
+            max_hint_ns: u64::MAX,
+            restart_after_hint: false,
+        }
+    }
+
     /// The backoff schedule.
     pub const fn backoff(&self) -> &Backoff {
         &self.backoff

@@ -8,7 +8,10 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::time::Duration;
 
-use persevere::{Action, Backoff, BackoffState, Failure, Instant, Jitter, Retry, RetryPolicy};
+use persevere::{
+    Action, Backoff, BackoffState, Failure, Flow, FlowPolicy, Instant, Jitter, Retry, RetryPolicy, Supervision,
+    SupervisionPolicy, TaskDefaults,
+};
 use rand_chacha::ChaCha8Rng;
 use rand_core::SeedableRng;
 
@@ -109,4 +112,64 @@ fn a_full_retry_cycle_allocates_nothing() {
         }
     });
     assert_eq!(n, 0);
+}
+
+#[test]
+fn the_supervision_decision_allocates_nothing() {
+    let policy = SupervisionPolicy::periodic(Duration::ZERO).build(&TaskDefaults::new()).unwrap();
+    let mut rng = ChaCha8Rng::seed_from_u64(1);
+    let mut task = Supervision::<u32>::new();
+    let mut now = Instant::ZERO;
+    let n = allocations(|| {
+        task.handle_start(&policy, now).unwrap();
+        for attempt in 1..=10_000u64 {
+            while task.poll_action().is_some() {}
+            if attempt % 2 == 0 {
+                task.handle_success(&policy, now, attempt).unwrap();
+            } else {
+                task.handle_failure(&policy, now, attempt, Failure::retryable(7), &mut rng).unwrap();
+            }
+            while task.poll_action().is_some() {}
+            now = task.poll_timeout().unwrap();
+            task.handle_timeout(&policy, now);
+        }
+    });
+    assert_eq!(task.attempt(), 10_001);
+    assert_eq!(n, 0);
+}
+
+#[test]
+fn flow_outcome_transitions_allocate_nothing() {
+    let policy = FlowPolicy::builder().with_trip(1_000).build().unwrap();
+    let mut rng = ChaCha8Rng::seed_from_u64(2);
+    let mut flow = Flow::<u32>::every(Instant::ZERO, Duration::from_millis(5));
+    let mut now = Instant::ZERO;
+    let n = allocations(|| {
+        for run in 0..10_000u32 {
+            now = flow.poll_timeout().unwrap().later(now);
+            flow.handle_timeout(now);
+            while flow.poll_action().is_some() {}
+            match run % 3 {
+                0 => flow.handle_failure(&policy, now, run, &mut rng).unwrap(),
+                1 => flow.handle_cancel(now).unwrap(),
+                _ => flow.handle_success(now).unwrap(),
+            }
+            let _ = flow.info();
+        }
+    });
+    assert_eq!(flow.run_count(), 10_000);
+    assert_eq!(n, 0);
+}
+
+#[test]
+fn state_sizes() {
+    // Recorded for the issue note; bounds that would catch an accidental growth.
+    let sizes = (
+        std::mem::size_of::<Supervision<()>>(),
+        std::mem::size_of::<Supervision<u32>>(),
+        std::mem::size_of::<Flow<()>>(),
+        std::mem::size_of::<Flow<u32>>(),
+    );
+    println!("Supervision<()>, Supervision<u32>, Flow<()>, Flow<u32>: {sizes:?}");
+    assert!(sizes.0 <= 64 && sizes.2 <= 112, "{sizes:?}");
 }

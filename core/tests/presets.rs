@@ -1,0 +1,136 @@
+//! Rules P: each preset reproduces its source dialect's defaults and counting.
+
+use core::time::Duration;
+
+use persevere::presets::{self, WorkflowCap, WorkflowRetryOn};
+use persevere::{
+    Action, Backoff, Failure, FailureClass, Flow, FlowPolicy, FlowStatus, Instant, Jitter, Outcome, Retry, RetryPolicy,
+    SupervisionPolicy, TaskDefaults,
+};
+use rand_chacha::ChaCha8Rng;
+use rand_core::SeedableRng;
+
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+/// Fails every attempt with `failure` and returns the delays slept and the outcome (stops after
+/// `limit` attempts with a cancel).
+fn delays(policy: &RetryPolicy, failure: impl Fn(u32) -> Failure<u32>, limit: u32) -> (Vec<Duration>, Outcome<u32>) {
+    let mut r = ChaCha8Rng::seed_from_u64(4);
+    let mut retry = Retry::new();
+    let mut now = Instant::ZERO;
+    let mut slept = Vec::new();
+    retry.handle_start(policy, now).unwrap();
+    loop {
+        match retry.poll_action() {
+            Some(Action::Start { attempt, .. }) if attempt > limit => retry.handle_cancel(now).unwrap(),
+            Some(Action::Start { attempt, .. }) => {
+                retry.handle_failure(policy, now, attempt, failure(attempt), &mut r).unwrap()
+            }
+            Some(Action::Sleep { delay, until, .. }) => {
+                slept.push(delay);
+                now = until;
+                retry.handle_timeout(policy, now, &mut r);
+            }
+            Some(Action::Finish { outcome, .. }) => return (slept, outcome),
+            Some(Action::Abandon { .. }) => {} // the cancel of the attempt past `limit`
+            None => panic!("no deadlines here, so there is always an action"),
+        }
+    }
+}
+
+#[test]
+fn p_the_scheduler_preset_is_f2_and_its_trip_counts_like_the_source() {
+    assert_eq!(presets::scheduler(), FlowPolicy::default());
+    assert_eq!(presets::scheduler_with_trip(3), FlowPolicy::builder().with_trip(3).build().unwrap());
+    // The source trips on the first failure for 0; the unified builder refuses 0.
+    let p = presets::scheduler_with_trip(0);
+    assert_eq!(p, FlowPolicy::builder().with_trip(1).build().unwrap());
+    let mut flow = Flow::<()>::cron(Instant::ZERO);
+    flow.trigger(Instant::ZERO).unwrap();
+    flow.handle_failure(&p, Instant::ZERO, (), &mut ChaCha8Rng::seed_from_u64(1)).unwrap();
+    assert_eq!(flow.status(), FlowStatus::Tripped { streak: 1, last_error: &() });
+    assert!(FlowPolicy::builder().with_trip(0).build().is_err());
+}
+
+#[test]
+fn p_the_supervisor_preset_is_s2() {
+    let d = presets::supervisor();
+    assert_eq!(d, TaskDefaults::default());
+    assert_eq!(
+        d.backoff,
+        Backoff::exponential(Duration::from_millis(200), 2.0)
+            .max_delay(secs(30))
+            .jitter(Jitter::Equal)
+            .build()
+            .unwrap()
+    );
+    let p = SupervisionPolicy::from_defaults().build(&d).unwrap();
+    assert_eq!((p.attempt_timeout(), p.max_retries(), p.min_spacing()), (None, None, Duration::from_millis(1)));
+}
+
+#[test]
+fn p_the_workflow_engine_preset_makes_3_attempts_from_1s_capped_with_jitter_0_25() {
+    for (cap, cap_secs) in [(WorkflowCap::Secs30, 30), (WorkflowCap::Secs60, 60)] {
+        let p = presets::workflow_engine(cap);
+        let expected = Backoff::exponential(secs(1), 2.0)
+            .max_delay(secs(cap_secs))
+            .jitter(Jitter::Proportional(0.25))
+            .build()
+            .unwrap();
+        assert_eq!(p, RetryPolicy::builder(expected).max_attempts(3).build().unwrap());
+        assert_eq!(cap.duration(), secs(cap_secs));
+        let (slept, outcome) = delays(&p, Failure::retryable, 100);
+        assert_eq!(slept.len(), 2, "3 attempts in all");
+        assert_eq!(outcome.kind(), persevere::OutcomeKind::Exhausted);
+        for (n, d) in slept.iter().enumerate() {
+            let envelope = secs(1 << n);
+            assert!(*d >= envelope.mul_f64(0.75) && *d <= envelope.mul_f64(1.25), "{n}: {d:?}");
+        }
+        // A cap is a cap, also after the +25 % jitter (B2).
+        let b = p.backoff();
+        let mut r = ChaCha8Rng::seed_from_u64(8);
+        for _ in 0..1_000 {
+            assert!(b.delay(20, Duration::ZERO, &mut r) <= secs(cap_secs));
+        }
+    }
+}
+
+#[test]
+fn p_the_workflow_engine_retries_only_transient_failures_when_asked() {
+    let p = presets::workflow_engine(WorkflowCap::Secs30);
+    let only = WorkflowRetryOn::TransientOnly;
+    let (slept, outcome) = delays(&p, |a| only.classify(false, a), 100);
+    assert!(slept.is_empty());
+    assert_eq!(
+        outcome,
+        Outcome::Fatal { failure: persevere::LastFailure { class: FailureClass::Fatal, error: Some(1) } }
+    );
+    let (slept, _) = delays(&p, |a| only.classify(true, a), 100);
+    assert_eq!(slept.len(), 2);
+    let (slept, _) = delays(&p, |a| WorkflowRetryOn::default().classify(false, a), 100);
+    assert_eq!(slept.len(), 2, "by default every failure is retried");
+}
+
+#[test]
+fn p_the_durable_step_preset_is_1s_x2_cap_100s_unlimited_without_jitter_and_honours_retry_after() {
+    let p = presets::durable_step();
+    let expected = Backoff::exponential(secs(1), 2.0).max_delay(secs(100)).build().unwrap();
+    assert_eq!(p, RetryPolicy::builder(expected).build().unwrap());
+    let (slept, _) = delays(&p, Failure::retryable, 12);
+    let want: Vec<_> = [1, 2, 4, 8, 16, 32, 64, 100, 100, 100, 100, 100].into_iter().map(secs).collect();
+    assert_eq!(slept, want, "no jitter; unlimited until canceled");
+    let (slept, _) = delays(&p, |a| if a == 2 { Failure::retry_after(secs(7), a) } else { Failure::retryable(a) }, 4);
+    assert_eq!(slept, vec![secs(1), secs(7), secs(4), secs(8)], "the hint replaces one delay and counts as a step");
+}
+
+#[test]
+fn p_the_durable_step_reads_zero_attempts_as_unlimited_like_the_source() {
+    assert_eq!(presets::durable_step_with_max_attempts(0), presets::durable_step());
+    assert_eq!(presets::durable_step_with_max_attempts(0).max_attempts(), None);
+    let p = presets::durable_step_with_max_attempts(1);
+    assert_eq!(p.max_attempts(), Some(1));
+    assert!(delays(&p, Failure::retryable, 10).0.is_empty(), "1 attempt: no retry");
+    assert!(RetryPolicy::builder(*p.backoff()).max_attempts(0).build().is_err(), "unified: 0 is refused");
+}
