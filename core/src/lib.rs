@@ -77,6 +77,8 @@ extern crate alloc;
 extern crate std;
 
 mod backoff;
+mod breaker;
+mod budget;
 #[cfg(feature = "alloc")]
 mod deliveries;
 mod delivery;
@@ -90,6 +92,14 @@ mod supervision;
 mod time;
 
 pub use backoff::{Backoff, BackoffBuilder, BackoffState, Jitter, Schedule};
+pub use breaker::{
+    Breaker, BreakerError, BreakerPolicy, BreakerPolicyBuilder, BreakerStatus, BreakerWindow, CallOutcome, MAX_PERMITS,
+    MAX_WINDOW_BUCKETS, MAX_WINDOW_CALLS, Permit, Rejected, WindowCounts,
+};
+pub use budget::{
+    BudgetRefused, Grant, MAX_BUDGET_BUCKETS, RatioBudget, RatioBudgetPolicy, RatioBudgetPolicyBuilder, RetryClass,
+    TokenBucket, TokenBucketPolicy, TokenBucketPolicyBuilder,
+};
 #[cfg(feature = "alloc")]
 pub use deliveries::{Deliveries, DeliveryCounts};
 pub use delivery::{

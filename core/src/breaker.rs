@@ -1,0 +1,1079 @@
+//! A circuit breaker that cannot wedge (rules K1–K5).
+//!
+//! A [`BreakerPolicy`] is the shared, immutable configuration: when to trip, how long to stay
+//! open, how many probes to let through while half-open and how long each probe may take. A
+//! [`Breaker`] is one dependency's state: fixed-size plain data (no allocation, no clock, no
+//! RNG inside), so it can be cloned, compared and persisted.
+//!
+//! Admission is a query plus a recorded permit (K5): [`Breaker::try_acquire`] answers with a
+//! [`Permit`] or a [`Rejected`] carrying `retry_after`; the caller makes the call and hands the
+//! permit back with its outcome to [`Breaker::record`]. A permit names its breaker, the state
+//! generation it was issued in and its own id, so a stale or foreign permit is refused as misuse
+//! ([`BreakerError`]) and changes nothing.
+
+use core::time::Duration;
+
+use rand_core::Rng;
+
+use crate::backoff::{Backoff, BackoffState};
+use crate::time::{nanos_of, saturating_nanos};
+use crate::{Instant, PolicyError};
+
+/// The longest count-based window, in calls: the window is a bitset of `64 · 8` calls.
+pub const MAX_WINDOW_CALLS: u32 = 64 * WORDS as u32;
+/// The most buckets a time-based window may have.
+pub const MAX_WINDOW_BUCKETS: u32 = BUCKETS as u32;
+/// The most probes a half-open breaker may let through at once.
+pub const MAX_PERMITS: u32 = LEASES as u32;
+
+const WORDS: usize = 8;
+const BUCKETS: usize = 16;
+const LEASES: usize = 16;
+/// Rates are parts per million; a rate above one million can never be reached (`failures ≤ calls`).
+const PPM: u64 = 1_000_000;
+const NEVER: u64 = PPM + 1;
+
+/// Which recent calls the rate rules look at (K2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub enum BreakerWindow {
+    /// The last `n` recorded calls, `1 ≤ n ≤` [`MAX_WINDOW_CALLS`].
+    Calls(u32),
+    /// The calls recorded during the last `span`, kept in `buckets` buckets of `span / buckets`
+    /// each (`1 ≤ buckets ≤` [`MAX_WINDOW_BUCKETS`]); a bucket leaves the window whole, so the
+    /// window covers between `span − span/buckets` and `span`. The bucket width is
+    /// `⌊span / buckets⌋` nanoseconds.
+    Time {
+        /// The span of the window.
+        span: Duration,
+        /// The number of buckets.
+        buckets: u32,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum WindowSpec {
+    Calls(u32),
+    Time { width_ns: u64, buckets: u32 },
+}
+
+/// The configuration of a circuit breaker: trip rules (K2), open durations (K3) and half-open
+/// probes (K4). Immutable; share one among any number of breakers.
+///
+/// ```
+/// use core::time::Duration;
+/// use persevere::{Backoff, BreakerPolicy};
+///
+/// let policy = BreakerPolicy::builder(
+///     Backoff::exponential(Duration::from_secs(1), 2.0).max_delay(Duration::from_secs(60)).build()?,
+/// )
+/// .consecutive_failures(5)
+/// .failure_rate(0.5)
+/// .count_window(100)
+/// .minimum_calls(20)
+/// .half_open_permits(3)
+/// .probe_timeout(Duration::from_secs(2))
+/// .build()?;
+/// assert_eq!(policy.half_open_permits(), 3);
+/// # Ok::<(), persevere::PolicyError>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(try_from = "BreakerPolicyBuilder", into = "BreakerPolicyBuilder")
+)]
+pub struct BreakerPolicy {
+    open: Backoff,
+    /// `u64::MAX` for none.
+    consecutive: u64,
+    failure_ppm: u64,
+    slow_ppm: u64,
+    /// `u64::MAX` for none.
+    slow_ns: u64,
+    window: WindowSpec,
+    minimum_calls: u32,
+    permits: u32,
+    close_after: u32,
+    probe_timeout_ns: u64,
+    // Kept to give the builder back exactly.
+    failure_rate: Option<f64>,
+    slow_call_rate: Option<f64>,
+    window_given: BreakerWindow,
+}
+
+/// The settings of a [`BreakerPolicy`] before validation.
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[must_use = "a builder does nothing until `build()` is called"]
+pub struct BreakerPolicyBuilder {
+    /// The open duration after the n-th consecutive opening (K3); reset when the breaker closes.
+    pub open: Backoff,
+    /// Trip after this many consecutive failures (K2).
+    pub consecutive_failures: Option<u32>,
+    /// Trip when the failure rate over the window reaches this fraction, in `(0, 1]` (K2).
+    pub failure_rate: Option<f64>,
+    /// Trip when the slow-call rate over the window reaches this fraction, in `(0, 1]` (K2).
+    /// Needs `slow_call_threshold`.
+    pub slow_call_rate: Option<f64>,
+    /// A call that takes at least this long is slow.
+    pub slow_call_threshold: Option<Duration>,
+    /// The window the rates are computed over; `Calls(100)` by default.
+    pub window: BreakerWindow,
+    /// The rate rules apply only once the window holds at least this many calls. `None`: the
+    /// size of a count window, or 100 for a time window.
+    pub minimum_calls: Option<u32>,
+    /// Probes admitted at once while half-open (K4); 1 by default, at most [`MAX_PERMITS`].
+    pub half_open_permits: u32,
+    /// Successful probes that close the breaker; `None`: `half_open_permits`.
+    pub successes_to_close: Option<u32>,
+    /// Each probe's lease: a probe whose result has not arrived this long after it was
+    /// admitted counts as a failure (K4). 10 s by default.
+    pub probe_timeout: Duration,
+}
+
+impl BreakerPolicyBuilder {
+    /// Trip after `n` consecutive failures.
+    pub const fn consecutive_failures(mut self, n: u32) -> Self {
+        self.consecutive_failures = Some(n);
+        self
+    }
+
+    /// Trip when the failure rate over the window reaches `rate` (in `(0, 1]`).
+    pub const fn failure_rate(mut self, rate: f64) -> Self {
+        self.failure_rate = Some(rate);
+        self
+    }
+
+    /// Trip when the rate of calls taking at least `threshold` reaches `rate` (in `(0, 1]`).
+    pub const fn slow_call_rate(mut self, rate: f64, threshold: Duration) -> Self {
+        self.slow_call_rate = Some(rate);
+        self.slow_call_threshold = Some(threshold);
+        self
+    }
+
+    /// Computes the rates over the last `n` calls.
+    pub const fn count_window(mut self, n: u32) -> Self {
+        self.window = BreakerWindow::Calls(n);
+        self
+    }
+
+    /// Computes the rates over the last `span`, in `buckets` buckets.
+    pub const fn time_window(mut self, span: Duration, buckets: u32) -> Self {
+        self.window = BreakerWindow::Time { span, buckets };
+        self
+    }
+
+    /// The rate rules apply once the window holds at least `n` calls.
+    pub const fn minimum_calls(mut self, n: u32) -> Self {
+        self.minimum_calls = Some(n);
+        self
+    }
+
+    /// At most `n` probes at once while half-open.
+    pub const fn half_open_permits(mut self, n: u32) -> Self {
+        self.half_open_permits = n;
+        self
+    }
+
+    /// `n` successful probes close the breaker.
+    pub const fn successes_to_close(mut self, n: u32) -> Self {
+        self.successes_to_close = Some(n);
+        self
+    }
+
+    /// Each probe's lease.
+    pub const fn probe_timeout(mut self, timeout: Duration) -> Self {
+        self.probe_timeout = timeout;
+        self
+    }
+
+    /// Validates the settings.
+    ///
+    /// # Errors
+    /// [`PolicyError`] when no trip rule is set, `consecutive_failures` is zero, a rate is NaN,
+    /// infinite, outside `[0, 1]` or zero, a slow-call rate has no (or a zero) threshold, the
+    /// window is empty, too long or has too many buckets, `minimum_calls` is zero or larger
+    /// than a count window, `half_open_permits` or `successes_to_close` is zero or
+    /// `half_open_permits` exceeds [`MAX_PERMITS`], or `probe_timeout` is zero or overflows.
+    pub fn build(self) -> Result<BreakerPolicy, PolicyError> {
+        if self.consecutive_failures.is_none() && self.failure_rate.is_none() && self.slow_call_rate.is_none() {
+            return Err(PolicyError::Zero {
+                setting: "trip rules",
+                why: "with no consecutive_failures, failure_rate or slow_call_rate the breaker never opens; use `Breaker::handle_disable` for a breaker that never opens",
+            });
+        }
+        let consecutive = match self.consecutive_failures {
+            None => u64::MAX,
+            Some(0) => {
+                return Err(PolicyError::Zero {
+                    setting: "consecutive_failures",
+                    why: "the breaker would open before any call; use at least 1",
+                });
+            }
+            Some(n) => u64::from(n),
+        };
+        let failure_ppm = rate_ppm(self.failure_rate, "failure_rate")?;
+        let slow_ppm = rate_ppm(self.slow_call_rate, "slow_call_rate")?;
+        let slow_ns = match self.slow_call_threshold {
+            None if self.slow_call_rate.is_some() => {
+                return Err(PolicyError::Zero {
+                    setting: "slow_call_threshold",
+                    why: "a slow-call rate needs the duration from which a call is slow",
+                });
+            }
+            None => u64::MAX,
+            Some(d) if d.is_zero() => {
+                return Err(PolicyError::Zero {
+                    setting: "slow_call_threshold",
+                    why: "every call would be slow; leave slow_call_rate unset instead",
+                });
+            }
+            Some(d) => saturating_nanos(d),
+        };
+        let (window, default_minimum) = match self.window {
+            BreakerWindow::Calls(0) => {
+                return Err(PolicyError::Zero {
+                    setting: "window calls",
+                    why: "an empty window has no rate; use at least 1",
+                });
+            }
+            BreakerWindow::Calls(n) if n > MAX_WINDOW_CALLS => {
+                return Err(PolicyError::LimitTooLarge { setting: "window calls", max: u64::from(MAX_WINDOW_CALLS) });
+            }
+            BreakerWindow::Calls(n) => (WindowSpec::Calls(n), n),
+            BreakerWindow::Time { buckets: 0, .. } => {
+                return Err(PolicyError::Zero {
+                    setting: "window buckets",
+                    why: "a time window needs at least 1 bucket",
+                });
+            }
+            BreakerWindow::Time { buckets, .. } if buckets > MAX_WINDOW_BUCKETS => {
+                return Err(PolicyError::LimitTooLarge {
+                    setting: "window buckets",
+                    max: u64::from(MAX_WINDOW_BUCKETS),
+                });
+            }
+            BreakerWindow::Time { span, buckets } => {
+                let span_ns = nanos_of(span).ok_or(PolicyError::DurationOverflow { setting: "window span" })?;
+                let width_ns = span_ns / u64::from(buckets);
+                if width_ns == 0 {
+                    return Err(PolicyError::Zero {
+                        setting: "window span",
+                        why: "each bucket must be at least 1 ns wide (span ≥ buckets ns)",
+                    });
+                }
+                (WindowSpec::Time { width_ns, buckets }, 100)
+            }
+        };
+        let minimum_calls = match self.minimum_calls {
+            None => default_minimum,
+            Some(0) => {
+                return Err(PolicyError::Zero {
+                    setting: "minimum_calls",
+                    why: "a rate over no calls is meaningless; use at least 1",
+                });
+            }
+            Some(n) => n,
+        };
+        if let WindowSpec::Calls(n) = window
+            && minimum_calls > n
+        {
+            return Err(PolicyError::Conflict {
+                setting: "minimum_calls",
+                other: "a shorter count window",
+                why: "the window never holds that many calls, so the rate rules would never apply",
+            });
+        }
+        if self.half_open_permits == 0 {
+            return Err(PolicyError::Zero {
+                setting: "half_open_permits",
+                why: "no probe could ever close the breaker; use at least 1",
+            });
+        }
+        if self.half_open_permits > MAX_PERMITS {
+            return Err(PolicyError::LimitTooLarge { setting: "half_open_permits", max: u64::from(MAX_PERMITS) });
+        }
+        let close_after = match self.successes_to_close {
+            None => self.half_open_permits,
+            Some(0) => {
+                return Err(PolicyError::Zero {
+                    setting: "successes_to_close",
+                    why: "the breaker would close without a probe; use at least 1",
+                });
+            }
+            Some(n) => n,
+        };
+        let probe_timeout_ns =
+            nanos_of(self.probe_timeout).ok_or(PolicyError::DurationOverflow { setting: "probe_timeout" })?;
+        if probe_timeout_ns == 0 {
+            return Err(PolicyError::Zero {
+                setting: "probe_timeout",
+                why: "every probe would fail at once; a probe needs time to answer",
+            });
+        }
+        Ok(BreakerPolicy {
+            open: self.open,
+            consecutive,
+            failure_ppm,
+            slow_ppm,
+            slow_ns,
+            window,
+            minimum_calls,
+            permits: self.half_open_permits,
+            close_after,
+            probe_timeout_ns,
+            failure_rate: self.failure_rate,
+            slow_call_rate: self.slow_call_rate,
+            window_given: self.window,
+        })
+    }
+}
+
+/// A rate in `(0, 1]` as parts per million (rounded to the nearest), or [`NEVER`] when unset.
+fn rate_ppm(rate: Option<f64>, setting: &'static str) -> Result<u64, PolicyError> {
+    let Some(rate) = rate else { return Ok(NEVER) };
+    if !rate.is_finite() {
+        return Err(PolicyError::NotFinite { setting, value: rate });
+    }
+    if !(0.0..=1.0).contains(&rate) {
+        return Err(PolicyError::FractionOutOfRange { setting, value: rate });
+    }
+    let ppm = (rate * PPM as f64 + 0.5) as u64;
+    if ppm == 0 {
+        return Err(PolicyError::Zero {
+            setting,
+            why: "a zero rate (below 1 ppm) trips on every window, even one without failures; leave it unset",
+        });
+    }
+    Ok(ppm)
+}
+
+impl TryFrom<BreakerPolicyBuilder> for BreakerPolicy {
+    type Error = PolicyError;
+
+    fn try_from(builder: BreakerPolicyBuilder) -> Result<Self, Self::Error> {
+        builder.build()
+    }
+}
+
+impl From<BreakerPolicy> for BreakerPolicyBuilder {
+    fn from(policy: BreakerPolicy) -> Self {
+        BreakerPolicyBuilder {
+            open: policy.open,
+            consecutive_failures: (policy.consecutive != u64::MAX).then_some(policy.consecutive as u32),
+            failure_rate: policy.failure_rate,
+            slow_call_rate: policy.slow_call_rate,
+            slow_call_threshold: (policy.slow_ns != u64::MAX).then(|| Duration::from_nanos(policy.slow_ns)),
+            window: policy.window_given,
+            minimum_calls: Some(policy.minimum_calls),
+            half_open_permits: policy.permits,
+            successes_to_close: Some(policy.close_after),
+            probe_timeout: Duration::from_nanos(policy.probe_timeout_ns),
+        }
+    }
+}
+
+impl BreakerPolicy {
+    /// A builder with `open` durations, no trip rule yet, a window of the last 100 calls, one
+    /// half-open probe at a time and a 10 s probe lease.
+    pub const fn builder(open: Backoff) -> BreakerPolicyBuilder {
+        BreakerPolicyBuilder {
+            open,
+            consecutive_failures: None,
+            failure_rate: None,
+            slow_call_rate: None,
+            slow_call_threshold: None,
+            window: BreakerWindow::Calls(100),
+            minimum_calls: None,
+            half_open_permits: 1,
+            successes_to_close: None,
+            probe_timeout: Duration::from_secs(10),
+        }
+    }
+
+    /// The open durations over consecutive openings.
+    pub const fn open_backoff(&self) -> &Backoff {
+        &self.open
+    }
+
+    /// Probes admitted at once while half-open.
+    pub const fn half_open_permits(&self) -> u32 {
+        self.permits
+    }
+
+    /// Successful probes that close the breaker.
+    pub const fn successes_to_close(&self) -> u32 {
+        self.close_after
+    }
+
+    /// Each probe's lease.
+    pub const fn probe_timeout(&self) -> Duration {
+        Duration::from_nanos(self.probe_timeout_ns)
+    }
+
+    /// The calls the window must hold before the rate rules apply.
+    pub const fn minimum_calls(&self) -> u32 {
+        self.minimum_calls
+    }
+
+    /// The window the rates are computed over.
+    pub const fn window(&self) -> BreakerWindow {
+        self.window_given
+    }
+}
+
+/// How a call went, as reported to [`Breaker::record`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub enum CallOutcome {
+    /// The call succeeded (it may still be slow).
+    Success,
+    /// The call failed in a way that says something about the dependency.
+    Failure,
+    /// The call says nothing about the dependency (canceled by the caller, rejected as
+    /// invalid input): the permit is released and nothing is counted.
+    Ignored,
+}
+
+/// Leave to make one call, from [`Breaker::try_acquire`]; hand it back to [`Breaker::record`].
+///
+/// A permit is tied to its breaker (the id given to [`Breaker::new`]), to the state it was
+/// issued in (a generation that changes on every transition) and to its own id. Recording it
+/// after the breaker changed state, twice, or on another breaker is refused ([`BreakerError`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[must_use = "a permit must be handed back to `Breaker::record`; a half-open probe's lease otherwise expires as a failure"]
+pub struct Permit {
+    breaker: u32,
+    generation: u32,
+    id: u32,
+    acquired_at: Instant,
+}
+
+impl Permit {
+    /// When it was issued (the `now` given to [`Breaker::try_acquire`]).
+    pub const fn acquired_at(&self) -> Instant {
+        self.acquired_at
+    }
+
+    /// Its id (unique among the permits of its breaker until 2³¹ have been issued).
+    pub const fn id(&self) -> u32 {
+        self.id
+    }
+
+    /// The state generation it was issued in (see [`Breaker::generation`]).
+    pub const fn generation(&self) -> u32 {
+        self.generation
+    }
+
+    /// The id of the breaker that issued it.
+    pub const fn breaker(&self) -> u32 {
+        self.breaker
+    }
+
+    /// Whether it is a half-open probe (its result decides whether the breaker closes).
+    pub const fn is_probe(&self) -> bool {
+        self.id & PROBE_BIT != 0
+    }
+}
+
+/// Probe ids have the top bit set, so a closed-state permit is never mistaken for a probe.
+const PROBE_BIT: u32 = 1 << 31;
+
+/// A refused admission: the breaker is open, isolated, or its half-open probes are all out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, thiserror::Error)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[error("the circuit breaker rejected the call (retry after {retry_after:?})")]
+pub struct Rejected {
+    /// How long until the breaker may admit a call again (K3): until it turns half-open, or
+    /// until the earliest probe lease ends. `None` while isolated by hand.
+    pub retry_after: Option<Duration>,
+}
+
+/// A caller mistake on [`Breaker::record`]; the breaker is left exactly as it was.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, thiserror::Error)]
+#[non_exhaustive]
+pub enum BreakerError {
+    /// The permit was issued by another breaker.
+    #[error(
+        "the permit belongs to breaker {got}, not to this breaker ({this}); record it on the breaker that issued it"
+    )]
+    Foreign {
+        /// This breaker's id.
+        this: u32,
+        /// The id in the permit.
+        got: u32,
+    },
+    /// The breaker changed state since the permit was issued; its result no longer counts.
+    #[error(
+        "stale permit from state generation {got} (the breaker is at {current}); its result no longer counts and may be dropped"
+    )]
+    Stale {
+        /// The breaker's generation.
+        current: u32,
+        /// The generation in the permit.
+        got: u32,
+    },
+    /// The permit was already recorded, its probe lease already expired, or it was never issued.
+    #[error("permit {id} is not outstanding: already recorded, its lease expired, or never issued")]
+    NotOutstanding {
+        /// The permit's id.
+        id: u32,
+    },
+}
+
+/// Where a breaker is (K1); see [`Breaker::status`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub enum BreakerStatus {
+    /// Calls are admitted and counted.
+    Closed,
+    /// Calls are rejected until `until`.
+    Open {
+        /// When it turns half-open.
+        until: Instant,
+    },
+    /// Probes are admitted, at most the policy's `half_open_permits` at once.
+    HalfOpen {
+        /// Probes in flight.
+        permits: u32,
+    },
+    /// Forced open by hand: every call is rejected until [`Breaker::handle_reset`].
+    Isolated,
+    /// Forced closed by hand: every call is admitted and nothing is counted until
+    /// [`Breaker::handle_reset`].
+    Disabled,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+struct Bucket {
+    calls: u32,
+    failures: u32,
+    slow: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+enum Ring {
+    /// Bit `i` of the bitsets is call slot `i`; `head` is the next slot to write.
+    Calls { head: u32, failed: [u64; WORDS], slow: [u64; WORDS] },
+    /// Bucket `e % buckets` holds epoch `e` (= `now / width`); `epoch` is the newest.
+    Time { epoch: u64, buckets: [Bucket; BUCKETS] },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+struct Window {
+    consecutive: u32,
+    calls: u32,
+    failures: u32,
+    slow: u32,
+    ring: Ring,
+}
+
+impl Window {
+    fn new(policy: &BreakerPolicy) -> Self {
+        let ring = match policy.window {
+            WindowSpec::Calls(_) => Ring::Calls { head: 0, failed: [0; WORDS], slow: [0; WORDS] },
+            WindowSpec::Time { .. } => Ring::Time { epoch: 0, buckets: [Bucket::default(); BUCKETS] },
+        };
+        Window { consecutive: 0, calls: 0, failures: 0, slow: 0, ring }
+    }
+
+    /// Counts one call; returns whether a trip rule now holds. O(1) for a count window, O(1)
+    /// amortised for a time window.
+    #[inline]
+    fn push(&mut self, policy: &BreakerPolicy, now: Instant, failed: bool, slow: bool) -> bool {
+        self.consecutive = if failed { self.consecutive.saturating_add(1) } else { 0 };
+        let (f, s) = (u32::from(failed), u32::from(slow));
+        match &mut self.ring {
+            Ring::Calls { head, failed: fbits, slow: sbits } => {
+                let n = match policy.window {
+                    WindowSpec::Calls(n) => n.min(MAX_WINDOW_CALLS),
+                    WindowSpec::Time { .. } => MAX_WINDOW_CALLS,
+                };
+                let slot = *head % MAX_WINDOW_CALLS;
+                let (word, bit) = ((slot >> 6) as usize % WORDS, slot & 63);
+                let old_f = ((fbits[word] >> bit) & 1) as u32;
+                let old_s = ((sbits[word] >> bit) & 1) as u32;
+                fbits[word] = (fbits[word] & !(1 << bit)) | (u64::from(f) << bit);
+                sbits[word] = (sbits[word] & !(1 << bit)) | (u64::from(s) << bit);
+                self.failures = self.failures - old_f.min(self.failures) + f;
+                self.slow = self.slow - old_s.min(self.slow) + s;
+                self.calls = (self.calls + 1).min(n);
+                *head = if slot + 1 >= n { 0 } else { slot + 1 };
+            }
+            Ring::Time { epoch, buckets } => {
+                let (width, count) = match policy.window {
+                    WindowSpec::Time { width_ns, buckets } => {
+                        (width_ns.max(1), u64::from(buckets.min(MAX_WINDOW_BUCKETS)))
+                    }
+                    WindowSpec::Calls(_) => (u64::MAX, 1),
+                };
+                let e = (now.as_nanos() / width).max(*epoch);
+                if e != *epoch {
+                    let gap = (e - *epoch).min(count);
+                    for k in 1..=gap {
+                        let b = &mut buckets[((*epoch + k) % count) as usize % BUCKETS];
+                        self.calls -= b.calls.min(self.calls);
+                        self.failures -= b.failures.min(self.failures);
+                        self.slow -= b.slow.min(self.slow);
+                        *b = Bucket::default();
+                    }
+                    *epoch = e;
+                }
+                let b = &mut buckets[(e % count) as usize % BUCKETS];
+                b.calls = b.calls.saturating_add(1);
+                b.failures = b.failures.saturating_add(f);
+                b.slow = b.slow.saturating_add(s);
+                self.calls = self.calls.saturating_add(1);
+                self.failures = self.failures.saturating_add(f);
+                self.slow = self.slow.saturating_add(s);
+            }
+        }
+        let calls = u64::from(self.calls);
+        u64::from(self.consecutive) >= policy.consecutive
+            || (self.calls >= policy.minimum_calls
+                && (u64::from(self.failures) * PPM >= policy.failure_ppm * calls
+                    || u64::from(self.slow) * PPM >= policy.slow_ppm * calls))
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+struct Probes {
+    successes: u32,
+    /// Bit `i` set: lease slot `i` is held.
+    busy: u16,
+    ids: [u32; LEASES],
+    deadlines: [Instant; LEASES],
+}
+
+impl Probes {
+    const fn new() -> Self {
+        Probes { successes: 0, busy: 0, ids: [0; LEASES], deadlines: [Instant::ZERO; LEASES] }
+    }
+
+    fn held(&self) -> u32 {
+        self.busy.count_ones()
+    }
+
+    fn slot_of(&self, id: u32) -> Option<usize> {
+        (0..LEASES).find(|&i| self.busy & (1 << i) != 0 && self.ids[i] == id)
+    }
+
+    /// The earliest deadline among held leases.
+    fn earliest(&self) -> Option<Instant> {
+        (0..LEASES).filter(|&i| self.busy & (1 << i) != 0).map(|i| self.deadlines[i]).min()
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+enum Phase {
+    Closed(Window),
+    Open { until: Instant },
+    HalfOpen(Probes),
+    Isolated,
+    Disabled,
+}
+
+/// One dependency's circuit breaker (rules K1–K5).
+///
+/// # Driving it
+///
+/// Before each call, [`try_acquire`](Self::try_acquire): a [`Permit`] means make the call, a
+/// [`Rejected`] means don't (and says when to ask again). After the call,
+/// [`record`](Self::record) the permit with its [`CallOutcome`]. Wake the breaker at
+/// [`poll_timeout`](Self::poll_timeout) with [`handle_timeout`](Self::handle_timeout): the end
+/// of the open period, or the earliest probe lease. Every verb also does the work that is due,
+/// so a driver that never calls `handle_timeout` still cannot wedge the breaker: the next
+/// `try_acquire` turns it half-open, and expires overdue probe leases as failures (K4).
+///
+/// The breaker has no action queue: its decisions are the results of `try_acquire`, and its
+/// state is [`status`](Self::status). Transitions happen only inside `try_acquire`, `record`,
+/// `handle_timeout` and the manual `handle_isolate` / `handle_disable` / `handle_reset`.
+///
+/// **States** (K1): `Closed` → (a trip rule holds, K2) → `Open { until }` → (at `until`) →
+/// `HalfOpen` → (`successes_to_close` successful probes) → `Closed`, or (one failed or expired
+/// probe) → `Open` again, for the next, longer open duration of the backoff (K3). `Isolated`
+/// and `Disabled` are set and left by hand.
+///
+/// **Time.** Every input takes `now`; a `now` earlier than the latest accepted one is read as
+/// that latest one. A probe lease that expired is counted as a failure at its deadline, also
+/// when the breaker only notices later, so the state does not depend on how promptly
+/// `handle_timeout` was called. `handle_timeout` early or twice changes nothing.
+///
+/// **Misuse** (a permit from another breaker, from an earlier state, or recorded twice)
+/// returns a [`BreakerError`] and leaves the breaker exactly as it was (G12).
+///
+/// ```
+/// use core::time::Duration;
+/// use persevere::{Backoff, Breaker, BreakerPolicy, BreakerStatus, CallOutcome, Instant};
+/// use rand_core::SeedableRng;
+///
+/// let policy = BreakerPolicy::builder(Backoff::constant(Duration::from_secs(5)).build()?)
+///     .consecutive_failures(2)
+///     .build()?;
+/// let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
+/// let mut breaker = Breaker::new(&policy, 7);
+/// let now = Instant::from_secs(100);
+/// for _ in 0..2 {
+///     let permit = breaker.try_acquire(&policy, now, &mut rng)?;
+///     breaker.record(&policy, now, permit, CallOutcome::Failure, &mut rng)?;
+/// }
+/// assert_eq!(breaker.status(), BreakerStatus::Open { until: Instant::from_secs(105) });
+/// let rejected = breaker.try_acquire(&policy, Instant::from_secs(101), &mut rng).unwrap_err();
+/// assert_eq!(rejected.retry_after, Some(Duration::from_secs(4)));
+///
+/// // At `until` one probe goes through; its success closes the breaker.
+/// let probe = breaker.try_acquire(&policy, Instant::from_secs(105), &mut rng)?;
+/// assert_eq!(breaker.status(), BreakerStatus::HalfOpen { permits: 1 });
+/// breaker.record(&policy, Instant::from_secs(106), probe, CallOutcome::Success, &mut rng)?;
+/// assert_eq!(breaker.status(), BreakerStatus::Closed);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct Breaker {
+    id: u32,
+    generation: u32,
+    /// The next permit id (probe ids are drawn from the same counter, with [`PROBE_BIT`]).
+    next_id: u32,
+    /// The first id issued in this generation.
+    first_id: u32,
+    /// Closed or disabled: permits of this generation not yet recorded.
+    in_flight: u32,
+    last_now: Instant,
+    openings: BackoffState,
+    phase: Phase,
+}
+
+impl Breaker {
+    /// A closed breaker with an empty window. `id` tells its permits apart from other
+    /// breakers' (any value unique among the breakers a permit could be confused with).
+    pub fn new(policy: &BreakerPolicy, id: u32) -> Self {
+        Breaker {
+            id,
+            generation: 0,
+            next_id: 0,
+            first_id: 0,
+            in_flight: 0,
+            last_now: Instant::ZERO,
+            openings: BackoffState::new(),
+            phase: Phase::Closed(Window::new(policy)),
+        }
+    }
+
+    /// Asks to make one call at `now` (K5). Closed or disabled: a permit. Open: a permit for
+    /// the first probe once `until` has passed (the breaker turns half-open), a [`Rejected`]
+    /// before. Half-open: a probe permit while fewer than `half_open_permits` are out (K4),
+    /// after expiring overdue leases as failures. Isolated: rejected.
+    ///
+    /// `rng` is drawn from only when an expired probe lease reopens the breaker (jitter of
+    /// the open duration).
+    ///
+    /// # Errors
+    /// [`Rejected`], with the time until the breaker may admit a call again.
+    #[inline]
+    pub fn try_acquire<R: Rng + ?Sized>(
+        &mut self,
+        policy: &BreakerPolicy,
+        now: Instant,
+        rng: &mut R,
+    ) -> Result<Permit, Rejected> {
+        match self.phase {
+            Phase::Closed(_) | Phase::Disabled => {
+                let id = self.next_id;
+                self.next_id = (id + 1) & !PROBE_BIT;
+                self.in_flight = self.in_flight.saturating_add(1);
+                Ok(Permit { breaker: self.id, generation: self.generation, id, acquired_at: now })
+            }
+            _ => self.acquire_slow(policy, now, rng),
+        }
+    }
+
+    #[cold]
+    fn acquire_slow<R: Rng + ?Sized>(
+        &mut self,
+        policy: &BreakerPolicy,
+        now: Instant,
+        rng: &mut R,
+    ) -> Result<Permit, Rejected> {
+        let now = self.last_now.later(now);
+        if let Phase::Open { until } = self.phase {
+            if now < until {
+                return Err(Rejected { retry_after: Some(until.saturating_duration_since(now)) });
+            }
+            self.last_now = now;
+            self.enter(Phase::HalfOpen(Probes::new()));
+        }
+        if let Phase::HalfOpen(_) = self.phase {
+            self.expire(policy, now, rng);
+        }
+        match &mut self.phase {
+            Phase::HalfOpen(probes) => {
+                if probes.held() >= policy.permits.min(MAX_PERMITS) {
+                    let earliest = probes.earliest().unwrap_or(now);
+                    return Err(Rejected { retry_after: Some(earliest.saturating_duration_since(now)) });
+                }
+                let slot = (!probes.busy).trailing_zeros() as usize % LEASES;
+                let id = self.next_id | PROBE_BIT;
+                self.next_id = (self.next_id + 1) & !PROBE_BIT;
+                probes.busy |= 1 << slot;
+                probes.ids[slot] = id;
+                probes.deadlines[slot] = now.saturating_add(Duration::from_nanos(policy.probe_timeout_ns));
+                self.last_now = now;
+                Ok(Permit { breaker: self.id, generation: self.generation, id, acquired_at: now })
+            }
+            Phase::Open { until } => Err(Rejected { retry_after: Some(until.saturating_duration_since(now)) }),
+            Phase::Isolated => Err(Rejected { retry_after: None }),
+            // Unreachable: closed and disabled are admitted by `try_acquire` itself.
+            Phase::Closed(_) | Phase::Disabled => Err(Rejected { retry_after: Some(Duration::ZERO) }),
+        }
+    }
+
+    /// Records the outcome of the call made with `permit`, measuring its duration as
+    /// `now − permit.acquired_at()` (a call taking at least the policy's
+    /// `slow_call_threshold` is slow). Closed: counted in the window; the breaker opens when
+    /// a trip rule holds (K2), for the next open duration drawn from `rng` (K3). Half-open:
+    /// a failure (or a slow call, when a slow-call rate is configured) reopens it; the
+    /// `successes_to_close`-th success closes it (K4). Disabled: nothing is counted.
+    ///
+    /// # Errors
+    /// [`BreakerError`] when the permit is foreign, stale (the breaker changed state since)
+    /// or not outstanding; nothing changes.
+    #[inline]
+    pub fn record<R: Rng + ?Sized>(
+        &mut self,
+        policy: &BreakerPolicy,
+        now: Instant,
+        permit: Permit,
+        outcome: CallOutcome,
+        rng: &mut R,
+    ) -> Result<(), BreakerError> {
+        let elapsed = now.as_nanos().saturating_sub(permit.acquired_at.as_nanos());
+        self.record_ns(policy, now, permit, outcome, elapsed, rng)
+    }
+
+    /// [`record`](Self::record) with the call's duration measured by the caller.
+    ///
+    /// # Errors
+    /// As [`record`](Self::record); nothing changes.
+    #[inline]
+    pub fn record_with_duration<R: Rng + ?Sized>(
+        &mut self,
+        policy: &BreakerPolicy,
+        now: Instant,
+        permit: Permit,
+        outcome: CallOutcome,
+        duration: Duration,
+        rng: &mut R,
+    ) -> Result<(), BreakerError> {
+        self.record_ns(policy, now, permit, outcome, saturating_nanos(duration), rng)
+    }
+
+    #[inline]
+    fn record_ns<R: Rng + ?Sized>(
+        &mut self,
+        policy: &BreakerPolicy,
+        now: Instant,
+        permit: Permit,
+        outcome: CallOutcome,
+        elapsed_ns: u64,
+        rng: &mut R,
+    ) -> Result<(), BreakerError> {
+        if permit.breaker != self.id {
+            return Err(BreakerError::Foreign { this: self.id, got: permit.breaker });
+        }
+        if permit.generation != self.generation {
+            return Err(BreakerError::Stale { current: self.generation, got: permit.generation });
+        }
+        match &mut self.phase {
+            Phase::Closed(window) => {
+                // Ids of this generation are `first_id .. next_id` (modulo 2^31).
+                let issued = self.next_id.wrapping_sub(self.first_id) & !PROBE_BIT;
+                let age = permit.id.wrapping_sub(self.first_id) & !PROBE_BIT;
+                if self.in_flight == 0 || age >= issued || permit.id & PROBE_BIT != 0 {
+                    return Err(BreakerError::NotOutstanding { id: permit.id });
+                }
+                self.in_flight -= 1;
+                if outcome == CallOutcome::Ignored {
+                    return Ok(());
+                }
+                let failed = outcome == CallOutcome::Failure;
+                let slow = elapsed_ns >= policy.slow_ns;
+                let now = self.last_now.later(now);
+                if window.push(policy, now, failed, slow) {
+                    self.open(policy, now, rng);
+                }
+                Ok(())
+            }
+            Phase::Disabled => {
+                let issued = self.next_id.wrapping_sub(self.first_id) & !PROBE_BIT;
+                let age = permit.id.wrapping_sub(self.first_id) & !PROBE_BIT;
+                if self.in_flight == 0 || age >= issued || permit.id & PROBE_BIT != 0 {
+                    return Err(BreakerError::NotOutstanding { id: permit.id });
+                }
+                self.in_flight -= 1;
+                Ok(())
+            }
+            Phase::HalfOpen(probes) => {
+                let Some(slot) = probes.slot_of(permit.id) else {
+                    return Err(BreakerError::NotOutstanding { id: permit.id });
+                };
+                let now = self.last_now.later(now);
+                self.last_now = now;
+                // A lease that ended before its result came is the failure it already was.
+                self.expire(policy, now, rng);
+                let Phase::HalfOpen(probes) = &mut self.phase else { return Ok(()) };
+                probes.busy &= !(1 << slot);
+                let failed = match outcome {
+                    CallOutcome::Ignored => return Ok(()),
+                    CallOutcome::Failure => true,
+                    CallOutcome::Success => policy.slow_ppm != NEVER && elapsed_ns >= policy.slow_ns,
+                };
+                if failed {
+                    self.open(policy, now, rng);
+                } else {
+                    probes.successes = probes.successes.saturating_add(1);
+                    if probes.successes >= policy.close_after {
+                        self.openings.reset();
+                        self.enter(Phase::Closed(Window::new(policy)));
+                    }
+                }
+                Ok(())
+            }
+            // No permit is issued in these states, and entering them changed the generation.
+            Phase::Open { .. } | Phase::Isolated => Err(BreakerError::NotOutstanding { id: permit.id }),
+        }
+    }
+
+    /// Wakes the breaker: at the end of the open period it turns half-open; an expired probe
+    /// lease counts as a failure and reopens it (K4). Early, repeated or spurious calls change
+    /// nothing.
+    pub fn handle_timeout<R: Rng + ?Sized>(&mut self, policy: &BreakerPolicy, now: Instant, rng: &mut R) {
+        let now = self.last_now.later(now);
+        match self.phase {
+            Phase::Open { until } if until <= now => {
+                self.last_now = now;
+                self.enter(Phase::HalfOpen(Probes::new()));
+            }
+            Phase::HalfOpen(_) => self.expire(policy, now, rng),
+            _ => {}
+        }
+    }
+
+    /// Forces the breaker open by hand (K1): every call is rejected until
+    /// [`handle_reset`](Self::handle_reset). Outstanding permits become stale.
+    pub fn handle_isolate(&mut self, now: Instant) {
+        self.last_now = self.last_now.later(now);
+        self.enter(Phase::Isolated);
+    }
+
+    /// Forces the breaker closed by hand (K1): every call is admitted and nothing is counted
+    /// until [`handle_reset`](Self::handle_reset). Outstanding permits become stale.
+    pub fn handle_disable(&mut self, now: Instant) {
+        self.last_now = self.last_now.later(now);
+        self.enter(Phase::Disabled);
+    }
+
+    /// Returns the breaker to automatic operation: closed, with an empty window and the open
+    /// durations starting over. Outstanding permits become stale.
+    pub fn handle_reset(&mut self, policy: &BreakerPolicy, now: Instant) {
+        self.last_now = self.last_now.later(now);
+        self.openings.reset();
+        self.enter(Phase::Closed(Window::new(policy)));
+    }
+
+    /// When [`handle_timeout`](Self::handle_timeout) is next due: the end of the open period,
+    /// or the earliest probe lease; `None` otherwise. A pure query.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        match &self.phase {
+            Phase::Open { until } => Some(*until),
+            Phase::HalfOpen(probes) => probes.earliest(),
+            Phase::Closed(_) | Phase::Isolated | Phase::Disabled => None,
+        }
+    }
+
+    /// Where the breaker is (K1).
+    pub fn status(&self) -> BreakerStatus {
+        match &self.phase {
+            Phase::Closed(_) => BreakerStatus::Closed,
+            Phase::Open { until } => BreakerStatus::Open { until: *until },
+            Phase::HalfOpen(probes) => BreakerStatus::HalfOpen { permits: probes.held() },
+            Phase::Isolated => BreakerStatus::Isolated,
+            Phase::Disabled => BreakerStatus::Disabled,
+        }
+    }
+
+    /// This breaker's id, as carried by its permits.
+    pub const fn id(&self) -> u32 {
+        self.id
+    }
+
+    /// The state generation: it changes on every transition, which makes older permits stale.
+    pub const fn generation(&self) -> u32 {
+        self.generation
+    }
+
+    /// Consecutive openings since the breaker last closed (the backoff's failure count, K3).
+    pub const fn openings(&self) -> u32 {
+        self.openings.failures()
+    }
+
+    /// Closed: the calls, failures and slow calls in the window, and the consecutive failures.
+    pub fn window_counts(&self) -> Option<WindowCounts> {
+        match &self.phase {
+            Phase::Closed(w) => Some(WindowCounts {
+                calls: w.calls,
+                failures: w.failures,
+                slow: w.slow,
+                consecutive_failures: w.consecutive,
+            }),
+            _ => None,
+        }
+    }
+
+    /// Half-open: expires every lease whose deadline is at or before `now`, as a failure at
+    /// its deadline (the earliest one reopens the breaker).
+    fn expire<R: Rng + ?Sized>(&mut self, policy: &BreakerPolicy, now: Instant, rng: &mut R) {
+        if let Phase::HalfOpen(probes) = &self.phase
+            && let Some(earliest) = probes.earliest()
+            && earliest <= now
+        {
+            self.last_now = now;
+            self.open(policy, earliest, rng);
+        }
+    }
+
+    /// Opens for the next open duration of the backoff, counted from `at`.
+    fn open<R: Rng + ?Sized>(&mut self, policy: &BreakerPolicy, at: Instant, rng: &mut R) {
+        let delay = self.openings.next_delay_ns(&policy.open, rng);
+        let until = at.saturating_add(Duration::from_nanos(delay));
+        self.last_now = self.last_now.later(at);
+        self.enter(Phase::Open { until });
+    }
+
+    fn enter(&mut self, phase: Phase) {
+        self.phase = phase;
+        self.generation = self.generation.wrapping_add(1);
+        self.first_id = self.next_id;
+        self.in_flight = 0;
+    }
+}
+
+/// The counts of a closed breaker's window; see [`Breaker::window_counts`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct WindowCounts {
+    /// Calls in the window.
+    pub calls: u32,
+    /// Failed calls in the window.
+    pub failures: u32,
+    /// Slow calls in the window.
+    pub slow: u32,
+    /// Consecutive failures, ending with the latest call.
+    pub consecutive_failures: u32,
+}

@@ -1,0 +1,693 @@
+//! Retry budgets shared by many retry machines (rules U1–U4).
+//!
+//! A budget bounds the *extra* load that retries put on a dependency, across every operation
+//! that calls it. Two kinds:
+//!
+//! - [`TokenBucket`] (U1): retries cost tokens by class, successes refund them, and a retry is
+//!   refused when it would leave the balance at or below a threshold. Presets reproduce gRPC's
+//!   retry throttling ([`TokenBucketPolicy::grpc`]) and the AWS SDKs' retry quota
+//!   ([`TokenBucketPolicy::aws`]).
+//! - [`RatioBudget`] (U2): retries ≤ ratio × requests over a sliding time window, plus a floor
+//!   of retries per second. [`RatioBudgetPolicy::finagle`] is Finagle's default budget.
+//!
+//! All arithmetic is exact (U3): tokens are counted in thousandths (milli-tokens), ratios in
+//! parts per million, and the ratio test is a cross-multiplication in integers. (One
+//! well-known budget computes the cost of a retry as `(1.0 / ratio) as isize`; for a ratio of
+//! 0.6 that truncates 1.67 to 1 and grants every request a retry: 100 % instead of 60 %.)
+//!
+//! **Use with [`Retry`](crate::Retry)** (U4): one budget, many machines. When a machine emits
+//! [`Action::Sleep`](crate::Action::Sleep), the driver asks the budget; on a refusal it calls
+//! [`Retry::handle_rejected`](crate::Retry::handle_rejected), which ends that operation with
+//! [`Outcome::Rejected`](crate::Outcome::Rejected).
+//!
+//! ```
+//! use core::time::Duration;
+//! use persevere::{Action, Backoff, Failure, Instant, Outcome, Retry, RetryClass, RetryPolicy, TokenBucket, TokenBucketPolicy};
+//! use rand_core::SeedableRng;
+//!
+//! let budget_policy = TokenBucketPolicy::aws();
+//! let mut budget = TokenBucket::new(&budget_policy);
+//! let policy = RetryPolicy::builder(Backoff::constant(Duration::from_millis(10)).build()?).build()?;
+//! let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
+//! let mut retry = Retry::<()>::new();
+//! let now = Instant::ZERO;
+//! retry.handle_start(&policy, now)?;
+//! let _start = retry.poll_action();
+//! retry.handle_failure(&policy, now, 1, Failure::retryable(()), &mut rng).unwrap();
+//! if let Some(Action::Sleep { .. }) = retry.poll_action() {
+//!     if budget.try_acquire(&budget_policy, RetryClass::Transient).is_err() {
+//!         retry.handle_rejected(now)?; // ends with Outcome::Rejected
+//!     }
+//! }
+//! assert_eq!(budget.balance_milli(), 495_000); // 500 tokens, one retry at 5
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use core::time::Duration;
+
+use crate::failure::FailureClass;
+use crate::time::nanos_of;
+use crate::{Instant, PolicyError};
+
+/// Milli-tokens per token.
+const MILLI: u64 = 1_000;
+/// Parts per million.
+const PPM: u64 = 1_000_000;
+/// The most buckets a ratio budget's window may have.
+pub const MAX_BUDGET_BUCKETS: u32 = BUCKETS as u32;
+const BUCKETS: usize = 16;
+
+/// What kind of failure a retry follows; a [`TokenBucket`] charges each its own cost (U1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub enum RetryClass {
+    /// The dependency asked the caller to slow down (HTTP 429, a throttling error code, a
+    /// `Retry-After`).
+    Throttling,
+    /// Any other transient failure (HTTP 5xx, a dropped connection).
+    Transient,
+    /// The attempt timed out.
+    Timeout,
+}
+
+impl From<FailureClass> for RetryClass {
+    /// [`FailureClass::Timeout`] is a timeout, [`FailureClass::RetryAfter`] a throttling; every
+    /// other class is transient.
+    fn from(class: FailureClass) -> Self {
+        match class {
+            FailureClass::Timeout => RetryClass::Timeout,
+            FailureClass::RetryAfter => RetryClass::Throttling,
+            _ => RetryClass::Transient,
+        }
+    }
+}
+
+/// The configuration of a [`TokenBucket`] (U1). Amounts are in milli-tokens (thousandths of a
+/// token), so fractional refunds such as gRPC's `tokenRatio` are exact.
+///
+/// ```
+/// use persevere::TokenBucketPolicy;
+///
+/// let custom = TokenBucketPolicy::builder(100)
+///     .costs(1, 2, 5) // throttling, transient, timeout: whole tokens
+///     .success_refund_milli(500) // half a token back per success
+///     .refuse_at_or_below(10)
+///     .build()?;
+/// assert_eq!(custom.capacity_milli(), 100_000);
+/// # Ok::<(), persevere::PolicyError>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(try_from = "TokenBucketPolicyBuilder", into = "TokenBucketPolicyBuilder")
+)]
+pub struct TokenBucketPolicy {
+    settings: TokenBucketPolicyBuilder,
+}
+
+/// The settings of a [`TokenBucketPolicy`] before validation; all amounts in milli-tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[must_use = "a builder does nothing until `build()` is called"]
+pub struct TokenBucketPolicyBuilder {
+    /// The most the bucket holds; it starts full. Not zero.
+    pub capacity_milli: u64,
+    /// What a retry after a throttling failure costs.
+    pub throttling_cost_milli: u64,
+    /// What a retry after another transient failure costs.
+    pub transient_cost_milli: u64,
+    /// What a retry after a timeout costs.
+    pub timeout_cost_milli: u64,
+    /// Added by each success (capped at the capacity).
+    pub success_refund_milli: u64,
+    /// Whether a success after a granted retry gives that retry's cost back *instead of*
+    /// `success_refund_milli` (the AWS SDKs do; gRPC does not).
+    pub refund_retry_cost: bool,
+    /// A retry is refused when it would leave the balance at or below this; `None`: refused
+    /// only when the balance is below the cost.
+    pub threshold_milli: Option<u64>,
+    /// Whether a refused retry is still charged (clamped at zero), as gRPC counts every
+    /// failure. `false`: a refusal changes nothing.
+    pub charge_refused: bool,
+}
+
+impl TokenBucketPolicyBuilder {
+    /// Per-class costs in whole tokens: throttling, transient, timeout.
+    pub const fn costs(mut self, throttling: u32, transient: u32, timeout: u32) -> Self {
+        self.throttling_cost_milli = throttling as u64 * MILLI;
+        self.transient_cost_milli = transient as u64 * MILLI;
+        self.timeout_cost_milli = timeout as u64 * MILLI;
+        self
+    }
+
+    /// The refund per success, in milli-tokens.
+    pub const fn success_refund_milli(mut self, milli: u64) -> Self {
+        self.success_refund_milli = milli;
+        self
+    }
+
+    /// Whether a successful retry refunds its own cost instead of `success_refund_milli`.
+    pub const fn refund_retry_cost(mut self, refund: bool) -> Self {
+        self.refund_retry_cost = refund;
+        self
+    }
+
+    /// Refuse a retry that would leave `tokens` (whole tokens) or fewer.
+    pub const fn refuse_at_or_below(mut self, tokens: u32) -> Self {
+        self.threshold_milli = Some(tokens as u64 * MILLI);
+        self
+    }
+
+    /// Whether refused retries are charged too.
+    pub const fn charge_refused(mut self, charge: bool) -> Self {
+        self.charge_refused = charge;
+        self
+    }
+
+    /// Validates the settings.
+    ///
+    /// # Errors
+    /// [`PolicyError`] when the capacity is zero, a cost is zero or above the capacity, or the
+    /// threshold is at or above the capacity (no retry could ever be granted).
+    pub fn build(self) -> Result<TokenBucketPolicy, PolicyError> {
+        if self.capacity_milli == 0 {
+            return Err(PolicyError::Zero { setting: "capacity", why: "an empty bucket never grants a retry" });
+        }
+        for (setting, cost) in [
+            ("throttling cost", self.throttling_cost_milli),
+            ("transient cost", self.transient_cost_milli),
+            ("timeout cost", self.timeout_cost_milli),
+        ] {
+            if cost == 0 {
+                return Err(PolicyError::Zero {
+                    setting,
+                    why: "a free retry is not budgeted; use at least 1 milli-token",
+                });
+            }
+            if cost > self.capacity_milli {
+                return Err(PolicyError::LimitTooLarge { setting, max: self.capacity_milli });
+            }
+        }
+        if let Some(threshold) = self.threshold_milli
+            && threshold >= self.capacity_milli
+        {
+            return Err(PolicyError::LimitTooLarge {
+                setting: "threshold",
+                max: self.capacity_milli.saturating_sub(1),
+            });
+        }
+        Ok(TokenBucketPolicy { settings: self })
+    }
+}
+
+impl TryFrom<TokenBucketPolicyBuilder> for TokenBucketPolicy {
+    type Error = PolicyError;
+
+    fn try_from(builder: TokenBucketPolicyBuilder) -> Result<Self, Self::Error> {
+        builder.build()
+    }
+}
+
+impl From<TokenBucketPolicy> for TokenBucketPolicyBuilder {
+    fn from(policy: TokenBucketPolicy) -> Self {
+        policy.settings
+    }
+}
+
+impl TokenBucketPolicy {
+    /// A builder for a bucket of `capacity` whole tokens; every retry costs one token, a
+    /// success refunds one, and a retry is refused only when the balance is below its cost.
+    pub const fn builder(capacity: u32) -> TokenBucketPolicyBuilder {
+        TokenBucketPolicyBuilder {
+            capacity_milli: capacity as u64 * MILLI,
+            throttling_cost_milli: MILLI,
+            transient_cost_milli: MILLI,
+            timeout_cost_milli: MILLI,
+            success_refund_milli: MILLI,
+            refund_retry_cost: false,
+            threshold_milli: None,
+            charge_refused: false,
+        }
+    }
+
+    /// gRPC's retry throttling (gRFC A6, `retryThrottling` in the service config, implemented
+    /// in milli-tokens in gRPC core's `retry_throttle.cc`): the bucket holds `max_tokens` and
+    /// starts full; every failure costs 1 token, also when its retry is refused; every success
+    /// adds `token_ratio`; a retry is allowed while the balance after the failure stays above
+    /// `max_tokens / 2`. gRPC has no default values: the service config must give both
+    /// (`max_tokens` in `1..=1000`, `token_ratio > 0`, with at most three decimals; further
+    /// decimals are ignored, as gRPC does).
+    ///
+    /// One difference: gRPC charges every failed attempt, this bucket only the failures the
+    /// driver asks to retry (the last attempt of an exhausted operation is not charged).
+    ///
+    /// # Errors
+    /// [`PolicyError`] when `max_tokens` is outside `1..=1000`, or `token_ratio` is not finite,
+    /// negative or below 0.001.
+    pub fn grpc(max_tokens: u32, token_ratio: f64) -> Result<TokenBucketPolicy, PolicyError> {
+        if max_tokens == 0 {
+            return Err(PolicyError::Zero { setting: "max_tokens", why: "gRPC requires max_tokens > 0" });
+        }
+        if max_tokens > 1000 {
+            return Err(PolicyError::LimitTooLarge { setting: "max_tokens", max: 1000 });
+        }
+        if !token_ratio.is_finite() {
+            return Err(PolicyError::NotFinite { setting: "token_ratio", value: token_ratio });
+        }
+        if token_ratio < 0.0 {
+            return Err(PolicyError::FractionOutOfRange { setting: "token_ratio", value: token_ratio });
+        }
+        // Rounded to the nearest ppm first, so that 1.005 is 1005 milli and not 1004.
+        let ratio_milli = ((token_ratio * PPM as f64 + 0.5) as u64) / MILLI;
+        if ratio_milli == 0 {
+            return Err(PolicyError::Zero {
+                setting: "token_ratio",
+                why: "gRPC requires token_ratio > 0 with at most three decimals (at least 0.001)",
+            });
+        }
+        let max_milli = u64::from(max_tokens) * MILLI;
+        TokenBucketPolicyBuilder {
+            capacity_milli: max_milli,
+            throttling_cost_milli: MILLI,
+            transient_cost_milli: MILLI,
+            timeout_cost_milli: MILLI,
+            success_refund_milli: ratio_milli,
+            refund_retry_cost: false,
+            threshold_milli: Some(max_milli / 2),
+            charge_refused: true,
+        }
+        .build()
+    }
+
+    /// The AWS SDKs' retry quota (standard retry mode; constants `INITIAL_RETRY_TOKENS = 500`,
+    /// `RETRY_COST = 5`, `TIMEOUT_RETRY_COST = 10`, `NO_RETRY_INCREMENT = 1` in the
+    /// JavaScript SDK v3's `middleware-retry`): a bucket of 500 tokens, starting full; a retry
+    /// costs 5 tokens (10 after a timeout); it is refused when the balance is below its cost;
+    /// a success without retry adds 1 token, and a successful retry gives its cost back.
+    pub fn aws() -> TokenBucketPolicy {
+        TokenBucketPolicy {
+            settings: TokenBucketPolicyBuilder {
+                capacity_milli: 500 * MILLI,
+                throttling_cost_milli: 5 * MILLI,
+                transient_cost_milli: 5 * MILLI,
+                timeout_cost_milli: 10 * MILLI,
+                success_refund_milli: MILLI,
+                refund_retry_cost: true,
+                threshold_milli: None,
+                charge_refused: false,
+            },
+        }
+    }
+
+    /// The capacity, in milli-tokens.
+    pub const fn capacity_milli(&self) -> u64 {
+        self.settings.capacity_milli
+    }
+
+    /// What a retry of `class` costs, in milli-tokens.
+    pub const fn cost_milli(&self, class: RetryClass) -> u64 {
+        match class {
+            RetryClass::Throttling => self.settings.throttling_cost_milli,
+            RetryClass::Transient => self.settings.transient_cost_milli,
+            RetryClass::Timeout => self.settings.timeout_cost_milli,
+        }
+    }
+
+    /// The settings, as given.
+    pub const fn settings(&self) -> &TokenBucketPolicyBuilder {
+        &self.settings
+    }
+}
+
+/// A granted retry from a [`TokenBucket`]: what it cost, to be given back to
+/// [`TokenBucket::record_success`] if the retry succeeds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[must_use = "hand the grant back to `record_success` when the retry succeeds"]
+pub struct Grant {
+    cost_milli: u64,
+}
+
+impl Grant {
+    /// What the retry cost, in milli-tokens.
+    pub const fn cost_milli(&self) -> u64 {
+        self.cost_milli
+    }
+}
+
+/// A retry the budget refused; the operation should end with
+/// [`Outcome::Rejected`](crate::Outcome::Rejected) (U4).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, thiserror::Error)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[error("the retry budget refused the retry")]
+pub struct BudgetRefused;
+
+/// A token bucket retry budget (U1): one shared balance, in milli-tokens.
+///
+/// Verbs: [`try_acquire`](Self::try_acquire) when an operation wants to retry,
+/// [`record_success`](Self::record_success) when an operation succeeds. No clock: this kind of
+/// budget refills by successes only.
+///
+/// ```
+/// use persevere::{RetryClass, TokenBucket, TokenBucketPolicy};
+///
+/// // gRPC's throttling with maxTokens 4 and tokenRatio 1.6 (the example of gRPC's own test).
+/// let policy = TokenBucketPolicy::grpc(4, 1.6)?;
+/// let mut bucket = TokenBucket::new(&policy);
+/// assert!(bucket.try_acquire(&policy, RetryClass::Transient).is_ok()); // 3 > 2
+/// bucket.record_success(&policy, None); // 4.6, capped at 4
+/// assert!(bucket.try_acquire(&policy, RetryClass::Transient).is_ok()); // 3 > 2
+/// assert!(bucket.try_acquire(&policy, RetryClass::Transient).is_err()); // 2 is not > 2
+/// assert_eq!(bucket.balance_milli(), 2_000);
+/// # Ok::<(), persevere::PolicyError>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct TokenBucket {
+    balance_milli: u64,
+}
+
+impl TokenBucket {
+    /// A full bucket.
+    pub const fn new(policy: &TokenBucketPolicy) -> Self {
+        TokenBucket { balance_milli: policy.settings.capacity_milli }
+    }
+
+    /// Asks for one retry after a failure of `class`. Granted when the balance covers the cost
+    /// and what is left stays above the threshold; the cost is then taken.
+    ///
+    /// # Errors
+    /// [`BudgetRefused`]: the operation should end with
+    /// [`Outcome::Rejected`](crate::Outcome::Rejected). The balance is unchanged, unless the
+    /// policy charges refused retries (gRPC).
+    #[inline]
+    pub fn try_acquire(&mut self, policy: &TokenBucketPolicy, class: RetryClass) -> Result<Grant, BudgetRefused> {
+        let cost = policy.cost_milli(class);
+        let after = self.balance_milli.checked_sub(cost);
+        let granted = match (after, policy.settings.threshold_milli) {
+            (Some(after), Some(threshold)) => after > threshold,
+            (Some(_), None) => true,
+            (None, _) => false,
+        };
+        if granted {
+            self.balance_milli = after.unwrap_or(0);
+            Ok(Grant { cost_milli: cost })
+        } else {
+            if policy.settings.charge_refused {
+                self.balance_milli = after.unwrap_or(0);
+            }
+            Err(BudgetRefused)
+        }
+    }
+
+    /// An operation succeeded: refunds `success_refund_milli`, or, if the policy refunds retry
+    /// costs and the success came from the retry `grant`, that retry's cost. Capped at the
+    /// capacity.
+    #[inline]
+    pub fn record_success(&mut self, policy: &TokenBucketPolicy, grant: Option<Grant>) {
+        let refund = match grant {
+            Some(grant) if policy.settings.refund_retry_cost => grant.cost_milli,
+            _ => policy.settings.success_refund_milli,
+        };
+        self.balance_milli = self.balance_milli.saturating_add(refund).min(policy.settings.capacity_milli);
+    }
+
+    /// The balance, in milli-tokens.
+    pub const fn balance_milli(&self) -> u64 {
+        self.balance_milli
+    }
+}
+
+/// The configuration of a [`RatioBudget`] (U2): retries ≤ `ratio` × requests over a sliding
+/// window of `ttl`, plus `min_retries_per_sec` × `ttl` (in seconds) retries that need no request.
+///
+/// ```
+/// use core::time::Duration;
+/// use persevere::RatioBudgetPolicy;
+///
+/// let finagle = RatioBudgetPolicy::finagle();
+/// assert_eq!(finagle.ratio_ppm(), 200_000);
+/// let strict = RatioBudgetPolicy::builder(0.1).ttl(Duration::from_secs(30)).min_retries_per_sec(0).build()?;
+/// assert_eq!(strict.floor_retries(), 0);
+/// # Ok::<(), persevere::PolicyError>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(try_from = "RatioBudgetPolicyBuilder", into = "RatioBudgetPolicyBuilder")
+)]
+pub struct RatioBudgetPolicy {
+    ratio_ppm: u64,
+    /// `min_retries_per_sec × ttl` in millionths of a retry (exact: `per_sec × ttl_ns / 1000`).
+    floor_ppm: u64,
+    width_ns: u64,
+    buckets: u32,
+    given: RatioBudgetPolicyBuilder,
+}
+
+/// The settings of a [`RatioBudgetPolicy`] before validation.
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[must_use = "a builder does nothing until `build()` is called"]
+pub struct RatioBudgetPolicyBuilder {
+    /// Retries allowed per request, in `[0, 1]`; kept exactly as parts per million (rounded to
+    /// the nearest).
+    pub ratio: f64,
+    /// How long a request (and a retry) counts; 10 s by default.
+    pub ttl: Duration,
+    /// The window is kept in this many buckets of `ttl / buckets`; 10 by default, at most
+    /// [`MAX_BUDGET_BUCKETS`]. A bucket leaves the window whole.
+    pub buckets: u32,
+    /// Retries per second allowed without any request (for clients that just started or call
+    /// rarely); over the window, `min_retries_per_sec × ttl` retries. 10 by default.
+    pub min_retries_per_sec: u32,
+}
+
+impl RatioBudgetPolicyBuilder {
+    /// How long a request counts.
+    pub const fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// The number of buckets the window is kept in.
+    pub const fn buckets(mut self, buckets: u32) -> Self {
+        self.buckets = buckets;
+        self
+    }
+
+    /// The floor of retries per second.
+    pub const fn min_retries_per_sec(mut self, n: u32) -> Self {
+        self.min_retries_per_sec = n;
+        self
+    }
+
+    /// Validates the settings.
+    ///
+    /// # Errors
+    /// [`PolicyError`] when the ratio is NaN, infinite or outside `[0, 1]`, the ttl is zero,
+    /// overflows or is shorter than `buckets` nanoseconds, or `buckets` is zero or above
+    /// [`MAX_BUDGET_BUCKETS`].
+    pub fn build(self) -> Result<RatioBudgetPolicy, PolicyError> {
+        if !self.ratio.is_finite() {
+            return Err(PolicyError::NotFinite { setting: "ratio", value: self.ratio });
+        }
+        if !(0.0..=1.0).contains(&self.ratio) {
+            return Err(PolicyError::FractionOutOfRange { setting: "ratio", value: self.ratio });
+        }
+        let ratio_ppm = (self.ratio * PPM as f64 + 0.5) as u64;
+        let ttl_ns = nanos_of(self.ttl).ok_or(PolicyError::DurationOverflow { setting: "ttl" })?;
+        if ttl_ns == 0 {
+            return Err(PolicyError::Zero {
+                setting: "ttl",
+                why: "requests would never count; use a window of seconds",
+            });
+        }
+        if self.buckets == 0 {
+            return Err(PolicyError::Zero { setting: "buckets", why: "the window needs at least 1 bucket" });
+        }
+        if self.buckets > MAX_BUDGET_BUCKETS {
+            return Err(PolicyError::LimitTooLarge { setting: "buckets", max: u64::from(MAX_BUDGET_BUCKETS) });
+        }
+        let width_ns = ttl_ns / u64::from(self.buckets);
+        if width_ns == 0 {
+            return Err(PolicyError::Zero {
+                setting: "ttl",
+                why: "each bucket must be at least 1 ns wide (ttl ≥ buckets ns)",
+            });
+        }
+        let floor = u128::from(self.min_retries_per_sec) * u128::from(ttl_ns) / 1_000;
+        Ok(RatioBudgetPolicy {
+            ratio_ppm,
+            floor_ppm: u64::try_from(floor).unwrap_or(u64::MAX),
+            width_ns,
+            buckets: self.buckets,
+            given: self,
+        })
+    }
+}
+
+impl TryFrom<RatioBudgetPolicyBuilder> for RatioBudgetPolicy {
+    type Error = PolicyError;
+
+    fn try_from(builder: RatioBudgetPolicyBuilder) -> Result<Self, Self::Error> {
+        builder.build()
+    }
+}
+
+impl From<RatioBudgetPolicy> for RatioBudgetPolicyBuilder {
+    fn from(policy: RatioBudgetPolicy) -> Self {
+        policy.given
+    }
+}
+
+impl RatioBudgetPolicy {
+    /// A builder for `ratio` retries per request, with Finagle's ttl (10 s) and floor (10
+    /// retries per second), in 10 buckets.
+    pub const fn builder(ratio: f64) -> RatioBudgetPolicyBuilder {
+        RatioBudgetPolicyBuilder { ratio, ttl: Duration::from_secs(10), buckets: 10, min_retries_per_sec: 10 }
+    }
+
+    /// Finagle's default `RetryBudget`: 20 % of requests may be retried (`percentCanRetry =
+    /// 0.2`), on top of 10 retries per second (`minRetriesPerSec = 10`), with deposits
+    /// expiring after 10 s (`ttl`), as published with Finagle 6.31 ("Retry Budgets", 2016).
+    /// Kept in 10 buckets of 1 s.
+    pub fn finagle() -> RatioBudgetPolicy {
+        RatioBudgetPolicy {
+            ratio_ppm: 200_000,
+            floor_ppm: 100 * PPM,
+            width_ns: 1_000_000_000,
+            buckets: 10,
+            given: RatioBudgetPolicy::builder(0.2),
+        }
+    }
+
+    /// The ratio, in parts per million.
+    pub const fn ratio_ppm(&self) -> u64 {
+        self.ratio_ppm
+    }
+
+    /// The retries the floor allows over one window, whole (`min_retries_per_sec × ttl`,
+    /// rounded down).
+    pub const fn floor_retries(&self) -> u64 {
+        self.floor_ppm / PPM
+    }
+
+    /// The width of one bucket.
+    pub const fn bucket_width(&self) -> Duration {
+        Duration::from_nanos(self.width_ns)
+    }
+
+    /// The number of buckets.
+    pub const fn buckets(&self) -> u32 {
+        self.buckets
+    }
+
+    /// Retries allowed over a window holding `requests` requests, whole:
+    /// `⌊(ratio_ppm × requests + floor) / 10⁶⌋`.
+    pub const fn allowance(&self, requests: u64) -> u64 {
+        self.ratio_ppm.saturating_mul(requests).saturating_add(self.floor_ppm) / PPM
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+struct Counts {
+    requests: u32,
+    retries: u32,
+}
+
+/// A ratio retry budget (U2): counts of requests and granted retries over a sliding window of
+/// buckets; a retry is granted while `(retries + 1) × 10⁶ ≤ ratio_ppm × requests + floor`.
+///
+/// Verbs: [`record_request`](Self::record_request) for each new operation (a first attempt),
+/// [`try_acquire`](Self::try_acquire) when an operation wants to retry. A bucket that has left
+/// the window is cleared on the next call; a `now` earlier than the latest one is read as the
+/// latest one.
+///
+/// ```
+/// use persevere::{Instant, RatioBudget, RatioBudgetPolicy};
+///
+/// let policy = RatioBudgetPolicy::builder(0.6).min_retries_per_sec(0).build()?;
+/// let mut budget = RatioBudget::new();
+/// let now = Instant::from_secs(1);
+/// for _ in 0..10 {
+///     budget.record_request(&policy, now);
+/// }
+/// let granted = (0..10).filter(|_| budget.try_acquire(&policy, now).is_ok()).count();
+/// assert_eq!(granted, 6);
+/// # Ok::<(), persevere::PolicyError>(())
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct RatioBudget {
+    epoch: u64,
+    requests: u32,
+    retries: u32,
+    buckets: [Counts; BUCKETS],
+}
+
+impl RatioBudget {
+    /// An empty window.
+    pub const fn new() -> Self {
+        RatioBudget { epoch: 0, requests: 0, retries: 0, buckets: [Counts { requests: 0, retries: 0 }; BUCKETS] }
+    }
+
+    /// Counts one request (a first attempt) at `now`.
+    #[inline]
+    pub fn record_request(&mut self, policy: &RatioBudgetPolicy, now: Instant) {
+        let slot = self.advance(policy, now);
+        self.buckets[slot].requests = self.buckets[slot].requests.saturating_add(1);
+        self.requests = self.requests.saturating_add(1);
+    }
+
+    /// Asks for one retry at `now`; counts it when granted.
+    ///
+    /// # Errors
+    /// [`BudgetRefused`]: the operation should end with
+    /// [`Outcome::Rejected`](crate::Outcome::Rejected). Only buckets that left the window are
+    /// cleared; the counts of the window are unchanged.
+    #[inline]
+    pub fn try_acquire(&mut self, policy: &RatioBudgetPolicy, now: Instant) -> Result<(), BudgetRefused> {
+        let slot = self.advance(policy, now);
+        let wanted = (u64::from(self.retries) + 1) * PPM;
+        let allowed = policy.ratio_ppm.saturating_mul(u64::from(self.requests)).saturating_add(policy.floor_ppm);
+        if wanted > allowed {
+            return Err(BudgetRefused);
+        }
+        self.buckets[slot].retries = self.buckets[slot].retries.saturating_add(1);
+        self.retries = self.retries.saturating_add(1);
+        Ok(())
+    }
+
+    /// Requests in the window (as of the latest call).
+    pub const fn requests(&self) -> u32 {
+        self.requests
+    }
+
+    /// Retries granted in the window (as of the latest call).
+    pub const fn retries(&self) -> u32 {
+        self.retries
+    }
+
+    /// Moves the window to `now`'s bucket, clearing the buckets that left it; returns the
+    /// index of `now`'s bucket.
+    #[inline]
+    fn advance(&mut self, policy: &RatioBudgetPolicy, now: Instant) -> usize {
+        let count = u64::from(policy.buckets.clamp(1, MAX_BUDGET_BUCKETS));
+        let e = (now.as_nanos() / policy.width_ns.max(1)).max(self.epoch);
+        if e != self.epoch {
+            let gap = (e - self.epoch).min(count);
+            for k in 1..=gap {
+                let b = &mut self.buckets[((self.epoch + k) % count) as usize % BUCKETS];
+                self.requests -= b.requests.min(self.requests);
+                self.retries -= b.retries.min(self.retries);
+                *b = Counts::default();
+            }
+            self.epoch = e;
+        }
+        (e % count) as usize % BUCKETS
+    }
+}

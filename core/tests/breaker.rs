@@ -1,0 +1,638 @@
+//! Rules K1–K5 on the circuit breaker, G8 (no admission while open, at most `permits` probes,
+//! no wedge) and G12 (a refused input changes nothing).
+
+use core::time::Duration;
+
+use persevere::{
+    Backoff, Breaker, BreakerError, BreakerPolicy, BreakerPolicyBuilder, BreakerStatus, BreakerWindow, CallOutcome,
+    Instant, Jitter, Permit, PolicyError, Rejected,
+};
+use proptest::prelude::*;
+use rand_chacha::ChaCha8Rng;
+use rand_core::SeedableRng;
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn at(n: u64) -> Instant {
+    Instant::from_millis(n)
+}
+
+fn rng() -> ChaCha8Rng {
+    ChaCha8Rng::seed_from_u64(5)
+}
+
+/// Open for 1 s, then 2 s, 4 s, … up to 8 s; no jitter.
+fn open_backoff() -> Backoff {
+    Backoff::exponential(Duration::from_secs(1), 2.0).max_delay(Duration::from_secs(8)).build().unwrap()
+}
+
+fn policy(configure: impl FnOnce(BreakerPolicyBuilder) -> BreakerPolicyBuilder) -> BreakerPolicy {
+    configure(BreakerPolicy::builder(open_backoff())).build().unwrap()
+}
+
+/// One call at `now` that returns `outcome` immediately.
+fn call(b: &mut Breaker, p: &BreakerPolicy, now: Instant, outcome: CallOutcome) -> Result<(), Rejected> {
+    let permit = b.try_acquire(p, now, &mut rng())?;
+    b.record(p, now, permit, outcome, &mut rng()).unwrap();
+    Ok(())
+}
+
+fn fail(b: &mut Breaker, p: &BreakerPolicy, now: Instant) {
+    call(b, p, now, CallOutcome::Failure).unwrap();
+}
+
+fn succeed(b: &mut Breaker, p: &BreakerPolicy, now: Instant) {
+    call(b, p, now, CallOutcome::Success).unwrap();
+}
+
+#[test]
+fn k1_automatic_states_closed_open_half_open_closed() {
+    let p = policy(|b| b.consecutive_failures(1));
+    let mut b = Breaker::new(&p, 1);
+    assert_eq!(b.status(), BreakerStatus::Closed);
+    fail(&mut b, &p, at(0));
+    assert_eq!(b.status(), BreakerStatus::Open { until: at(1_000) });
+    assert_eq!(b.poll_timeout(), Some(at(1_000)));
+    b.handle_timeout(&p, at(999), &mut rng());
+    assert_eq!(b.status(), BreakerStatus::Open { until: at(1_000) }, "early timeout does nothing");
+    b.handle_timeout(&p, at(1_000), &mut rng());
+    assert_eq!(b.status(), BreakerStatus::HalfOpen { permits: 0 });
+    let probe = b.try_acquire(&p, at(1_000), &mut rng()).unwrap();
+    assert!(probe.is_probe());
+    assert_eq!(b.status(), BreakerStatus::HalfOpen { permits: 1 });
+    b.record(&p, at(1_001), probe, CallOutcome::Success, &mut rng()).unwrap();
+    assert_eq!(b.status(), BreakerStatus::Closed);
+    assert_eq!(b.openings(), 0);
+}
+
+#[test]
+fn k1_isolated_rejects_everything_and_disabled_admits_everything_until_reset() {
+    let p = policy(|b| b.consecutive_failures(1));
+    let mut b = Breaker::new(&p, 1);
+    b.handle_isolate(at(0));
+    assert_eq!(b.status(), BreakerStatus::Isolated);
+    assert_eq!(b.try_acquire(&p, at(1_000_000), &mut rng()), Err(Rejected { retry_after: None }));
+    assert_eq!(b.poll_timeout(), None);
+    b.handle_timeout(&p, Instant::MAX, &mut rng());
+    assert_eq!(b.status(), BreakerStatus::Isolated);
+
+    b.handle_disable(at(1));
+    assert_eq!(b.status(), BreakerStatus::Disabled);
+    for i in 0..50 {
+        fail(&mut b, &p, at(2 + i));
+    }
+    assert_eq!(b.status(), BreakerStatus::Disabled, "nothing is counted while disabled");
+
+    b.handle_reset(&p, at(100));
+    assert_eq!(b.status(), BreakerStatus::Closed);
+    fail(&mut b, &p, at(100));
+    assert_eq!(b.status(), BreakerStatus::Open { until: at(1_100) }, "automatic again after reset");
+}
+
+#[test]
+fn k2_consecutive_failures_trip_at_n_and_a_success_resets_the_streak() {
+    let p = policy(|b| b.consecutive_failures(3));
+    let mut b = Breaker::new(&p, 1);
+    fail(&mut b, &p, at(0));
+    fail(&mut b, &p, at(0));
+    succeed(&mut b, &p, at(0));
+    fail(&mut b, &p, at(0));
+    fail(&mut b, &p, at(0));
+    assert_eq!(b.status(), BreakerStatus::Closed);
+    assert_eq!(b.window_counts().unwrap().consecutive_failures, 2);
+    fail(&mut b, &p, at(0));
+    assert!(matches!(b.status(), BreakerStatus::Open { .. }));
+}
+
+#[test]
+fn k2_failure_rate_over_a_count_window_trips_only_after_minimum_calls() {
+    let p = policy(|b| b.failure_rate(0.5).count_window(10).minimum_calls(4));
+    let mut b = Breaker::new(&p, 1);
+    fail(&mut b, &p, at(0));
+    fail(&mut b, &p, at(0));
+    fail(&mut b, &p, at(0));
+    assert_eq!(b.status(), BreakerStatus::Closed, "3 of 3 failed, but fewer than minimum_calls");
+    succeed(&mut b, &p, at(0));
+    // 3 failures in 4 calls: 75 % ≥ 50 %.
+    assert!(matches!(b.status(), BreakerStatus::Open { .. }));
+
+    // Exactly at the rate trips; just below does not.
+    let mut b = Breaker::new(&p, 2);
+    for _ in 0..5 {
+        succeed(&mut b, &p, at(0));
+    }
+    for _ in 0..4 {
+        fail(&mut b, &p, at(0));
+    }
+    assert_eq!(b.status(), BreakerStatus::Closed, "4 of 9 is below 50 %");
+    fail(&mut b, &p, at(0));
+    assert!(matches!(b.status(), BreakerStatus::Open { .. }), "5 of 10 is 50 %");
+}
+
+#[test]
+fn k2_a_count_window_holds_only_the_last_n_calls() {
+    let p = policy(|b| b.failure_rate(0.5).count_window(4).minimum_calls(4));
+    let mut b = Breaker::new(&p, 1);
+    // F S S S: 25 %; then S replaces F: 0 %; then F F: 2 of the last 4 = 50 %.
+    fail(&mut b, &p, at(0));
+    for _ in 0..3 {
+        succeed(&mut b, &p, at(0));
+    }
+    assert_eq!(b.window_counts().unwrap().failures, 1);
+    succeed(&mut b, &p, at(0));
+    let counts = b.window_counts().unwrap();
+    assert_eq!((counts.calls, counts.failures), (4, 0), "the oldest failure left the window");
+    fail(&mut b, &p, at(0));
+    assert_eq!(b.status(), BreakerStatus::Closed);
+    fail(&mut b, &p, at(0));
+    assert!(matches!(b.status(), BreakerStatus::Open { .. }));
+}
+
+#[test]
+fn k2_a_large_count_window_wraps_correctly() {
+    let p = policy(|b| b.failure_rate(1.0).count_window(512).minimum_calls(512));
+    let mut b = Breaker::new(&p, 1);
+    for round in 0..3 {
+        for i in 0..512u64 {
+            // One success at the same place every round keeps the rate below 100 %.
+            if i == 100 {
+                succeed(&mut b, &p, at(0))
+            } else {
+                fail(&mut b, &p, at(0))
+            }
+            if b.status() != BreakerStatus::Closed {
+                panic!("tripped at round {round} call {i}");
+            }
+        }
+    }
+    let counts = b.window_counts().unwrap();
+    assert_eq!((counts.calls, counts.failures), (512, 511));
+}
+
+#[test]
+fn k2_slow_call_rate_trips_on_slow_successes() {
+    let p = policy(|b| b.slow_call_rate(0.5, ms(100)).count_window(4).minimum_calls(4));
+    let mut b = Breaker::new(&p, 1);
+    let slow = |b: &mut Breaker, took: u64| {
+        let permit = b.try_acquire(&p, at(0), &mut rng()).unwrap();
+        b.record(&p, at(took), permit, CallOutcome::Success, &mut rng()).unwrap();
+    };
+    slow(&mut b, 99);
+    slow(&mut b, 100);
+    slow(&mut b, 5);
+    assert_eq!(b.window_counts().unwrap().slow, 1);
+    assert_eq!(b.status(), BreakerStatus::Closed);
+    slow(&mut b, 250);
+    assert!(matches!(b.status(), BreakerStatus::Open { .. }), "2 of 4 calls took ≥ 100 ms");
+
+    // A caller-measured duration is used as given.
+    let mut b = Breaker::new(&p, 2);
+    for _ in 0..4 {
+        let permit = b.try_acquire(&p, at(0), &mut rng()).unwrap();
+        b.record_with_duration(&p, at(0), permit, CallOutcome::Success, ms(150), &mut rng()).unwrap();
+    }
+    assert!(matches!(b.status(), BreakerStatus::Open { .. }));
+}
+
+#[test]
+fn k2_a_time_window_forgets_buckets_older_than_its_span() {
+    let p = policy(|b| b.failure_rate(0.5).time_window(Duration::from_secs(10), 10).minimum_calls(4));
+    let mut b = Breaker::new(&p, 1);
+    fail(&mut b, &p, at(0));
+    fail(&mut b, &p, at(500));
+    fail(&mut b, &p, at(1_200));
+    assert_eq!(b.window_counts().unwrap().calls, 3);
+    // 10 s later the first bucket (0–1 s) has left; its two failures with it.
+    succeed(&mut b, &p, at(10_000));
+    let counts = b.window_counts().unwrap();
+    assert_eq!((counts.calls, counts.failures), (2, 1));
+    succeed(&mut b, &p, at(10_100));
+    assert_eq!(b.status(), BreakerStatus::Closed, "1 of 3, then 1 of 4: 25 %");
+    fail(&mut b, &p, at(10_200));
+    assert!(matches!(b.status(), BreakerStatus::Open { .. }), "2 of 4 in the window");
+
+    // A long quiet spell empties the window.
+    let mut b = Breaker::new(&p, 2);
+    fail(&mut b, &p, at(0));
+    fail(&mut b, &p, at(0));
+    succeed(&mut b, &p, at(1_000_000));
+    assert_eq!(b.window_counts().unwrap().calls, 1);
+}
+
+#[test]
+fn k2_invalid_configurations_are_policy_errors() {
+    let base = || BreakerPolicy::builder(open_backoff());
+    assert!(matches!(base().build(), Err(PolicyError::Zero { setting: "trip rules", .. })));
+    assert!(matches!(base().consecutive_failures(0).build(), Err(PolicyError::Zero { .. })));
+    assert!(matches!(base().failure_rate(f64::NAN).build(), Err(PolicyError::NotFinite { .. })));
+    assert!(matches!(base().failure_rate(f64::INFINITY).build(), Err(PolicyError::NotFinite { .. })));
+    assert!(matches!(base().failure_rate(1.5).build(), Err(PolicyError::FractionOutOfRange { .. })));
+    assert!(matches!(base().failure_rate(-0.1).build(), Err(PolicyError::FractionOutOfRange { .. })));
+    assert!(matches!(base().failure_rate(0.0).build(), Err(PolicyError::Zero { .. })));
+    assert!(matches!(base().slow_call_rate(0.5, Duration::ZERO).build(), Err(PolicyError::Zero { .. })));
+    let mut no_threshold = base();
+    no_threshold.slow_call_rate = Some(0.5);
+    assert!(matches!(no_threshold.build(), Err(PolicyError::Zero { setting: "slow_call_threshold", .. })));
+    assert!(matches!(base().failure_rate(0.5).count_window(0).build(), Err(PolicyError::Zero { .. })));
+    assert!(matches!(base().failure_rate(0.5).count_window(513).build(), Err(PolicyError::LimitTooLarge { .. })));
+    assert!(matches!(
+        base().failure_rate(0.5).time_window(Duration::from_secs(1), 0).build(),
+        Err(PolicyError::Zero { .. })
+    ));
+    assert!(matches!(
+        base().failure_rate(0.5).time_window(Duration::from_secs(1), 17).build(),
+        Err(PolicyError::LimitTooLarge { .. })
+    ));
+    assert!(matches!(
+        base().failure_rate(0.5).time_window(Duration::from_nanos(3), 4).build(),
+        Err(PolicyError::Zero { .. })
+    ));
+    assert!(matches!(
+        base().failure_rate(0.5).time_window(Duration::MAX, 4).build(),
+        Err(PolicyError::DurationOverflow { .. })
+    ));
+    assert!(matches!(base().failure_rate(0.5).minimum_calls(0).build(), Err(PolicyError::Zero { .. })));
+    assert!(matches!(
+        base().failure_rate(0.5).count_window(10).minimum_calls(11).build(),
+        Err(PolicyError::Conflict { .. })
+    ));
+    assert!(matches!(base().consecutive_failures(1).half_open_permits(0).build(), Err(PolicyError::Zero { .. })));
+    assert!(matches!(
+        base().consecutive_failures(1).half_open_permits(17).build(),
+        Err(PolicyError::LimitTooLarge { .. })
+    ));
+    assert!(matches!(base().consecutive_failures(1).successes_to_close(0).build(), Err(PolicyError::Zero { .. })));
+    assert!(matches!(
+        base().consecutive_failures(1).probe_timeout(Duration::ZERO).build(),
+        Err(PolicyError::Zero { .. })
+    ));
+    // The defaults: a count window of 100 with minimum_calls 100, one permit, 10 s leases.
+    let p = base().failure_rate(0.5).build().unwrap();
+    assert_eq!((p.minimum_calls(), p.half_open_permits(), p.successes_to_close()), (100, 1, 1));
+    assert_eq!(p.window(), BreakerWindow::Calls(100));
+    assert_eq!(p.probe_timeout(), Duration::from_secs(10));
+}
+
+#[test]
+fn k3_open_duration_follows_the_backoff_over_consecutive_openings() {
+    let p = policy(|b| b.consecutive_failures(1));
+    let mut b = Breaker::new(&p, 1);
+    let mut now = at(0);
+    let mut durations = Vec::new();
+    for _ in 0..6 {
+        fail(&mut b, &p, now);
+        let BreakerStatus::Open { until } = b.status() else { panic!("not open") };
+        durations.push(until.saturating_duration_since(now));
+        now = until;
+        // The probe fails: open again, for longer.
+        let probe = b.try_acquire(&p, now, &mut rng()).unwrap();
+        b.record(&p, now, probe, CallOutcome::Failure, &mut rng()).unwrap();
+        let BreakerStatus::Open { until } = b.status() else { panic!("not reopened") };
+        durations.push(until.saturating_duration_since(now));
+        now = until;
+        let probe = b.try_acquire(&p, now, &mut rng()).unwrap();
+        b.record(&p, now, probe, CallOutcome::Success, &mut rng()).unwrap();
+        assert_eq!(b.status(), BreakerStatus::Closed);
+    }
+    // Each closing starts the schedule over: 1 s then 2 s, every time.
+    for pair in durations.chunks(2) {
+        assert_eq!(pair, [Duration::from_secs(1), Duration::from_secs(2)]);
+    }
+    // Without closing in between, the openings climb to the cap.
+    let mut b = Breaker::new(&p, 2);
+    fail(&mut b, &p, at(0));
+    let mut seen = Vec::new();
+    for _ in 0..6 {
+        let BreakerStatus::Open { until } = b.status() else { panic!() };
+        seen.push(b.openings());
+        let probe = b.try_acquire(&p, until, &mut rng()).unwrap();
+        let before = until;
+        b.record(&p, until, probe, CallOutcome::Failure, &mut rng()).unwrap();
+        let BreakerStatus::Open { until } = b.status() else { panic!() };
+        seen.push(until.saturating_duration_since(before).as_secs() as u32);
+    }
+    assert_eq!(seen, [1, 2, 2, 4, 3, 8, 4, 8, 5, 8, 6, 8]);
+}
+
+#[test]
+fn k3_jittered_open_durations_stay_in_the_envelope() {
+    let backoff = Backoff::exponential(Duration::from_secs(1), 2.0)
+        .max_delay(Duration::from_secs(8))
+        .jitter(Jitter::Full)
+        .build()
+        .unwrap();
+    let p = BreakerPolicy::builder(backoff).consecutive_failures(1).build().unwrap();
+    let mut r = ChaCha8Rng::seed_from_u64(9);
+    let mut b = Breaker::new(&p, 1);
+    let permit = b.try_acquire(&p, at(0), &mut r).unwrap();
+    b.record(&p, at(0), permit, CallOutcome::Failure, &mut r).unwrap();
+    let BreakerStatus::Open { until } = b.status() else { panic!() };
+    assert!(until <= at(1_000));
+}
+
+#[test]
+fn k3_a_rejection_carries_the_time_until_half_open() {
+    let p = policy(|b| b.consecutive_failures(1));
+    let mut b = Breaker::new(&p, 1);
+    fail(&mut b, &p, at(0));
+    let before = b;
+    assert_eq!(b.try_acquire(&p, at(250), &mut rng()), Err(Rejected { retry_after: Some(ms(750)) }));
+    assert_eq!(b.try_acquire(&p, at(999), &mut rng()), Err(Rejected { retry_after: Some(ms(1)) }));
+    assert_eq!(b, before, "a rejection changes nothing");
+    // A clock that steps back is read as the latest time seen.
+    assert_eq!(b.try_acquire(&p, at(0), &mut rng()), Err(Rejected { retry_after: Some(ms(1_000)) }));
+    assert!(b.try_acquire(&p, at(1_000), &mut rng()).is_ok());
+}
+
+#[test]
+fn k4_half_open_admits_at_most_permits_probes_at_once() {
+    let p = policy(|b| b.consecutive_failures(1).half_open_permits(3).successes_to_close(5));
+    let mut b = Breaker::new(&p, 1);
+    fail(&mut b, &p, at(0));
+    let probes: Vec<Permit> = (0..3).map(|i| b.try_acquire(&p, at(1_000 + i), &mut rng()).unwrap()).collect();
+    assert_eq!(b.status(), BreakerStatus::HalfOpen { permits: 3 });
+    // The fourth waits for the earliest lease (acquired at 1 000 ms, 10 s lease).
+    assert_eq!(b.try_acquire(&p, at(2_000), &mut rng()), Err(Rejected { retry_after: Some(ms(9_000)) }));
+    // A success frees its permit for another probe; the breaker stays half-open until 5 successes.
+    b.record(&p, at(2_000), probes[0], CallOutcome::Success, &mut rng()).unwrap();
+    let fourth = b.try_acquire(&p, at(2_000), &mut rng()).unwrap();
+    assert_eq!(b.status(), BreakerStatus::HalfOpen { permits: 3 });
+    for permit in [probes[1], probes[2], fourth] {
+        b.record(&p, at(2_001), permit, CallOutcome::Success, &mut rng()).unwrap();
+    }
+    assert_eq!(b.status(), BreakerStatus::HalfOpen { permits: 0 });
+    succeed(&mut b, &p, at(2_002));
+    assert_eq!(b.status(), BreakerStatus::Closed, "the fifth success closes it");
+}
+
+#[test]
+fn k4_one_failed_probe_reopens_and_outstanding_probes_become_stale() {
+    let p = policy(|b| b.consecutive_failures(1).half_open_permits(2));
+    let mut b = Breaker::new(&p, 1);
+    fail(&mut b, &p, at(0));
+    let first = b.try_acquire(&p, at(1_000), &mut rng()).unwrap();
+    let second = b.try_acquire(&p, at(1_000), &mut rng()).unwrap();
+    b.record(&p, at(1_010), first, CallOutcome::Failure, &mut rng()).unwrap();
+    assert_eq!(b.status(), BreakerStatus::Open { until: at(3_010) });
+    let before = b;
+    assert!(matches!(
+        b.record(&p, at(1_020), second, CallOutcome::Success, &mut rng()),
+        Err(BreakerError::Stale { .. })
+    ));
+    assert_eq!(b, before);
+}
+
+#[test]
+fn k4_a_lost_probe_result_expires_at_its_lease_deadline_as_a_failure() {
+    let p = policy(|b| b.consecutive_failures(1).probe_timeout(ms(500)));
+    let mut b = Breaker::new(&p, 1);
+    fail(&mut b, &p, at(0));
+    let lost = b.try_acquire(&p, at(1_000), &mut rng()).unwrap();
+    assert_eq!(b.poll_timeout(), Some(at(1_500)), "the lease deadline is the next timeout");
+    b.handle_timeout(&p, at(1_499), &mut rng());
+    assert_eq!(b.status(), BreakerStatus::HalfOpen { permits: 1 });
+    b.handle_timeout(&p, at(1_500), &mut rng());
+    // Reopened at the deadline for the second open duration (2 s).
+    assert_eq!(b.status(), BreakerStatus::Open { until: at(3_500) });
+    assert!(matches!(b.record(&p, at(1_600), lost, CallOutcome::Success, &mut rng()), Err(BreakerError::Stale { .. })));
+
+    // A driver that never calls handle_timeout does not wedge it either: the next
+    // try_acquire expires the lease, at its deadline, with the same result.
+    let mut lazy = Breaker::new(&p, 1);
+    fail(&mut lazy, &p, at(0));
+    let _lost = lazy.try_acquire(&p, at(1_000), &mut rng()).unwrap();
+    assert_eq!(lazy.try_acquire(&p, at(2_000), &mut rng()), Err(Rejected { retry_after: Some(ms(1_500)) }));
+    assert_eq!(lazy.status(), BreakerStatus::Open { until: at(3_500) });
+    assert_eq!(lazy.status(), b.status());
+
+    // A result that arrives after its deadline, before anyone noticed, counts as the failure
+    // the expiry already was.
+    let mut late = Breaker::new(&p, 1);
+    fail(&mut late, &p, at(0));
+    let probe = late.try_acquire(&p, at(1_000), &mut rng()).unwrap();
+    late.record(&p, at(1_700), probe, CallOutcome::Success, &mut rng()).unwrap();
+    assert_eq!(late.status(), BreakerStatus::Open { until: at(3_500) });
+}
+
+#[test]
+fn k4_a_slow_probe_counts_as_a_failure_when_slow_calls_trip() {
+    let p = policy(|b| b.slow_call_rate(1.0, ms(100)).count_window(1).consecutive_failures(1));
+    let mut b = Breaker::new(&p, 1);
+    fail(&mut b, &p, at(0));
+    let probe = b.try_acquire(&p, at(1_000), &mut rng()).unwrap();
+    b.record(&p, at(1_200), probe, CallOutcome::Success, &mut rng()).unwrap();
+    assert!(matches!(b.status(), BreakerStatus::Open { .. }));
+}
+
+#[test]
+fn k4_an_ignored_probe_frees_its_permit_without_deciding() {
+    let p = policy(|b| b.consecutive_failures(1));
+    let mut b = Breaker::new(&p, 1);
+    fail(&mut b, &p, at(0));
+    let probe = b.try_acquire(&p, at(1_000), &mut rng()).unwrap();
+    b.record(&p, at(1_001), probe, CallOutcome::Ignored, &mut rng()).unwrap();
+    assert_eq!(b.status(), BreakerStatus::HalfOpen { permits: 0 });
+    assert_eq!(b.poll_timeout(), None);
+    succeed(&mut b, &p, at(1_002));
+    assert_eq!(b.status(), BreakerStatus::Closed);
+}
+
+#[test]
+fn k5_a_permit_from_another_breaker_is_refused_and_changes_nothing() {
+    let p = policy(|b| b.consecutive_failures(1));
+    let mut a = Breaker::new(&p, 1);
+    let mut b = Breaker::new(&p, 2);
+    let permit = a.try_acquire(&p, at(0), &mut rng()).unwrap();
+    let _own = b.try_acquire(&p, at(0), &mut rng()).unwrap();
+    let before = b;
+    assert_eq!(
+        b.record(&p, at(0), permit, CallOutcome::Failure, &mut rng()),
+        Err(BreakerError::Foreign { this: 2, got: 1 })
+    );
+    assert_eq!(b, before);
+}
+
+#[test]
+fn k5_a_permit_from_an_earlier_state_is_refused_and_changes_nothing() {
+    let p = policy(|b| b.consecutive_failures(2));
+    let mut b = Breaker::new(&p, 1);
+    let old = b.try_acquire(&p, at(0), &mut rng()).unwrap();
+    fail(&mut b, &p, at(0));
+    fail(&mut b, &p, at(0));
+    b.handle_reset(&p, at(1));
+    let before = b;
+    assert!(matches!(b.record(&p, at(2), old, CallOutcome::Failure, &mut rng()), Err(BreakerError::Stale { .. })));
+    assert_eq!(b, before);
+}
+
+#[test]
+fn k5_a_permit_recorded_twice_or_never_issued_is_refused_and_changes_nothing() {
+    let p = policy(|b| b.consecutive_failures(5));
+    let mut b = Breaker::new(&p, 1);
+    let permit = b.try_acquire(&p, at(0), &mut rng()).unwrap();
+    b.record(&p, at(0), permit, CallOutcome::Failure, &mut rng()).unwrap();
+    let before = b;
+    assert_eq!(
+        b.record(&p, at(0), permit, CallOutcome::Failure, &mut rng()),
+        Err(BreakerError::NotOutstanding { id: permit.id() })
+    );
+    assert_eq!(b, before);
+
+    // Half-open: a probe recorded twice.
+    let p = policy(|b| b.consecutive_failures(1).half_open_permits(2).successes_to_close(2));
+    let mut b = Breaker::new(&p, 1);
+    fail(&mut b, &p, at(0));
+    let probe = b.try_acquire(&p, at(1_000), &mut rng()).unwrap();
+    b.record(&p, at(1_000), probe, CallOutcome::Success, &mut rng()).unwrap();
+    let before = b;
+    assert!(matches!(
+        b.record(&p, at(1_000), probe, CallOutcome::Success, &mut rng()),
+        Err(BreakerError::NotOutstanding { .. })
+    ));
+    assert_eq!(b, before);
+}
+
+#[cfg(feature = "serde")]
+#[test]
+fn k1_state_and_policy_round_trip_through_serde() {
+    let p = policy(|b| b.failure_rate(0.5).time_window(Duration::from_secs(10), 10).minimum_calls(2));
+    let mut b = Breaker::new(&p, 3);
+    fail(&mut b, &p, at(0));
+    let text = serde_json::to_string(&b).unwrap();
+    assert_eq!(serde_json::from_str::<Breaker>(&text).unwrap(), b);
+    let text = serde_json::to_string(&p).unwrap();
+    assert_eq!(serde_json::from_str::<BreakerPolicy>(&text).unwrap(), p);
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Op {
+    Acquire,
+    Record { pick: usize, outcome: u8, took_ms: u64 },
+    Timeout,
+    Advance(u64),
+    Isolate,
+    Disable,
+    Reset,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => Just(Op::Acquire),
+        6 => (any::<usize>(), 0u8..3, 0u64..300).prop_map(|(pick, outcome, took_ms)| Op::Record { pick, outcome, took_ms }),
+        2 => Just(Op::Timeout),
+        4 => (0u64..3_000).prop_map(Op::Advance),
+        1 => Just(Op::Isolate),
+        1 => Just(Op::Disable),
+        1 => Just(Op::Reset),
+    ]
+}
+
+fn any_policy() -> impl Strategy<Value = BreakerPolicy> {
+    (1u32..5, 1u32..5, 1u32..4, 1u64..2_000, prop::bool::ANY, 1u32..20).prop_map(
+        |(consecutive, permits, close, lease_ms, timed, n)| {
+            let b = BreakerPolicy::builder(open_backoff())
+                .consecutive_failures(consecutive)
+                .failure_rate(0.5)
+                .slow_call_rate(0.8, ms(200))
+                .half_open_permits(permits)
+                .successes_to_close(close)
+                .probe_timeout(ms(lease_ms));
+            let b = if timed { b.time_window(Duration::from_secs(5), 5) } else { b.count_window(n) };
+            b.minimum_calls(n.min(5)).build().unwrap()
+        },
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// G8: no call admitted while open or isolated; never more than `permits` probes out at
+    /// once; never half-open past a lease deadline once the breaker has been told the time.
+    /// G12: every refused `record` leaves the state equal.
+    #[test]
+    fn g8_no_admission_while_open_at_most_permits_probes_and_no_wedge(
+        p in any_policy(),
+        ops in prop::collection::vec(op(), 1..200),
+    ) {
+        let mut r = ChaCha8Rng::seed_from_u64(1);
+        let mut b = Breaker::new(&p, 1);
+        let mut other = Breaker::new(&p, 2);
+        let mut now = at(0);
+        let mut held: Vec<Permit> = Vec::new();
+        for op in ops {
+            // Whether the breaker accepted an input at `now` (a refused input changes nothing).
+            let mut told = true;
+            match op {
+                Op::Acquire => {
+                    let before = b;
+                    let status = b.status();
+                    match b.try_acquire(&p, now, &mut r) {
+                        Ok(permit) => {
+                            if let BreakerStatus::Open { until } = status {
+                                prop_assert!(until <= now, "admitted while open");
+                            }
+                            prop_assert!(status != BreakerStatus::Isolated, "admitted while isolated");
+                            held.push(permit);
+                        }
+                        Err(rejected) => {
+                            if let BreakerStatus::Open { until } = status {
+                                prop_assert_eq!(b, before, "a rejection while open changes nothing");
+                                prop_assert_eq!(rejected.retry_after, Some(until.saturating_duration_since(now)));
+                            }
+                        }
+                    }
+                }
+                Op::Record { pick, outcome, took_ms } => {
+                    let outcome = [CallOutcome::Success, CallOutcome::Failure, CallOutcome::Ignored][outcome as usize];
+                    let foreign = pick % 11 == 0;
+                    let permit = if foreign || held.is_empty() {
+                        other.try_acquire(&p, now, &mut r).ok()
+                    } else {
+                        Some(held[pick % held.len()])
+                    };
+                    if let Some(permit) = permit {
+                        let before = b;
+                        let when = now.saturating_add(ms(took_ms));
+                        match b.record(&p, when, permit, outcome, &mut r) {
+                            Ok(()) => {
+                                held.retain(|h| *h != permit);
+                                now = now.later(when);
+                            }
+                            Err(_) => {
+                                told = false;
+                                prop_assert_eq!(b, before, "G12: a refused record changes nothing");
+                            }
+                        }
+                    }
+                }
+                Op::Timeout => b.handle_timeout(&p, now, &mut r),
+                Op::Advance(d) => {
+                    told = false;
+                    now = now.saturating_add(ms(d));
+                }
+                Op::Isolate => b.handle_isolate(now),
+                Op::Disable => b.handle_disable(now),
+                Op::Reset => b.handle_reset(&p, now),
+            }
+            if let BreakerStatus::HalfOpen { permits } = b.status() {
+                prop_assert!(permits <= p.half_open_permits(), "{} probes out", permits);
+                let live = held.iter().filter(|h| h.is_probe() && b.generation() == h.generation()).count();
+                prop_assert!(live as u32 <= p.half_open_permits());
+                // Any accepted input at `now` has settled every lease due by `now`.
+                if told && let Some(deadline) = b.poll_timeout() {
+                    prop_assert!(deadline > now, "half-open past a lease deadline without a decision");
+                }
+            }
+            // Liveness: following poll_timeout always leaves half-open with leases out.
+            if matches!(b.status(), BreakerStatus::HalfOpen { permits } if permits > 0) {
+                let mut probe = b;
+                let deadline = probe.poll_timeout().expect("a held lease is timed");
+                probe.handle_timeout(&p, deadline, &mut r);
+                let reopened = matches!(probe.status(), BreakerStatus::Open { .. });
+                prop_assert!(reopened, "handle_timeout at the lease deadline must reopen");
+            }
+        }
+    }
+}

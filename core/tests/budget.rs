@@ -1,0 +1,473 @@
+//! Rules U1–U4 on the retry budgets, G9 (never more retries than configured) and G12 (a
+//! refused retry changes nothing, unless the policy says refusals are charged).
+
+use core::time::Duration;
+
+use persevere::{
+    Action, Backoff, BudgetRefused, Failure, FailureClass, Instant, OutcomeKind, PolicyError, RatioBudget,
+    RatioBudgetPolicy, Retry, RetryClass, RetryPolicy, TokenBucket, TokenBucketPolicy,
+};
+use proptest::prelude::*;
+use rand_chacha::ChaCha8Rng;
+use rand_core::SeedableRng;
+
+fn secs(n: u64) -> Instant {
+    Instant::from_secs(n)
+}
+
+#[test]
+fn u1_a_token_bucket_charges_per_class_and_refuses_at_or_below_its_threshold() {
+    let p =
+        TokenBucketPolicy::builder(20).costs(2, 3, 5).success_refund_milli(250).refuse_at_or_below(5).build().unwrap();
+    let mut b = TokenBucket::new(&p);
+    assert_eq!(b.balance_milli(), 20_000);
+    assert_eq!(b.try_acquire(&p, RetryClass::Timeout).unwrap().cost_milli(), 5_000); // 15
+    assert_eq!(b.try_acquire(&p, RetryClass::Transient).unwrap().cost_milli(), 3_000); // 12
+    assert_eq!(b.try_acquire(&p, RetryClass::Throttling).unwrap().cost_milli(), 2_000); // 10
+    assert_eq!(b.balance_milli(), 10_000);
+    // A timeout would leave exactly 5: at the threshold, refused; a throttling leaves 8.
+    assert_eq!(b.try_acquire(&p, RetryClass::Timeout), Err(BudgetRefused));
+    assert_eq!(b.balance_milli(), 10_000, "a refusal is not charged by default");
+    let _ = b.try_acquire(&p, RetryClass::Throttling).unwrap(); // 8
+    let _ = b.try_acquire(&p, RetryClass::Throttling).unwrap(); // 6
+    assert_eq!(b.try_acquire(&p, RetryClass::Throttling), Err(BudgetRefused)); // would leave 4
+    // Refunds: a quarter token per success, capped at the capacity.
+    for _ in 0..4 {
+        b.record_success(&p, None);
+    }
+    assert_eq!(b.balance_milli(), 7_000);
+    for _ in 0..1_000 {
+        b.record_success(&p, None);
+    }
+    assert_eq!(b.balance_milli(), 20_000);
+    // Failure classes map onto retry classes.
+    assert_eq!(RetryClass::from(FailureClass::Timeout), RetryClass::Timeout);
+    assert_eq!(RetryClass::from(FailureClass::RetryAfter), RetryClass::Throttling);
+    assert_eq!(RetryClass::from(FailureClass::Retryable), RetryClass::Transient);
+}
+
+#[test]
+fn u1_the_grpc_preset_reproduces_grpc_retry_throttling() {
+    // gRPC core's own unit test: max_tokens 4 (threshold 2), token_ratio 1.6.
+    let p = TokenBucketPolicy::grpc(4, 1.6).unwrap();
+    let mut b = TokenBucket::new(&p);
+    assert!(b.try_acquire(&p, RetryClass::Transient).is_ok()); // 3 > 2
+    b.record_success(&p, None); // 4.6 → 4
+    assert_eq!(b.balance_milli(), 4_000);
+    assert!(b.try_acquire(&p, RetryClass::Transient).is_ok()); // 3
+    assert!(b.try_acquire(&p, RetryClass::Transient).is_err()); // 2: at the threshold
+    assert!(b.try_acquire(&p, RetryClass::Transient).is_err()); // 1: charged anyway
+    assert_eq!(b.balance_milli(), 1_000);
+    b.record_success(&p, None); // 2.6
+    assert!(b.try_acquire(&p, RetryClass::Transient).is_err()); // 1.6
+    b.record_success(&p, None); // 3.2
+    assert!(b.try_acquire(&p, RetryClass::Transient).is_ok()); // 2.2 > 2
+    assert_eq!(b.balance_milli(), 2_200);
+    // Failures never take the balance below zero.
+    for _ in 0..10 {
+        assert!(b.try_acquire(&p, RetryClass::Timeout).is_err());
+    }
+    assert_eq!(b.balance_milli(), 0);
+
+    // Validation follows gRPC's service config.
+    assert!(matches!(TokenBucketPolicy::grpc(0, 0.1), Err(PolicyError::Zero { .. })));
+    assert!(matches!(TokenBucketPolicy::grpc(1001, 0.1), Err(PolicyError::LimitTooLarge { max: 1000, .. })));
+    assert!(matches!(TokenBucketPolicy::grpc(10, f64::NAN), Err(PolicyError::NotFinite { .. })));
+    assert!(matches!(TokenBucketPolicy::grpc(10, -1.0), Err(PolicyError::FractionOutOfRange { .. })));
+    assert!(matches!(TokenBucketPolicy::grpc(10, 0.0004), Err(PolicyError::Zero { .. })));
+    // Three decimals, exact; further decimals are ignored.
+    assert_eq!(TokenBucketPolicy::grpc(10, 1.005).unwrap().settings().success_refund_milli, 1_005);
+    assert_eq!(TokenBucketPolicy::grpc(10, 0.1239).unwrap().settings().success_refund_milli, 123);
+}
+
+#[test]
+fn u1_the_aws_preset_uses_the_published_retry_quota() {
+    let p = TokenBucketPolicy::aws();
+    let mut b = TokenBucket::new(&p);
+    assert_eq!(b.balance_milli(), 500_000);
+    let transient = b.try_acquire(&p, RetryClass::Transient).unwrap();
+    assert_eq!(transient.cost_milli(), 5_000);
+    let throttled = b.try_acquire(&p, RetryClass::Throttling).unwrap();
+    assert_eq!(throttled.cost_milli(), 5_000);
+    let timeout = b.try_acquire(&p, RetryClass::Timeout).unwrap();
+    assert_eq!(timeout.cost_milli(), 10_000);
+    assert_eq!(b.balance_milli(), 480_000);
+    // A successful retry gives its cost back; a success without retry adds 1.
+    b.record_success(&p, Some(timeout));
+    assert_eq!(b.balance_milli(), 490_000);
+    b.record_success(&p, None);
+    assert_eq!(b.balance_milli(), 491_000);
+    // Drained: 98 transient retries from 491 leave 1; the next is refused (1 < 5), free.
+    let mut granted = 0;
+    while b.try_acquire(&p, RetryClass::Transient).is_ok() {
+        granted += 1;
+    }
+    assert_eq!((granted, b.balance_milli()), (98, 1_000));
+    // From a full bucket, exactly 100 retries (500 / 5) are granted, or 50 after timeouts.
+    let mut b = TokenBucket::new(&p);
+    assert_eq!((0..1_000).filter(|_| b.try_acquire(&p, RetryClass::Transient).is_ok()).count(), 100);
+    let mut b = TokenBucket::new(&p);
+    assert_eq!((0..1_000).filter(|_| b.try_acquire(&p, RetryClass::Timeout).is_ok()).count(), 50);
+}
+
+#[test]
+fn u1_invalid_token_bucket_configurations_are_policy_errors() {
+    assert!(matches!(TokenBucketPolicy::builder(0).build(), Err(PolicyError::Zero { setting: "capacity", .. })));
+    assert!(matches!(TokenBucketPolicy::builder(10).costs(0, 1, 1).build(), Err(PolicyError::Zero { .. })));
+    assert!(matches!(TokenBucketPolicy::builder(10).costs(1, 11, 1).build(), Err(PolicyError::LimitTooLarge { .. })));
+    assert!(matches!(
+        TokenBucketPolicy::builder(10).refuse_at_or_below(10).build(),
+        Err(PolicyError::LimitTooLarge { .. })
+    ));
+}
+
+#[test]
+fn u2_a_ratio_budget_grants_ratio_times_requests_plus_the_floor_over_its_window() {
+    // 20 % of requests plus 1 retry per second over 10 s: 10 extra.
+    let p = RatioBudgetPolicy::builder(0.2).min_retries_per_sec(1).build().unwrap();
+    assert_eq!(p.floor_retries(), 10);
+    let mut b = RatioBudget::new();
+    let granted = (0..100).filter(|_| b.try_acquire(&p, secs(0)).is_ok()).count();
+    assert_eq!(granted, 10, "the floor alone, with no request yet");
+    for _ in 0..50 {
+        b.record_request(&p, secs(1));
+    }
+    let granted = (0..100).filter(|_| b.try_acquire(&p, secs(1)).is_ok()).count();
+    assert_eq!(granted, 10, "20 % of 50 requests");
+    assert_eq!((b.requests(), b.retries()), (50, 20));
+    // 10 s after the first bucket (0–1 s) it leaves the window with its 10 retries.
+    assert!(b.try_acquire(&p, secs(9)).is_err());
+    assert!(b.try_acquire(&p, secs(10)).is_ok());
+    assert_eq!((b.requests(), b.retries()), (50, 11));
+    // 10 s after the requests, they leave too: only the floor remains.
+    let granted = (0..100).filter(|_| b.try_acquire(&p, secs(11)).is_ok()).count();
+    assert_eq!((b.requests(), b.retries()), (0, 10));
+    assert_eq!(granted, 9);
+}
+
+#[test]
+fn u2_the_finagle_preset_has_finagles_defaults() {
+    let p = RatioBudgetPolicy::finagle();
+    assert_eq!(
+        p,
+        RatioBudgetPolicy::builder(0.2).ttl(Duration::from_secs(10)).min_retries_per_sec(10).build().unwrap()
+    );
+    assert_eq!((p.ratio_ppm(), p.floor_retries(), p.buckets()), (200_000, 100, 10));
+    assert_eq!(p.bucket_width(), Duration::from_secs(1));
+    let mut b = RatioBudget::new();
+    for _ in 0..1_000 {
+        b.record_request(&p, secs(0));
+    }
+    assert_eq!((0..1_000).filter(|_| b.try_acquire(&p, secs(0)).is_ok()).count(), 300);
+}
+
+#[test]
+fn u2_invalid_ratio_budget_configurations_are_policy_errors() {
+    assert!(matches!(RatioBudgetPolicy::builder(f64::NAN).build(), Err(PolicyError::NotFinite { .. })));
+    assert!(matches!(RatioBudgetPolicy::builder(1.01).build(), Err(PolicyError::FractionOutOfRange { .. })));
+    assert!(matches!(RatioBudgetPolicy::builder(-0.5).build(), Err(PolicyError::FractionOutOfRange { .. })));
+    assert!(matches!(RatioBudgetPolicy::builder(0.1).ttl(Duration::ZERO).build(), Err(PolicyError::Zero { .. })));
+    assert!(matches!(RatioBudgetPolicy::builder(0.1).buckets(0).build(), Err(PolicyError::Zero { .. })));
+    assert!(matches!(RatioBudgetPolicy::builder(0.1).buckets(17).build(), Err(PolicyError::LimitTooLarge { .. })));
+    assert!(matches!(
+        RatioBudgetPolicy::builder(0.1).ttl(Duration::MAX).build(),
+        Err(PolicyError::DurationOverflow { .. })
+    ));
+    // A zero ratio with a zero floor is a budget that never retries: valid.
+    let never = RatioBudgetPolicy::builder(0.0).min_retries_per_sec(0).build().unwrap();
+    let mut b = RatioBudget::new();
+    b.record_request(&never, secs(0));
+    assert!(b.try_acquire(&never, secs(0)).is_err());
+}
+
+#[test]
+fn u3_sixty_percent_ratio_grants_sixty_percent_not_all() {
+    let p = RatioBudgetPolicy::builder(0.6).min_retries_per_sec(0).build().unwrap();
+    let mut b = RatioBudget::new();
+    for _ in 0..100 {
+        b.record_request(&p, secs(0));
+    }
+    let granted = (0..100).filter(|_| b.try_acquire(&p, secs(0)).is_ok()).count();
+    assert_eq!(granted, 60);
+    // The truncated reciprocal grants them all: a withdrawal of `(1.0 / 0.6) as isize` = 1
+    // per retry against a deposit of 1 per request.
+    let truncated_cost = (1.0 / 0.6_f64) as i64;
+    assert_eq!(100 / truncated_cost, 100);
+    // Interleaved the same way: one request, then as many retries as allowed.
+    let mut b = RatioBudget::new();
+    let mut granted = 0;
+    for _ in 0..1_000 {
+        b.record_request(&p, secs(0));
+        while b.try_acquire(&p, secs(0)).is_ok() {
+            granted += 1;
+        }
+    }
+    assert_eq!(granted, 600);
+    // Other ratios that do not divide one: a third, and 0.7.
+    for (ratio, expected) in [(1.0 / 3.0, 333), (0.7, 700), (0.001, 1), (1.0, 1_000)] {
+        let p = RatioBudgetPolicy::builder(ratio).min_retries_per_sec(0).build().unwrap();
+        let mut b = RatioBudget::new();
+        for _ in 0..1_000 {
+            b.record_request(&p, secs(0));
+        }
+        assert_eq!((0..2_000).filter(|_| b.try_acquire(&p, secs(0)).is_ok()).count(), expected, "ratio {ratio}");
+    }
+}
+
+#[test]
+fn u3_fractional_token_refunds_add_up_exactly() {
+    // gRPC tokenRatio 0.001: a thousand successes are exactly one token.
+    let p = TokenBucketPolicy::grpc(10, 0.001).unwrap();
+    let mut b = TokenBucket::new(&p);
+    for _ in 0..5 {
+        let _ = b.try_acquire(&p, RetryClass::Transient);
+    }
+    assert_eq!(b.balance_milli(), 5_000);
+    for _ in 0..1_000 {
+        b.record_success(&p, None);
+    }
+    assert_eq!(b.balance_milli(), 6_000);
+}
+
+/// Runs `operations` retried operations against one shared budget: each fails until
+/// `failures_each` attempts have failed, then succeeds. Returns the outcome of each.
+fn run_shared(operations: usize, failures_each: u32, mut ask: impl FnMut(Instant) -> bool) -> Vec<(OutcomeKind, u32)> {
+    let policy = RetryPolicy::builder(Backoff::constant(Duration::from_millis(10)).build().unwrap())
+        .max_attempts(10)
+        .build()
+        .unwrap();
+    let mut rng = ChaCha8Rng::seed_from_u64(4);
+    let mut retries: Vec<Retry<u32>> = (0..operations).map(|_| Retry::new()).collect();
+    let mut outcomes = vec![None; operations];
+    let mut now = Instant::ZERO;
+    for r in &mut retries {
+        r.handle_start(&policy, now).unwrap();
+    }
+    while outcomes.iter().any(Option::is_none) {
+        for (i, r) in retries.iter_mut().enumerate() {
+            while let Some(action) = r.poll_action() {
+                match action {
+                    Action::Start { attempt, .. } if attempt > failures_each => r.handle_success(now, attempt).unwrap(),
+                    Action::Start { attempt, .. } => {
+                        r.handle_failure(&policy, now, attempt, Failure::retryable(attempt), &mut rng).unwrap()
+                    }
+                    Action::Sleep { .. } => {
+                        if !ask(now) {
+                            r.handle_rejected(now).unwrap();
+                        }
+                    }
+                    Action::Finish { outcome, stats } => outcomes[i] = Some((outcome.kind(), stats.attempts)),
+                    Action::Abandon { .. } => {}
+                }
+            }
+        }
+        now = now.saturating_add(Duration::from_millis(10));
+        for r in &mut retries {
+            r.handle_timeout(&policy, now, &mut rng);
+        }
+    }
+    outcomes.into_iter().map(Option::unwrap).collect()
+}
+
+#[test]
+fn u4_a_shared_token_bucket_ends_operations_with_rejected_once_spent() {
+    // 10 tokens, 1 per retry, refused at or below 3: six retries in all, shared by four
+    // operations that each need two. Round 1: four grants; round 2: two grants, two refusals.
+    let p = TokenBucketPolicy::builder(10).refuse_at_or_below(3).success_refund_milli(0).build().unwrap();
+    let mut bucket = TokenBucket::new(&p);
+    let outcomes = run_shared(4, 2, |_| bucket.try_acquire(&p, RetryClass::Transient).is_ok());
+    assert_eq!(
+        outcomes,
+        [
+            (OutcomeKind::Succeeded, 3),
+            (OutcomeKind::Succeeded, 3),
+            (OutcomeKind::Rejected, 2),
+            (OutcomeKind::Rejected, 2),
+        ]
+    );
+    assert_eq!(bucket.balance_milli(), 4_000);
+}
+
+#[test]
+fn u4_a_shared_ratio_budget_ends_operations_with_rejected_beyond_its_ratio() {
+    let p = RatioBudgetPolicy::builder(0.5).min_retries_per_sec(0).build().unwrap();
+    let mut budget = RatioBudget::new();
+    for _ in 0..6 {
+        budget.record_request(&p, Instant::ZERO);
+    }
+    // Six operations, each needing one retry: half of them get it.
+    let outcomes = run_shared(6, 1, |now| budget.try_acquire(&p, now).is_ok());
+    let rejected = outcomes.iter().filter(|(kind, _)| *kind == OutcomeKind::Rejected).count();
+    assert_eq!(rejected, 3, "{outcomes:?}");
+    assert!(outcomes.iter().all(|(kind, attempts)| match kind {
+        OutcomeKind::Rejected => *attempts == 1,
+        OutcomeKind::Succeeded => *attempts == 2,
+        _ => false,
+    }));
+}
+
+#[derive(Clone, Copy, Debug)]
+enum BucketOp {
+    Retry(u8),
+    Success { with_grant: bool },
+}
+
+fn bucket_policy() -> impl Strategy<Value = TokenBucketPolicy> {
+    (1u32..50, 1u64..5_000, 1u64..5_000, 1u64..5_000, 0u64..3_000, any::<bool>(), any::<bool>(), 0u32..100)
+        .prop_filter_map("valid", |(cap, a, b, c, refund, refund_retry, charge, threshold_pct)| {
+            let capacity = u64::from(cap) * 1_000;
+            let threshold = (threshold_pct > 20).then(|| capacity * u64::from(threshold_pct - 20) / 100);
+            persevere::TokenBucketPolicyBuilder {
+                capacity_milli: capacity,
+                throttling_cost_milli: a,
+                transient_cost_milli: b,
+                timeout_cost_milli: c,
+                success_refund_milli: refund,
+                refund_retry_cost: refund_retry,
+                threshold_milli: threshold,
+                charge_refused: charge,
+            }
+            .build()
+            .ok()
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// G9 for a token bucket: the retries granted never cost more than the initial balance
+    /// plus everything refunded, minus what must stay above the threshold; the balance matches
+    /// an exact reference model. G12: a refusal changes nothing unless refusals are charged.
+    #[test]
+    fn g9_a_token_bucket_never_grants_more_than_its_tokens_allow(
+        p in bucket_policy(),
+        ops in prop::collection::vec(
+            prop_oneof![
+                3 => (0u8..3).prop_map(BucketOp::Retry),
+                1 => any::<bool>().prop_map(|with_grant| BucketOp::Success { with_grant }),
+            ],
+            1..300,
+        ),
+    ) {
+        let s = *p.settings();
+        let mut b = TokenBucket::new(&p);
+        let mut model: i128 = i128::from(s.capacity_milli);
+        let mut credited: i128 = 0;
+        let mut granted_cost: i128 = 0;
+        let mut last_grant = None;
+        for op in ops {
+            match op {
+                BucketOp::Retry(k) => {
+                    let class = [RetryClass::Throttling, RetryClass::Transient, RetryClass::Timeout][k as usize];
+                    let cost = i128::from(p.cost_milli(class));
+                    let before = b;
+                    let floor = s.threshold_milli.map_or(0, |t| i128::from(t) + 1);
+                    match b.try_acquire(&p, class) {
+                        Ok(grant) => {
+                            prop_assert!(model - cost >= floor, "granted below the threshold");
+                            model -= cost;
+                            granted_cost += cost;
+                            last_grant = Some(grant);
+                            // Every grant leaves the balance above the threshold.
+                            prop_assert!(granted_cost <= i128::from(s.capacity_milli) + credited - floor);
+                        }
+                        Err(BudgetRefused) => {
+                            prop_assert!(model - cost < floor, "refused with enough tokens");
+                            if s.charge_refused {
+                                model = (model - cost).max(0);
+                            } else {
+                                prop_assert_eq!(b, before, "G12: a refusal changes nothing");
+                            }
+                        }
+                    }
+                }
+                BucketOp::Success { with_grant } => {
+                    let grant = if with_grant { last_grant.take() } else { None };
+                    let refund = match grant {
+                        Some(g) if s.refund_retry_cost => i128::from(g.cost_milli()),
+                        _ => i128::from(s.success_refund_milli),
+                    };
+                    b.record_success(&p, grant);
+                    let added = (model + refund).min(i128::from(s.capacity_milli)) - model;
+                    credited += added;
+                    model += added;
+                }
+            }
+            prop_assert_eq!(i128::from(b.balance_milli()), model);
+            prop_assert!(b.balance_milli() <= s.capacity_milli);
+        }
+    }
+
+    /// G9 for a ratio budget: whenever a retry is granted, the retries granted in the window
+    /// ending then (it included) do not exceed ratio × requests in that window plus the floor,
+    /// and a retry is refused only when they would; checked against a log of every event.
+    /// (Later, requests may leave the window before the retries granted against them.)
+    /// G12: a refusal leaves the window's counts as they were.
+    #[test]
+    fn g9_a_ratio_budget_never_grants_more_than_its_ratio_over_any_window(
+        ratio_ppm in 0u32..=1_000_000,
+        per_sec in 0u32..4,
+        buckets in 1u32..=16,
+        ttl_ms in 100u64..5_000,
+        ops in prop::collection::vec((any::<bool>(), 0u64..400), 1..400),
+    ) {
+        let ratio = f64::from(ratio_ppm) / 1e6;
+        let p = RatioBudgetPolicy::builder(ratio)
+            .ttl(Duration::from_millis(ttl_ms))
+            .buckets(buckets)
+            .min_retries_per_sec(per_sec)
+            .build()
+            .unwrap();
+        let width = p.bucket_width().as_nanos() as u64;
+        let mut b = RatioBudget::new();
+        let mut now = 0u64;
+        // (epoch, is_request) of every counted event.
+        let mut log: Vec<(u64, bool)> = Vec::new();
+        for (is_request, advance_ms) in ops {
+            now += advance_ms * 1_000_000;
+            let epoch = now / width;
+            let in_window = |log: &[(u64, bool)], request: bool| {
+                log.iter().filter(|(e, r)| *r == request && e + u64::from(buckets) > epoch).count() as u64
+            };
+            if is_request {
+                b.record_request(&p, Instant::from_nanos(now));
+                log.push((epoch, true));
+            } else {
+                let requests = in_window(&log, true);
+                let retries = in_window(&log, false);
+                match b.try_acquire(&p, Instant::from_nanos(now)) {
+                    Ok(()) => {
+                        log.push((epoch, false));
+                        prop_assert!(retries < p.allowance(requests), "granted beyond the allowance");
+                    }
+                    Err(BudgetRefused) => {
+                        prop_assert!(retries >= p.allowance(requests), "refused below the allowance");
+                        prop_assert_eq!((u64::from(b.requests()), u64::from(b.retries())), (requests, retries));
+                    }
+                }
+            }
+            let requests = in_window(&log, true);
+            let retries = in_window(&log, false);
+            prop_assert_eq!((u64::from(b.requests()), u64::from(b.retries())), (requests, retries));
+            if !is_request && log.last() == Some(&(epoch, false)) {
+                // Just granted: the window ending now, this retry included, is within the
+                // budget, exactly: retries × 10⁶ ≤ ratio_ppm × requests + floor.
+                prop_assert!(u128::from(retries) * 1_000_000
+                    <= u128::from(p.ratio_ppm()) * u128::from(requests)
+                        + u128::from(per_sec) * u128::from(ttl_ms) * 1_000_000 / 1_000);
+            }
+        }
+    }
+}
+
+#[cfg(feature = "serde")]
+#[test]
+fn u1_budgets_round_trip_through_serde() {
+    let p = TokenBucketPolicy::aws();
+    assert_eq!(serde_json::from_str::<TokenBucketPolicy>(&serde_json::to_string(&p).unwrap()).unwrap(), p);
+    let p = RatioBudgetPolicy::finagle();
+    assert_eq!(serde_json::from_str::<RatioBudgetPolicy>(&serde_json::to_string(&p).unwrap()).unwrap(), p);
+    let mut b = RatioBudget::new();
+    b.record_request(&p, secs(3));
+    assert_eq!(serde_json::from_str::<RatioBudget>(&serde_json::to_string(&b).unwrap()).unwrap(), b);
+}
