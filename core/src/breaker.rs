@@ -19,14 +19,14 @@ use crate::backoff::{Backoff, BackoffState};
 use crate::time::{nanos_of, saturating_nanos};
 use crate::{Instant, PolicyError};
 
-/// The longest count-based window, in calls: the window is a bitset of `64 · 8` calls.
-pub const MAX_WINDOW_CALLS: u32 = 64 * WORDS as u32;
+/// The longest count-based window, in calls: the window keeps two bits per call in 16 words.
+pub const MAX_WINDOW_CALLS: u32 = 32 * WORDS as u32;
 /// The most buckets a time-based window may have.
 pub const MAX_WINDOW_BUCKETS: u32 = BUCKETS as u32;
 /// The most probes a half-open breaker may let through at once.
 pub const MAX_PERMITS: u32 = LEASES as u32;
 
-const WORDS: usize = 8;
+const WORDS: usize = 16;
 const BUCKETS: usize = 16;
 const LEASES: usize = 16;
 /// Rates are parts per million; a rate above one million can never be reached (`failures ≤ calls`).
@@ -557,10 +557,15 @@ struct Bucket {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 enum Ring {
-    /// Bit `i` of the bitsets is call slot `i`; `head` is the next slot to write.
-    Calls { head: u32, failed: [u64; WORDS], slow: [u64; WORDS] },
-    /// Bucket `e % buckets` holds epoch `e` (= `now / width`); `epoch` is the newest.
-    Time { epoch: u64, buckets: [Bucket; BUCKETS] },
+    /// The trip rules need no window (consecutive failures only).
+    None,
+    /// Bits `2i` (failed) and `2i + 1` (slow) of the bitset are call slot `i` of `len`;
+    /// `head` is the next slot to write.
+    Calls { head: u32, len: u32, bits: [u64; WORDS] },
+    /// Bucket `e % count` holds epoch `e` (= `now / width`); `slot` is the newest epoch's
+    /// bucket, and `next_at` the instant (ns) the next epoch starts, so that a call within the
+    /// current bucket costs no division.
+    Time { next_at: u64, slot: u32, width: u64, count: u32, buckets: [Bucket; BUCKETS] },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -575,56 +580,61 @@ struct Window {
 
 impl Window {
     fn new(policy: &BreakerPolicy) -> Self {
-        let ring = match policy.window {
-            WindowSpec::Calls(_) => Ring::Calls { head: 0, failed: [0; WORDS], slow: [0; WORDS] },
-            WindowSpec::Time { .. } => Ring::Time { epoch: 0, buckets: [Bucket::default(); BUCKETS] },
+        let ring = if policy.failure_ppm == NEVER && policy.slow_ppm == NEVER {
+            Ring::None
+        } else {
+            match policy.window {
+                WindowSpec::Calls(n) => Ring::Calls { head: 0, len: n.clamp(1, MAX_WINDOW_CALLS), bits: [0; WORDS] },
+                WindowSpec::Time { width_ns, buckets } => Ring::Time {
+                    next_at: 0,
+                    slot: 0,
+                    width: width_ns.max(1),
+                    count: buckets.clamp(1, MAX_WINDOW_BUCKETS),
+                    buckets: [Bucket::default(); BUCKETS],
+                },
+            }
         };
         Window { consecutive: 0, calls: 0, failures: 0, slow: 0, ring }
     }
 
     /// Counts one call; returns whether a trip rule now holds. O(1) for a count window, O(1)
-    /// amortised for a time window.
+    /// amortised for a time window (a division only when the call opens a new bucket).
     #[inline]
     fn push(&mut self, policy: &BreakerPolicy, now: Instant, failed: bool, slow: bool) -> bool {
-        self.consecutive = if failed { self.consecutive.saturating_add(1) } else { 0 };
+        // Wraps to 0 only after 2^32 failures with no consecutive limit set (a limit trips first).
+        self.consecutive = self.consecutive.wrapping_add(1).wrapping_mul(u32::from(failed));
         let (f, s) = (u32::from(failed), u32::from(slow));
         match &mut self.ring {
-            Ring::Calls { head, failed: fbits, slow: sbits } => {
-                let n = match policy.window {
-                    WindowSpec::Calls(n) => n.min(MAX_WINDOW_CALLS),
-                    WindowSpec::Time { .. } => MAX_WINDOW_CALLS,
-                };
-                let slot = *head % MAX_WINDOW_CALLS;
-                let (word, bit) = ((slot >> 6) as usize % WORDS, slot & 63);
-                let old_f = ((fbits[word] >> bit) & 1) as u32;
-                let old_s = ((sbits[word] >> bit) & 1) as u32;
-                fbits[word] = (fbits[word] & !(1 << bit)) | (u64::from(f) << bit);
-                sbits[word] = (sbits[word] & !(1 << bit)) | (u64::from(s) << bit);
-                self.failures = self.failures - old_f.min(self.failures) + f;
-                self.slow = self.slow - old_s.min(self.slow) + s;
-                self.calls = (self.calls + 1).min(n);
-                *head = if slot + 1 >= n { 0 } else { slot + 1 };
+            Ring::None => return u64::from(self.consecutive) >= policy.consecutive,
+            Ring::Calls { head, len, bits } => {
+                let slot = *head & (MAX_WINDOW_CALLS - 1);
+                let (word, shift) = ((slot >> 5) as usize & (WORDS - 1), (slot & 31) * 2);
+                let w = bits[word];
+                let old = (w >> shift) as u32;
+                bits[word] = (w & !(3 << shift)) | (u64::from(f | (s << 1)) << shift);
+                // A set bit was counted when it was set, so these never underflow.
+                self.failures = self.failures.wrapping_add(f).wrapping_sub(old & 1);
+                self.slow = self.slow.wrapping_add(s).wrapping_sub((old >> 1) & 1);
+                self.calls += u32::from(self.calls < *len);
+                *head = if slot + 1 >= *len { 0 } else { slot + 1 };
             }
-            Ring::Time { epoch, buckets } => {
-                let (width, count) = match policy.window {
-                    WindowSpec::Time { width_ns, buckets } => {
-                        (width_ns.max(1), u64::from(buckets.min(MAX_WINDOW_BUCKETS)))
-                    }
-                    WindowSpec::Calls(_) => (u64::MAX, 1),
-                };
-                let e = (now.as_nanos() / width).max(*epoch);
-                if e != *epoch {
-                    let gap = (e - *epoch).min(count);
-                    for k in 1..=gap {
-                        let b = &mut buckets[((*epoch + k) % count) as usize % BUCKETS];
-                        self.calls -= b.calls.min(self.calls);
-                        self.failures -= b.failures.min(self.failures);
-                        self.slow -= b.slow.min(self.slow);
+            Ring::Time { next_at, slot, width, count, buckets } => {
+                let now = now.as_nanos();
+                if now >= *next_at {
+                    let epoch = now / *width;
+                    let current = next_at.saturating_sub(1) / *width;
+                    let gap = epoch.saturating_sub(current).min(u64::from(*count)) as u32;
+                    for _ in 0..gap {
+                        *slot = if *slot + 1 >= *count { 0 } else { *slot + 1 };
+                        let b = &mut buckets[*slot as usize & (BUCKETS - 1)];
+                        self.calls = self.calls.wrapping_sub(b.calls);
+                        self.failures = self.failures.wrapping_sub(b.failures);
+                        self.slow = self.slow.wrapping_sub(b.slow);
                         *b = Bucket::default();
                     }
-                    *epoch = e;
+                    *next_at = epoch.saturating_add(1).saturating_mul(*width);
                 }
-                let b = &mut buckets[(e % count) as usize % BUCKETS];
+                let b = &mut buckets[*slot as usize & (BUCKETS - 1)];
                 b.calls = b.calls.saturating_add(1);
                 b.failures = b.failures.saturating_add(f);
                 b.slow = b.slow.saturating_add(s);
@@ -742,8 +752,6 @@ pub struct Breaker {
     generation: u32,
     /// The next permit id (probe ids are drawn from the same counter, with [`PROBE_BIT`]).
     next_id: u32,
-    /// The first id issued in this generation.
-    first_id: u32,
     /// Closed or disabled: permits of this generation not yet recorded.
     in_flight: u32,
     last_now: Instant,
@@ -759,7 +767,6 @@ impl Breaker {
             id,
             generation: 0,
             next_id: 0,
-            first_id: 0,
             in_flight: 0,
             last_now: Instant::ZERO,
             openings: BackoffState::new(),
@@ -785,14 +792,23 @@ impl Breaker {
         rng: &mut R,
     ) -> Result<Permit, Rejected> {
         match self.phase {
-            Phase::Closed(_) | Phase::Disabled => {
-                let id = self.next_id;
-                self.next_id = (id + 1) & !PROBE_BIT;
-                self.in_flight = self.in_flight.saturating_add(1);
-                Ok(Permit { breaker: self.id, generation: self.generation, id, acquired_at: now })
+            Phase::Closed(_) => Ok(self.issue(now)),
+            // Open and not yet due: nothing changes.
+            Phase::Open { until } if now < until && self.last_now < until => {
+                Err(Rejected { retry_after: Some(until.saturating_duration_since(self.last_now.later(now))) })
             }
             _ => self.acquire_slow(policy, now, rng),
         }
+    }
+
+    /// A closed or disabled state's permit.
+    #[inline]
+    fn issue(&mut self, now: Instant) -> Permit {
+        let id = self.next_id;
+        self.next_id = (id + 1) & !PROBE_BIT;
+        // Wraps only after 2^32 permits outstanding at once.
+        self.in_flight = self.in_flight.wrapping_add(1);
+        Permit { breaker: self.id, generation: self.generation, id, acquired_at: now }
     }
 
     #[cold]
@@ -802,6 +818,9 @@ impl Breaker {
         now: Instant,
         rng: &mut R,
     ) -> Result<Permit, Rejected> {
+        if let Phase::Disabled = self.phase {
+            return Ok(self.issue(now));
+        }
         let now = self.last_now.later(now);
         if let Phase::Open { until } = self.phase {
             if now < until {
@@ -885,36 +904,50 @@ impl Breaker {
         elapsed_ns: u64,
         rng: &mut R,
     ) -> Result<(), BreakerError> {
-        if permit.breaker != self.id {
-            return Err(BreakerError::Foreign { this: self.id, got: permit.breaker });
+        if permit.breaker != self.id || permit.generation != self.generation {
+            return Err(self.misfit(permit));
         }
-        if permit.generation != self.generation {
-            return Err(BreakerError::Stale { current: self.generation, got: permit.generation });
-        }
-        match &mut self.phase {
-            Phase::Closed(window) => {
-                // Ids of this generation are `first_id .. next_id` (modulo 2^31).
-                let issued = self.next_id.wrapping_sub(self.first_id) & !PROBE_BIT;
-                let age = permit.id.wrapping_sub(self.first_id) & !PROBE_BIT;
-                if self.in_flight == 0 || age >= issued || permit.id & PROBE_BIT != 0 {
-                    return Err(BreakerError::NotOutstanding { id: permit.id });
-                }
-                self.in_flight -= 1;
-                if outcome == CallOutcome::Ignored {
-                    return Ok(());
-                }
-                let failed = outcome == CallOutcome::Failure;
-                let slow = elapsed_ns >= policy.slow_ns;
-                let now = self.last_now.later(now);
-                if window.push(policy, now, failed, slow) {
-                    self.open(policy, now, rng);
-                }
-                Ok(())
+        if let Phase::Closed(window) = &mut self.phase {
+            // Closed permits are counted, not tracked one by one (that would take a table).
+            if self.in_flight == 0 {
+                return Err(BreakerError::NotOutstanding { id: permit.id });
             }
+            self.in_flight -= 1;
+            if outcome == CallOutcome::Ignored {
+                return Ok(());
+            }
+            if window.push(policy, now, outcome == CallOutcome::Failure, elapsed_ns >= policy.slow_ns) {
+                self.open(policy, now, rng);
+            }
+            return Ok(());
+        }
+        self.record_slow(policy, now, permit, outcome, elapsed_ns, rng)
+    }
+
+    /// Why a permit from another breaker or generation is refused.
+    #[cold]
+    fn misfit(&self, permit: Permit) -> BreakerError {
+        if permit.breaker != self.id {
+            BreakerError::Foreign { this: self.id, got: permit.breaker }
+        } else {
+            BreakerError::Stale { current: self.generation, got: permit.generation }
+        }
+    }
+
+    /// `record` in every state but closed.
+    #[cold]
+    fn record_slow<R: Rng + ?Sized>(
+        &mut self,
+        policy: &BreakerPolicy,
+        now: Instant,
+        permit: Permit,
+        outcome: CallOutcome,
+        elapsed_ns: u64,
+        rng: &mut R,
+    ) -> Result<(), BreakerError> {
+        match &mut self.phase {
             Phase::Disabled => {
-                let issued = self.next_id.wrapping_sub(self.first_id) & !PROBE_BIT;
-                let age = permit.id.wrapping_sub(self.first_id) & !PROBE_BIT;
-                if self.in_flight == 0 || age >= issued || permit.id & PROBE_BIT != 0 {
+                if self.in_flight == 0 {
                     return Err(BreakerError::NotOutstanding { id: permit.id });
                 }
                 self.in_flight -= 1;
@@ -925,9 +958,9 @@ impl Breaker {
                     return Err(BreakerError::NotOutstanding { id: permit.id });
                 };
                 let now = self.last_now.later(now);
-                self.last_now = now;
                 // A lease that ended before its result came is the failure it already was.
                 self.expire(policy, now, rng);
+                self.last_now = now;
                 let Phase::HalfOpen(probes) = &mut self.phase else { return Ok(()) };
                 probes.busy &= !(1 << slot);
                 let failed = match outcome {
@@ -946,8 +979,11 @@ impl Breaker {
                 }
                 Ok(())
             }
-            // No permit is issued in these states, and entering them changed the generation.
-            Phase::Open { .. } | Phase::Isolated => Err(BreakerError::NotOutstanding { id: permit.id }),
+            // No permit is issued in these states, and entering them changed the generation;
+            // closed is handled by `record_ns`.
+            Phase::Open { .. } | Phase::Isolated | Phase::Closed(_) => {
+                Err(BreakerError::NotOutstanding { id: permit.id })
+            }
         }
     }
 
@@ -1044,23 +1080,24 @@ impl Breaker {
             && let Some(earliest) = probes.earliest()
             && earliest <= now
         {
-            self.last_now = now;
             self.open(policy, earliest, rng);
+            self.last_now = self.last_now.later(now);
         }
     }
 
     /// Opens for the next open duration of the backoff, counted from `at`.
+    #[cold]
     fn open<R: Rng + ?Sized>(&mut self, policy: &BreakerPolicy, at: Instant, rng: &mut R) {
+        let at = self.last_now.later(at);
         let delay = self.openings.next_delay_ns(&policy.open, rng);
         let until = at.saturating_add(Duration::from_nanos(delay));
-        self.last_now = self.last_now.later(at);
+        self.last_now = at;
         self.enter(Phase::Open { until });
     }
 
     fn enter(&mut self, phase: Phase) {
         self.phase = phase;
         self.generation = self.generation.wrapping_add(1);
-        self.first_id = self.next_id;
         self.in_flight = 0;
     }
 }

@@ -623,7 +623,11 @@ struct Counts {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct RatioBudget {
-    epoch: u64,
+    /// The instant (ns) the bucket after the current one starts; calls before it need no
+    /// division.
+    next_at: u64,
+    /// The current bucket.
+    slot: u32,
     requests: u32,
     retries: u32,
     buckets: [Counts; BUCKETS],
@@ -632,7 +636,13 @@ pub struct RatioBudget {
 impl RatioBudget {
     /// An empty window.
     pub const fn new() -> Self {
-        RatioBudget { epoch: 0, requests: 0, retries: 0, buckets: [Counts { requests: 0, retries: 0 }; BUCKETS] }
+        RatioBudget {
+            next_at: 0,
+            slot: 0,
+            requests: 0,
+            retries: 0,
+            buckets: [Counts { requests: 0, retries: 0 }; BUCKETS],
+        }
     }
 
     /// Counts one request (a first attempt) at `now`.
@@ -676,18 +686,21 @@ impl RatioBudget {
     /// index of `now`'s bucket.
     #[inline]
     fn advance(&mut self, policy: &RatioBudgetPolicy, now: Instant) -> usize {
-        let count = u64::from(policy.buckets.clamp(1, MAX_BUDGET_BUCKETS));
-        let e = (now.as_nanos() / policy.width_ns.max(1)).max(self.epoch);
-        if e != self.epoch {
-            let gap = (e - self.epoch).min(count);
-            for k in 1..=gap {
-                let b = &mut self.buckets[((self.epoch + k) % count) as usize % BUCKETS];
-                self.requests -= b.requests.min(self.requests);
-                self.retries -= b.retries.min(self.retries);
+        let now = now.as_nanos();
+        if now >= self.next_at {
+            let (width, count) = (policy.width_ns.max(1), policy.buckets.clamp(1, MAX_BUDGET_BUCKETS));
+            let epoch = now / width;
+            let current = self.next_at.saturating_sub(1) / width;
+            let gap = epoch.saturating_sub(current).min(u64::from(count)) as u32;
+            for _ in 0..gap {
+                self.slot = if self.slot + 1 >= count { 0 } else { self.slot + 1 };
+                let b = &mut self.buckets[self.slot as usize & (BUCKETS - 1)];
+                self.requests = self.requests.wrapping_sub(b.requests);
+                self.retries = self.retries.wrapping_sub(b.retries);
                 *b = Counts::default();
             }
-            self.epoch = e;
+            self.next_at = epoch.saturating_add(1).saturating_mul(width);
         }
-        (e % count) as usize % BUCKETS
+        self.slot as usize & (BUCKETS - 1)
     }
 }

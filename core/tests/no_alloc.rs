@@ -9,8 +9,9 @@ use std::cell::Cell;
 use std::time::Duration;
 
 use persevere::{
-    Action, Backoff, BackoffState, Failure, Flow, FlowPolicy, Instant, Jitter, Retry, RetryPolicy, Supervision,
-    SupervisionPolicy, TaskDefaults,
+    Action, Backoff, BackoffState, Breaker, BreakerPolicy, CallOutcome, Failure, Flow, FlowPolicy, Instant, Jitter,
+    RatioBudget, RatioBudgetPolicy, Retry, RetryClass, RetryPolicy, Supervision, SupervisionPolicy, TaskDefaults,
+    TokenBucket, TokenBucketPolicy,
 };
 use rand_chacha::ChaCha8Rng;
 use rand_core::SeedableRng;
@@ -172,4 +173,78 @@ fn state_sizes() {
     );
     println!("Supervision<()>, Supervision<u32>, Flow<()>, Flow<u32>: {sizes:?}");
     assert!(sizes.0 <= 64 && sizes.2 <= 112, "{sizes:?}");
+}
+
+#[test]
+fn breaker_paths_allocate_nothing() {
+    let backoff = Backoff::exponential(Duration::from_secs(1), 2.0)
+        .max_delay(Duration::from_secs(30))
+        .jitter(Jitter::Full)
+        .build()
+        .unwrap();
+    let count = BreakerPolicy::builder(backoff)
+        .consecutive_failures(5)
+        .failure_rate(0.5)
+        .slow_call_rate(0.9, Duration::from_millis(100))
+        .count_window(100)
+        .minimum_calls(10)
+        .half_open_permits(3)
+        .build()
+        .unwrap();
+    let timed = BreakerPolicy::builder(backoff)
+        .failure_rate(0.5)
+        .time_window(Duration::from_secs(10), 10)
+        .minimum_calls(10)
+        .build()
+        .unwrap();
+    let mut rng = ChaCha8Rng::seed_from_u64(1);
+    for policy in [count, timed] {
+        let mut b = Breaker::new(&policy, 1);
+        let (mut rejections, mut probes) = (0u32, 0u32);
+        let n = allocations(|| {
+            let mut now = Instant::ZERO;
+            for i in 0..100_000u64 {
+                now = now.saturating_add(Duration::from_millis(1));
+                // Closed path, then open, rejections, half-open probes, lease expiry.
+                let outcome = if (i / 1_000) % 3 == 0 { CallOutcome::Failure } else { CallOutcome::Success };
+                let acquired = b.try_acquire(&policy, now, &mut rng);
+                rejections += u32::from(acquired.is_err());
+                probes += u32::from(acquired.is_ok_and(|p| p.is_probe()));
+                match acquired {
+                    Ok(permit) if i % 17 != 0 => {
+                        let _ = std::hint::black_box(b.record(&policy, now, permit, outcome, &mut rng));
+                    }
+                    Ok(_lost) => {}
+                    Err(rejected) => {
+                        std::hint::black_box(rejected);
+                    }
+                }
+                b.handle_timeout(&policy, now, &mut rng);
+                std::hint::black_box(b.poll_timeout());
+            }
+        });
+        assert_eq!(n, 0, "{n} allocations on the breaker's paths");
+        assert!(rejections > 0 && probes > 0, "every state was visited: {rejections} rejections, {probes} probes");
+    }
+}
+
+#[test]
+fn budget_paths_allocate_nothing() {
+    let grpc = TokenBucketPolicy::grpc(100, 0.1).unwrap();
+    let aws = TokenBucketPolicy::aws();
+    let ratio = RatioBudgetPolicy::finagle();
+    let (mut g, mut a, mut r) = (TokenBucket::new(&grpc), TokenBucket::new(&aws), RatioBudget::new());
+    let n = allocations(|| {
+        for i in 0..100_000u64 {
+            let now = Instant::from_millis(i);
+            let _ = std::hint::black_box(g.try_acquire(&grpc, RetryClass::Transient));
+            g.record_success(&grpc, None);
+            if let Ok(grant) = a.try_acquire(&aws, RetryClass::Timeout) {
+                a.record_success(&aws, Some(grant));
+            }
+            r.record_request(&ratio, now);
+            let _ = std::hint::black_box(r.try_acquire(&ratio, now));
+        }
+    });
+    assert_eq!(n, 0, "{n} allocations on the budgets' paths");
 }
