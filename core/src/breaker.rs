@@ -10,6 +10,10 @@
 //! permit back with its outcome to [`Breaker::record`]. A permit names its breaker, the state
 //! generation it was issued in and its own id, so a stale or foreign permit is refused as misuse
 //! ([`BreakerError`]) and changes nothing.
+//!
+//! The closed path (admission + record) allocates nothing and is O(1): a consecutive-failure
+//! counter, plus, when a rate rule is configured, one two-bit slot of a fixed ring (count
+//! window) or one bucket (time window, with a division only when a new bucket starts).
 
 use core::time::Duration;
 
@@ -515,7 +519,10 @@ pub enum BreakerError {
         /// The generation in the permit.
         got: u32,
     },
-    /// The permit was already recorded, its probe lease already expired, or it was never issued.
+    /// The permit was already recorded, or its probe lease already expired. Probes are tracked
+    /// one by one; closed-state permits are only counted (a table would cost the closed path
+    /// its speed), so a closed permit recorded twice is caught only when no other permit of
+    /// the same state is outstanding.
     #[error("permit {id} is not outstanding: already recorded, its lease expired, or never issued")]
     NotOutstanding {
         /// The permit's id.
@@ -863,7 +870,8 @@ impl Breaker {
     ///
     /// # Errors
     /// [`BreakerError`] when the permit is foreign, stale (the breaker changed state since)
-    /// or not outstanding; nothing changes.
+    /// or not outstanding (see [`BreakerError::NotOutstanding`] for what is detected); nothing
+    /// changes.
     #[inline]
     pub fn record<R: Rng + ?Sized>(
         &mut self,
@@ -1061,6 +1069,8 @@ impl Breaker {
     }
 
     /// Closed: the calls, failures and slow calls in the window, and the consecutive failures.
+    /// A policy without a rate rule (consecutive failures only) keeps no window: its calls,
+    /// failures and slow calls stay 0.
     pub fn window_counts(&self) -> Option<WindowCounts> {
         match &self.phase {
             Phase::Closed(w) => Some(WindowCounts {

@@ -607,6 +607,11 @@ struct Counts {
 /// the window is cleared on the next call; a `now` earlier than the latest one is read as the
 /// latest one.
 ///
+/// The bound holds at every grant (G9): the retries granted in the window that ends with a
+/// grant, that one included, never exceed `ratio × requests` in that window plus the floor.
+/// Later, requests may leave the window before the retries granted against them, as in
+/// Finagle.
+///
 /// ```
 /// use persevere::{Instant, RatioBudget, RatioBudgetPolicy};
 ///

@@ -636,3 +636,63 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// The window counts exactly what a reference model of the last `n` calls, or of the calls
+    /// in the last `buckets` buckets, counts; and the breaker trips exactly when the model's
+    /// counts meet a trip rule.
+    #[test]
+    fn k2_the_window_matches_a_reference_model(
+        timed in any::<bool>(),
+        n in 1u32..40,
+        buckets in 1u32..=16,
+        min in 1u32..10,
+        calls in prop::collection::vec((0u8..8, 0u64..700), 1..300),
+    ) {
+        let b = BreakerPolicy::builder(open_backoff())
+            .consecutive_failures(6)
+            .failure_rate(0.7)
+            .slow_call_rate(0.6, ms(50));
+        let b = if timed { b.time_window(Duration::from_millis(1_600), buckets) } else { b.count_window(n) };
+        let p = b.minimum_calls(min.min(if timed { u32::MAX } else { n })).build().unwrap();
+        let width = if timed { 1_600_000_000 / u64::from(buckets) } else { 1 };
+        let mut breaker = Breaker::new(&p, 1);
+        let mut r = rng();
+        let mut now = 0u64;
+        let mut log: Vec<(u64, bool, bool)> = Vec::new();
+        let mut consecutive = 0u32;
+        for (kind, advance_ms) in calls {
+            now += advance_ms * 1_000_000 / 4;
+            let (failed, slow) = (kind & 1 == 1, kind & 6 == 6);
+            let permit = breaker.try_acquire(&p, Instant::from_nanos(now), &mut r).unwrap();
+            let took = if slow { ms(60) } else { ms(1) };
+            breaker
+                .record_with_duration(&p, Instant::from_nanos(now), permit, if failed { CallOutcome::Failure } else { CallOutcome::Success }, took, &mut r)
+                .unwrap();
+            consecutive = if failed { consecutive + 1 } else { 0 };
+            let epoch = now / width;
+            log.push((epoch, failed, slow));
+            let window: Vec<_> = if timed {
+                log.iter().filter(|(e, _, _)| e + u64::from(buckets) > epoch).collect()
+            } else {
+                log.iter().rev().take(n as usize).collect()
+            };
+            let c = window.len() as u64;
+            let f = window.iter().filter(|(_, f, _)| *f).count() as u64;
+            let s = window.iter().filter(|(_, _, s)| *s).count() as u64;
+            let trips = consecutive >= 6
+                || (c >= u64::from(p.minimum_calls()) && (f * 10 >= 7 * c || s * 10 >= 6 * c));
+            if trips {
+                prop_assert!(matches!(breaker.status(), BreakerStatus::Open { .. }), "{c} calls, {f} failed, {s} slow");
+                break;
+            }
+            let counts = breaker.window_counts().expect("closed");
+            prop_assert_eq!(
+                (u64::from(counts.calls), u64::from(counts.failures), u64::from(counts.slow), counts.consecutive_failures),
+                (c, f, s, consecutive)
+            );
+        }
+    }
+}
