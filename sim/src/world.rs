@@ -1,0 +1,189 @@
+//! The simulated world: one seed, virtual time, a trace, and the guarantee checks' bookkeeping.
+
+use std::fmt;
+
+use persevere::Instant;
+use rand_chacha::ChaCha8Rng;
+use rand_core::{Rng, SeedableRng};
+
+/// How many recent events a violation report shows.
+pub const RECENT: usize = 48;
+
+/// One thing that happened, compact and `Copy` so that tracing costs no allocation. Formatted
+/// only when a violation is reported.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Event {
+    /// Virtual time, in nanoseconds.
+    pub at: u64,
+    /// Which operation, task, flow or delivery it concerns.
+    pub subject: u32,
+    /// What happened (a short static label).
+    pub what: &'static str,
+    /// First detail (an attempt number, a count).
+    pub a: u64,
+    /// Second detail (a delay or an instant, in nanoseconds; a class code).
+    pub b: u64,
+}
+
+impl fmt::Display for Event {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:>14.6} ms  #{:<4} {:<24} a={} b={}", self.at as f64 / 1e6, self.subject, self.what, self.a, self.b)
+    }
+}
+
+/// A broken guarantee, with everything needed to replay it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Violation {
+    /// The rule, e.g. `"G2"`.
+    pub rule: &'static str,
+    /// What broke, in words.
+    pub message: String,
+    /// The scenario family, e.g. `"retry"`.
+    pub machine: &'static str,
+    /// The seed that reproduces it.
+    pub seed: u64,
+    /// The step at which it was detected.
+    pub step: u64,
+    /// The most recent events, oldest first.
+    pub recent: Vec<Event>,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "{} violated in a {} scenario at step {}: {}", self.rule, self.machine, self.step, self.message)?;
+        writeln!(f, "seed: {}", self.seed)?;
+        writeln!(f, "recent trace:")?;
+        for event in &self.recent {
+            writeln!(f, "  {event}")?;
+        }
+        writeln!(f, "replay with:")?;
+        writeln!(
+            f,
+            "  SIM_SEED={} SIM_MACHINE={} cargo test -p sim --test scenarios replay -- --nocapture",
+            self.seed, self.machine
+        )?;
+        write!(f, "  cargo run -p sim --release -- replay {} {}", self.machine, self.seed)
+    }
+}
+
+impl std::error::Error for Violation {}
+
+/// The world one scenario runs in.
+pub struct World {
+    /// The scenario's seed.
+    pub seed: u64,
+    machine: &'static str,
+    rng: ChaCha8Rng,
+    /// Virtual time.
+    pub now: Instant,
+    /// Steps taken (inputs fed to a machine).
+    pub steps: u64,
+    /// Guarantee checks evaluated.
+    pub checks: u64,
+    hash: u64,
+    ring: [Event; RECENT],
+    events: u64,
+}
+
+impl World {
+    /// A world for a scenario of `machine`, drawn entirely from `seed`.
+    pub fn new(machine: &'static str, seed: u64) -> Self {
+        World {
+            seed,
+            machine,
+            rng: ChaCha8Rng::seed_from_u64(seed),
+            now: Instant::ZERO,
+            steps: 0,
+            checks: 0,
+            hash: 0xcbf2_9ce4_8422_2325,
+            ring: [Event::default(); RECENT],
+            events: 0,
+        }
+    }
+
+    /// The world's RNG: it draws the scenario, the faults and the jitter.
+    pub fn rng(&mut self) -> &mut ChaCha8Rng {
+        &mut self.rng
+    }
+
+    /// A uniform draw from `lo..=hi`.
+    pub fn between(&mut self, lo: u64, hi: u64) -> u64 {
+        if hi <= lo {
+            return lo;
+        }
+        let span = hi - lo;
+        if span == u64::MAX {
+            return self.rng.next_u64();
+        }
+        lo + ((u128::from(self.rng.next_u64()) * u128::from(span + 1)) >> 64) as u64
+    }
+
+    /// `true` with probability `per_mille / 1000`.
+    pub fn chance(&mut self, per_mille: u64) -> bool {
+        self.between(0, 999) < per_mille
+    }
+
+    /// One of `items`, uniformly.
+    pub fn pick<T: Copy>(&mut self, items: &[T]) -> T {
+        items[self.between(0, items.len() as u64 - 1) as usize]
+    }
+
+    /// Records an event in the trace and its hash.
+    #[inline]
+    pub fn record(&mut self, subject: u32, what: &'static str, a: u64, b: u64) {
+        let event = Event { at: self.now.as_nanos(), subject, what, a, b };
+        self.ring[(self.events % RECENT as u64) as usize] = event;
+        self.events += 1;
+        // FNV-1a over 64-bit words and the label's bytes: the same in every process.
+        for word in [event.at, u64::from(subject), a, b] {
+            self.hash = (self.hash ^ word).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        for byte in what.bytes() {
+            self.hash = (self.hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+
+    /// Events recorded so far.
+    pub fn events(&self) -> u64 {
+        self.events
+    }
+
+    /// A hash of the whole trace: equal for equal traces (G0).
+    pub fn trace_hash(&self) -> u64 {
+        self.hash
+    }
+
+    /// Counts one evaluated check; returns a violation if `ok` is false.
+    #[inline]
+    pub fn check(&mut self, rule: &'static str, ok: bool, message: impl FnOnce() -> String) -> Result<(), Violation> {
+        self.checks += 1;
+        if ok { Ok(()) } else { Err(self.violation(rule, message())) }
+    }
+
+    /// A violation at the current step, with the recent trace.
+    pub fn violation(&self, rule: &'static str, message: String) -> Violation {
+        let kept = self.events.min(RECENT as u64);
+        let recent = (self.events - kept..self.events).map(|i| self.ring[(i % RECENT as u64) as usize]).collect();
+        Violation { rule, message, machine: self.machine, seed: self.seed, step: self.steps, recent }
+    }
+}
+
+/// What a finished scenario reports.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Summary {
+    /// Steps taken.
+    pub steps: u64,
+    /// Guarantee checks evaluated.
+    pub checks: u64,
+    /// Events traced.
+    pub events: u64,
+    /// The trace hash (G0).
+    pub trace_hash: u64,
+}
+
+impl World {
+    /// The summary of the scenario so far.
+    pub fn summary(&self) -> Summary {
+        Summary { steps: self.steps, checks: self.checks, events: self.events, trace_hash: self.hash }
+    }
+}
