@@ -31,7 +31,8 @@ use std::future::Future;
 use persevere::{Instant, RetryPolicy};
 use persevere_driver::LazyEpoch;
 pub use persevere_driver::{
-    ByTrait, Classifier, Classify, GaveUp, Notify, Retried, RetryAll, RetryEvent, RetryGate, Stats, retry_after,
+    ByTrait, CallError, Classifier, Classify, GaveUp, Notify, Retried, RetryAll, RetryEvent, RetryGate, Stats,
+    retry_after,
 };
 
 /// async-io's clock and timers. Its epoch is its first clock reading, taken lazily: creating
@@ -78,3 +79,12 @@ where
 {
     persevere_driver::retry(SmolRuntime::new(), policy, op)
 }
+
+/// A circuit breaker shared by many tasks (cheap to clone), on this runtime's clock.
+/// See [`persevere_driver::Breaker`].
+pub type Breaker = persevere_driver::Breaker<SmolRuntime>;
+
+/// A retry budget shared by many operations (cheap to clone), on this runtime's clock.
+/// Build one with `Budget::tokens(SmolRuntime::new(), policy)` or `Budget::ratio(..)`; attach it with
+/// `retry(..).gate(budget.clone())`. See [`persevere_driver::Budget`].
+pub type Budget = persevere_driver::Budget<SmolRuntime>;

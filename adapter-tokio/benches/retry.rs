@@ -6,6 +6,7 @@
 //! - `success/hand_written_loop`: a hand-written `loop { match op().await { .. } }` retry.
 //! - `success/retry`: `persevere_tokio::retry` when the first attempt succeeds.
 //! - `fail_three_times/*`: three failures then a success, with zero delays (no timer is touched).
+//! - `breaker_closed/*`: the shared `Breaker` admitting and recording a successful call.
 
 use std::cell::Cell;
 use std::hint::black_box;
@@ -65,5 +66,29 @@ fn bench(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, bench);
+/// The shared `Breaker` on its closed path, against awaiting the call directly.
+fn breaker(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+    let policy = persevere::BreakerPolicy::builder(Backoff::constant(Duration::from_secs(1)).build().unwrap())
+        .consecutive_failures(5)
+        .build()
+        .unwrap();
+    let breaker = rt.block_on(async { persevere_tokio::Breaker::new(policy) });
+    let mut g = c.benchmark_group("breaker_closed");
+    g.bench_function("direct_call", |b| {
+        b.to_async(&rt).iter(|| async {
+            let left = Cell::new(0);
+            black_box(op(&left).await)
+        })
+    });
+    g.bench_function("breaker_call", |b| {
+        b.to_async(&rt).iter(|| async {
+            let left = Cell::new(0);
+            black_box(breaker.call(op(&left)).await)
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench, breaker);
 criterion_main!(benches);

@@ -34,7 +34,8 @@ use std::time::Duration;
 use persevere::{Instant, RetryPolicy};
 use persevere_driver::LazyEpoch;
 pub use persevere_driver::{
-    ByTrait, Classifier, Classify, GaveUp, Notify, Retried, RetryAll, RetryEvent, RetryGate, Stats, retry_after,
+    ByTrait, CallError, Classifier, Classify, GaveUp, Notify, Retried, RetryAll, RetryEvent, RetryGate, Stats,
+    retry_after,
 };
 
 /// How far ahead an instant beyond the clock's range is put (about 30 years, as tokio does).
@@ -86,3 +87,12 @@ where
 {
     persevere_driver::retry(TokioRuntime::new(), policy, op)
 }
+
+/// A circuit breaker shared by many tasks (cheap to clone), on this runtime's clock.
+/// See [`persevere_driver::Breaker`].
+pub type Breaker = persevere_driver::Breaker<TokioRuntime>;
+
+/// A retry budget shared by many operations (cheap to clone), on this runtime's clock.
+/// Build one with `Budget::tokens(TokioRuntime::new(), policy)` or `Budget::ratio(..)`; attach it with
+/// `retry(..).gate(budget.clone())`. See [`persevere_driver::Budget`].
+pub type Budget = persevere_driver::Budget<TokioRuntime>;

@@ -425,6 +425,13 @@ impl BreakerPolicy {
     pub const fn window(&self) -> BreakerWindow {
         self.window_given
     }
+
+    /// Whether a rate rule (failure or slow-call rate) is set, so that every call must be
+    /// recorded in the window; with consecutive failures alone, a success while closed with no
+    /// streak changes nothing.
+    pub const fn counts_every_call(&self) -> bool {
+        self.failure_ppm != NEVER || self.slow_ppm != NEVER
+    }
 }
 
 /// How a call went, as reported to [`Breaker::record`].
@@ -1061,6 +1068,14 @@ impl Breaker {
     /// The state generation: it changes on every transition, which makes older permits stale.
     pub const fn generation(&self) -> u32 {
         self.generation
+    }
+
+    /// Consecutive failures counted while closed (zero in any other state).
+    pub const fn consecutive_failures(&self) -> u32 {
+        match &self.phase {
+            Phase::Closed(window) => window.consecutive,
+            _ => 0,
+        }
     }
 
     /// Consecutive openings since the breaker last closed (the backoff's failure count, K3).

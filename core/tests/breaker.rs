@@ -696,3 +696,24 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn k2_consecutive_failures_are_visible_and_rate_rules_count_every_call() {
+    let backoff = persevere::Backoff::constant(Duration::from_secs(1)).build().unwrap();
+    let consecutive = persevere::BreakerPolicy::builder(backoff).consecutive_failures(3).build().unwrap();
+    let rated = persevere::BreakerPolicy::builder(backoff).failure_rate(0.5).count_window(10).build().unwrap();
+    assert!(!consecutive.counts_every_call());
+    assert!(rated.counts_every_call());
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
+    let mut breaker = persevere::Breaker::new(&consecutive, 1);
+    for expected in 1..=2 {
+        let permit = breaker.try_acquire(&consecutive, persevere::Instant::ZERO, &mut rng).unwrap();
+        breaker
+            .record(&consecutive, persevere::Instant::ZERO, permit, persevere::CallOutcome::Failure, &mut rng)
+            .unwrap();
+        assert_eq!(breaker.consecutive_failures(), expected);
+    }
+    let permit = breaker.try_acquire(&consecutive, persevere::Instant::ZERO, &mut rng).unwrap();
+    breaker.record(&consecutive, persevere::Instant::ZERO, permit, persevere::CallOutcome::Failure, &mut rng).unwrap();
+    assert_eq!(breaker.consecutive_failures(), 0, "open: no streak is counted");
+}

@@ -9,40 +9,10 @@ use std::time::Duration;
 
 use futures_lite::future::block_on;
 use persevere::{Backoff, FailureClass, FailureKind, Hint, Instant, OutcomeKind, RetryPolicy};
-use persevere_driver::{RetryEvent, RetryGate, Runtime, retry};
+use persevere_driver::{RetryEvent, RetryGate, retry};
 
-/// Virtual time: sleeping jumps the clock to the deadline at once. Counts clock reads and sleeps.
-#[derive(Clone, Default)]
-struct Virtual {
-    now: Rc<Cell<u64>>,
-    reads: Rc<Cell<u32>>,
-    sleeps: Rc<Cell<u32>>,
-}
-
-impl Runtime for Virtual {
-    type Sleep = Ready<()>;
-
-    fn now(&self) -> Instant {
-        self.reads.set(self.reads.get() + 1);
-        Instant::from_nanos(self.now.get())
-    }
-
-    fn sleep_until(&self, deadline: Instant) -> Ready<()> {
-        self.sleeps.set(self.sleeps.get() + 1);
-        self.now.set(self.now.get().max(deadline.as_nanos()));
-        ready(())
-    }
-
-    fn entropy(&self) -> u64 {
-        7
-    }
-}
-
-impl Virtual {
-    fn advance(&self, by: Duration) {
-        self.now.set(self.now.get() + by.as_nanos() as u64);
-    }
-}
+mod common;
+use common::Virtual;
 
 fn policy(backoff: Backoff, attempts: u32) -> RetryPolicy {
     RetryPolicy::builder(backoff).max_attempts(attempts).build().unwrap()

@@ -74,6 +74,9 @@ macro_rules! on_every_runtime {
             #[test]
             fn on_tokio() {
                 tokio_paused().block_on(async {
+                    #[allow(unused)]
+                    type Rt = TokioRuntime;
+                    #[allow(unused_imports)]
                     use persevere_tokio::retry as $retry;
                     #[allow(unused)]
                     let $sleep = |d| tokio::time::sleep(d);
@@ -84,6 +87,9 @@ macro_rules! on_every_runtime {
             #[test]
             fn on_smol() {
                 smol::block_on(async {
+                    #[allow(unused)]
+                    type Rt = SmolRuntime;
+                    #[allow(unused_imports)]
                     use persevere_smol::retry as $retry;
                     #[allow(unused)]
                     let $sleep = |d| async move {
@@ -96,6 +102,9 @@ macro_rules! on_every_runtime {
             #[test]
             fn on_async_std() {
                 async_std::task::block_on(async {
+                    #[allow(unused)]
+                    type Rt = SmolRuntime;
+                    #[allow(unused_imports)]
                     use persevere_smol::retry as $retry;
                     #[allow(unused)]
                     let $sleep = |d| async_std::task::sleep(d);
@@ -159,4 +168,24 @@ on_every_runtime!(a_panic_in_an_attempt_is_caught_and_retried, |retry, sleep| {
     .await;
     assert_eq!(done.result, Ok(2));
     assert_eq!(done.stats.attempts, 2);
+});
+
+on_every_runtime!(the_breaker_opens_rejects_and_recovers, |retry, sleep| {
+    let policy = persevere::BreakerPolicy::builder(Backoff::constant(Duration::from_millis(30)).build().unwrap())
+        .consecutive_failures(2)
+        .build()
+        .unwrap();
+    let breaker = persevere_driver::Breaker::<Rt>::new(policy);
+    for _ in 0..2 {
+        assert!(breaker.call(async { Err::<(), _>("down") }).await.is_err());
+    }
+    match breaker.call(async { Ok::<_, &str>(()) }).await {
+        Err(persevere_driver::CallError::Rejected { retry_after }) => {
+            assert!(retry_after.unwrap() <= Duration::from_millis(30))
+        }
+        other => panic!("expected a rejection, got {other:?}"),
+    }
+    sleep(Duration::from_millis(31)).await;
+    assert_eq!(breaker.call(async { Ok::<_, &str>(5) }).await, Ok(5));
+    assert_eq!(breaker.status(), persevere::BreakerStatus::Closed);
 });

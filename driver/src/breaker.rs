@@ -1,0 +1,242 @@
+//! A shared circuit breaker for async calls, driven by the core's [`persevere::Breaker`].
+
+use std::fmt;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use persevere::{BreakerPolicy, BreakerStatus, CallOutcome, FailureClass, Instant, Permit};
+
+use crate::classify::RetryGate;
+use crate::jitter_rng::SplitMix64;
+use crate::runtime::Runtime;
+
+/// Why [`Breaker::call`] did not return the call's value.
+#[derive(Debug, PartialEq, Eq)]
+pub enum CallError<E> {
+    /// The breaker is open (or isolated): the call was not made.
+    Rejected {
+        /// How long until a call may be admitted again; `None` while isolated by hand.
+        retry_after: Option<Duration>,
+    },
+    /// The call was made and failed.
+    Failed(E),
+}
+
+impl<E: fmt::Display> fmt::Display for CallError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CallError::Rejected { retry_after: Some(d) } => write!(f, "circuit open: retry after {d:?}"),
+            CallError::Rejected { retry_after: None } => write!(f, "circuit isolated by hand"),
+            CallError::Failed(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl<E: std::error::Error + 'static> std::error::Error for CallError<E> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            CallError::Failed(e) => Some(e),
+            CallError::Rejected { .. } => None,
+        }
+    }
+}
+
+struct State {
+    breaker: persevere::Breaker,
+    rng: SplitMix64,
+}
+
+struct Shared<Rt> {
+    policy: BreakerPolicy,
+    runtime: Rt,
+    state: Mutex<State>,
+    /// Closed with no failure streak and no rate window (or disabled): a call needs no permit,
+    /// and a success changes nothing, so neither takes the lock nor reads the clock.
+    clean: AtomicBool,
+}
+
+/// A circuit breaker shared by many tasks: cheap to clone, one state behind it (rules K1–K5).
+///
+/// [`call`](Self::call) asks for admission, runs the call, and records its outcome. While the
+/// breaker is closed with no failure streak and the policy has no rate rule, admission and a
+/// successful record are one atomic load each: no lock, no clock read. Everything else goes
+/// through the core machine under a mutex. Dropping a call's future before it completes
+/// releases its permit without counting anything, so a canceled probe cannot wedge the breaker
+/// (and a lost one expires at its lease deadline).
+pub struct Breaker<Rt> {
+    shared: Arc<Shared<Rt>>,
+}
+
+impl<Rt> Clone for Breaker<Rt> {
+    fn clone(&self) -> Self {
+        Breaker { shared: self.shared.clone() }
+    }
+}
+
+impl<Rt> fmt::Debug for Breaker<Rt> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let status = self.shared.lock().breaker.status();
+        f.debug_struct("Breaker").field("status", &status).finish_non_exhaustive()
+    }
+}
+
+impl<Rt> Shared<Rt> {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn refresh(&self, state: &State) {
+        let clean = match state.breaker.status() {
+            BreakerStatus::Closed => state.breaker.consecutive_failures() == 0 && !self.policy.counts_every_call(),
+            BreakerStatus::Disabled => true,
+            _ => false,
+        };
+        self.clean.store(clean, Ordering::Release);
+    }
+}
+
+/// Holds a permit while its call runs; releases it uncounted if the call is dropped.
+struct PermitGuard<'a, Rt: Runtime> {
+    shared: &'a Shared<Rt>,
+    permit: Option<Permit>,
+}
+
+impl<Rt: Runtime> Drop for PermitGuard<'_, Rt> {
+    fn drop(&mut self) {
+        if let Some(permit) = self.permit.take() {
+            record(self.shared, permit, CallOutcome::Ignored);
+        }
+    }
+}
+
+fn record<Rt: Runtime>(shared: &Shared<Rt>, permit: Permit, outcome: CallOutcome) {
+    let mut state = shared.lock();
+    let now = shared.runtime.now();
+    let State { breaker, rng } = &mut *state;
+    // A permit from an earlier state (the breaker moved on while the call ran) is refused as
+    // stale; that is the documented race, and nothing is lost by ignoring it.
+    let _ = breaker.record(&shared.policy, now, permit, outcome, rng);
+    shared.refresh(&state);
+}
+
+impl<Rt: Runtime + Default> Breaker<Rt> {
+    /// A breaker with `policy` on the default runtime of its adapter.
+    pub fn new(policy: BreakerPolicy) -> Self {
+        Breaker::with_runtime(Rt::default(), policy)
+    }
+}
+
+impl<Rt: Runtime> Breaker<Rt> {
+    /// A breaker with `policy` on `runtime`'s clock.
+    pub fn with_runtime(runtime: Rt, policy: BreakerPolicy) -> Self {
+        let state = State { breaker: persevere::Breaker::new(&policy, 0), rng: SplitMix64::new(runtime.entropy()) };
+        let shared = Shared { policy, runtime, state: Mutex::new(state), clean: AtomicBool::new(false) };
+        shared.refresh(&shared.lock());
+        Breaker { shared: Arc::new(shared) }
+    }
+
+    /// Runs `call` if the breaker admits it; an `Err` counts as a failure, an `Ok` as a success
+    /// (slow if it took at least the policy's slow-call threshold).
+    ///
+    /// # Errors
+    /// [`CallError::Rejected`] while open or isolated (the call is not made);
+    /// [`CallError::Failed`] with the call's own error.
+    pub async fn call<T, E, F>(&self, call: F) -> Result<T, CallError<E>>
+    where
+        F: Future<Output = Result<T, E>>,
+    {
+        self.call_classified(call, |result| if result.is_ok() { CallOutcome::Success } else { CallOutcome::Failure })
+            .await
+    }
+
+    /// Like [`call`](Self::call), with `classify` deciding what the result says about the
+    /// dependency (for example, an invalid-request error is [`CallOutcome::Ignored`]).
+    ///
+    /// # Errors
+    /// As [`call`](Self::call).
+    pub async fn call_classified<T, E, F, C>(&self, call: F, classify: C) -> Result<T, CallError<E>>
+    where
+        F: Future<Output = Result<T, E>>,
+        C: FnOnce(&Result<T, E>) -> CallOutcome,
+    {
+        let shared = &*self.shared;
+        if shared.clean.load(Ordering::Acquire) {
+            let result = call.await;
+            if classify(&result) == CallOutcome::Failure {
+                self.record_failure_now();
+            }
+            return result.map_err(CallError::Failed);
+        }
+        let permit = {
+            let mut state = shared.lock();
+            let now = shared.runtime.now();
+            let State { breaker, rng } = &mut *state;
+            let admitted = breaker.try_acquire(&shared.policy, now, rng);
+            shared.refresh(&state);
+            admitted.map_err(|r| CallError::Rejected { retry_after: r.retry_after })?
+        };
+        let mut guard = PermitGuard { shared, permit: Some(permit) };
+        let result = call.await;
+        if let Some(permit) = guard.permit.take() {
+            record(shared, permit, classify(&result));
+        }
+        result.map_err(CallError::Failed)
+    }
+
+    /// A failure seen on the clean fast path: counted as a call that started and failed now.
+    fn record_failure_now(&self) {
+        let shared = &*self.shared;
+        let mut state = shared.lock();
+        let now = shared.runtime.now();
+        let State { breaker, rng } = &mut *state;
+        if let Ok(permit) = breaker.try_acquire(&shared.policy, now, rng) {
+            let _ = breaker.record(&shared.policy, now, permit, CallOutcome::Failure, rng);
+        }
+        shared.refresh(&state);
+    }
+
+    /// The breaker's state now.
+    pub fn status(&self) -> BreakerStatus {
+        let shared = &*self.shared;
+        let mut state = shared.lock();
+        let now = shared.runtime.now();
+        let State { breaker, rng } = &mut *state;
+        breaker.handle_timeout(&shared.policy, now, rng);
+        shared.refresh(&state);
+        state.breaker.status()
+    }
+
+    /// Forces the breaker open until [`reset`](Self::reset).
+    pub fn isolate(&self) {
+        self.manual(|breaker, _, now, _| breaker.handle_isolate(now));
+    }
+
+    /// Forces the breaker closed, counting nothing, until [`reset`](Self::reset).
+    pub fn disable(&self) {
+        self.manual(|breaker, _, now, _| breaker.handle_disable(now));
+    }
+
+    /// Returns to automatic operation, closed, with empty counts.
+    pub fn reset(&self) {
+        self.manual(|breaker, policy, now, _| breaker.handle_reset(policy, now));
+    }
+
+    fn manual(&self, change: impl FnOnce(&mut persevere::Breaker, &BreakerPolicy, Instant, &mut SplitMix64)) {
+        let shared = &*self.shared;
+        let mut state = shared.lock();
+        let now = shared.runtime.now();
+        let State { breaker, rng } = &mut *state;
+        change(breaker, &shared.policy, now, rng);
+        shared.refresh(&state);
+    }
+}
+
+/// A breaker vetoes retries while it would reject calls: retrying into an open circuit only
+/// adds load (U4).
+impl<Rt: Runtime> RetryGate for Breaker<Rt> {
+    fn allow_retry(&self, _: Instant, _: FailureClass) -> bool {
+        !matches!(self.status(), BreakerStatus::Open { .. } | BreakerStatus::Isolated)
+    }
+}

@@ -1,0 +1,105 @@
+//! A retry budget shared by many retried operations (rules U1–U4).
+
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use persevere::{FailureClass, Instant, RatioBudget, RatioBudgetPolicy, RetryClass, TokenBucket, TokenBucketPolicy};
+
+use crate::classify::RetryGate;
+use crate::runtime::Runtime;
+
+enum Kind {
+    Tokens { policy: TokenBucketPolicy, bucket: Mutex<TokenBucket> },
+    Ratio { policy: RatioBudgetPolicy, budget: Mutex<RatioBudget> },
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A retry budget shared by every operation that [`gate`](crate::RetryFuture::gate)s on it:
+/// cheap to clone, one budget behind it. A refused retry ends its operation with
+/// [`Rejected`](persevere::OutcomeKind::Rejected).
+///
+/// - A token bucket ([`Budget::tokens`], e.g. [`TokenBucketPolicy::aws`]) charges each retry
+///   by its failure class and earns tokens back on successes (the per-success refund; a
+///   successful retry is refunded like any success, since the gate does not track which
+///   operation holds which grant).
+/// - A ratio budget ([`Budget::ratio`], e.g. [`RatioBudgetPolicy::finagle`]) counts each
+///   operation as a request and grants retries up to the ratio over its window; counting a
+///   request reads the runtime's clock, so this kind costs one clock read per operation.
+///
+/// ```
+/// use persevere::TokenBucketPolicy;
+/// # struct Clock;
+/// # impl persevere_driver::Runtime for Clock {
+/// #     type Sleep = std::future::Ready<()>;
+/// #     fn now(&self) -> persevere::Instant { persevere::Instant::ZERO }
+/// #     fn sleep_until(&self, _: persevere::Instant) -> Self::Sleep { std::future::ready(()) }
+/// # }
+/// use persevere_driver::{Budget, RetryGate};
+///
+/// let budget = Budget::tokens(Clock, TokenBucketPolicy::builder(10).costs(5, 5, 5).build()?);
+/// let granted = (0..3).filter(|_| budget.allow_retry(persevere::Instant::ZERO, persevere::FailureClass::Retryable)).count();
+/// assert_eq!(granted, 2); // 10 tokens at 5 a retry
+/// # Ok::<(), persevere::PolicyError>(())
+/// ```
+pub struct Budget<Rt> {
+    shared: Arc<(Rt, Kind)>,
+}
+
+impl<Rt> Clone for Budget<Rt> {
+    fn clone(&self) -> Self {
+        Budget { shared: self.shared.clone() }
+    }
+}
+
+impl<Rt> fmt::Debug for Budget<Rt> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.shared.1 {
+            Kind::Tokens { bucket, .. } => {
+                f.debug_struct("Budget").field("balance_milli", &lock(bucket).balance_milli()).finish()
+            }
+            Kind::Ratio { budget, .. } => {
+                let b = lock(budget);
+                f.debug_struct("Budget").field("requests", &b.requests()).field("retries", &b.retries()).finish()
+            }
+        }
+    }
+}
+
+impl<Rt: Runtime> Budget<Rt> {
+    /// A token-bucket budget, full.
+    pub fn tokens(runtime: Rt, policy: TokenBucketPolicy) -> Self {
+        let bucket = Mutex::new(TokenBucket::new(&policy));
+        Budget { shared: Arc::new((runtime, Kind::Tokens { policy, bucket })) }
+    }
+
+    /// A ratio budget, empty.
+    pub fn ratio(runtime: Rt, policy: RatioBudgetPolicy) -> Self {
+        Budget { shared: Arc::new((runtime, Kind::Ratio { policy, budget: Mutex::new(RatioBudget::new()) })) }
+    }
+}
+
+impl<Rt: Runtime> RetryGate for Budget<Rt> {
+    fn on_request(&self, now: Option<Instant>) {
+        let (runtime, kind) = &*self.shared;
+        if let Kind::Ratio { policy, budget } = kind {
+            let now = now.unwrap_or_else(|| runtime.now());
+            lock(budget).record_request(policy, now);
+        }
+    }
+
+    fn allow_retry(&self, now: Instant, class: FailureClass) -> bool {
+        match &self.shared.1 {
+            Kind::Tokens { policy, bucket } => lock(bucket).try_acquire(policy, RetryClass::from(class)).is_ok(),
+            Kind::Ratio { policy, budget } => lock(budget).try_acquire(policy, now).is_ok(),
+        }
+    }
+
+    fn on_success(&self) {
+        if let Kind::Tokens { policy, bucket } = &self.shared.1 {
+            lock(bucket).record_success(policy, None);
+        }
+    }
+}

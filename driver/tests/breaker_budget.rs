@@ -1,0 +1,139 @@
+//! The shared adapter breaker and budget (K1–K5, U1–U4) on a virtual clock.
+
+use std::future::{Future, pending};
+use std::pin::pin;
+use std::task::{Context, Waker};
+use std::time::Duration;
+
+use futures_lite::future::block_on;
+use persevere::{
+    Backoff, BreakerPolicy, BreakerStatus, CallOutcome, FailureClass, Instant, OutcomeKind, RatioBudgetPolicy,
+    RetryPolicy, TokenBucketPolicy,
+};
+use persevere_driver::{Breaker, Budget, CallError, RetryGate, retry};
+
+mod common;
+use common::Virtual;
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn policy(trip_after: u32) -> BreakerPolicy {
+    BreakerPolicy::builder(Backoff::constant(ms(100)).build().unwrap())
+        .consecutive_failures(trip_after)
+        .half_open_permits(1)
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn k1_the_breaker_opens_after_the_streak_rejects_then_probes_and_closes() {
+    let rt = Virtual::default();
+    let breaker = Breaker::with_runtime(rt.clone(), policy(2));
+    for _ in 0..2 {
+        assert_eq!(block_on(breaker.call(async { Err::<(), _>("down") })), Err(CallError::Failed("down")));
+    }
+    assert!(matches!(breaker.status(), BreakerStatus::Open { .. }));
+    let rejected = block_on(breaker.call(async { Ok::<_, &str>(1) }));
+    assert_eq!(rejected, Err(CallError::Rejected { retry_after: Some(ms(100)) }), "K3: retry_after until half-open");
+    rt.advance(ms(100));
+    assert_eq!(block_on(breaker.call(async { Ok::<_, &str>(2) })), Ok(2), "a probe is admitted and succeeds");
+    assert_eq!(breaker.status(), BreakerStatus::Closed);
+}
+
+#[test]
+fn k1_the_clean_closed_path_reads_no_clock() {
+    let rt = Virtual::default();
+    let breaker = Breaker::with_runtime(rt.clone(), policy(3));
+    let reads = rt.reads.get();
+    for i in 0..100 {
+        assert_eq!(block_on(breaker.call(async move { Ok::<_, ()>(i) })), Ok(i));
+    }
+    assert_eq!(rt.reads.get(), reads, "no lock, no clock on a clean closed breaker");
+    // A failure takes the counted path; the next success resets the streak.
+    let _ = block_on(breaker.call(async { Err::<(), _>(()) }));
+    assert!(rt.reads.get() > reads);
+    let _ = block_on(breaker.call(async { Ok::<_, ()>(()) }));
+    let _ = block_on(breaker.call(async { Err::<(), _>(()) }));
+    let _ = block_on(breaker.call(async { Err::<(), _>(()) }));
+    assert_eq!(breaker.status(), BreakerStatus::Closed, "2 failures after a success do not trip a limit of 3");
+}
+
+#[test]
+fn k4_a_dropped_probe_releases_its_permit() {
+    let rt = Virtual::default();
+    let breaker = Breaker::with_runtime(rt.clone(), policy(1));
+    let _ = block_on(breaker.call(async { Err::<(), _>(()) }));
+    rt.advance(ms(100));
+    {
+        // The probe is admitted, then dropped before it completes.
+        let mut probe = pin!(breaker.call(pending::<Result<(), ()>>()));
+        assert!(probe.as_mut().poll(&mut Context::from_waker(Waker::noop())).is_pending());
+        assert_eq!(breaker.status(), BreakerStatus::HalfOpen { permits: 1 });
+        assert!(matches!(block_on(breaker.call(async { Ok::<_, ()>(()) })), Err(CallError::Rejected { .. })));
+    }
+    assert_eq!(breaker.status(), BreakerStatus::HalfOpen { permits: 0 }, "the permit came back uncounted");
+    assert_eq!(block_on(breaker.call(async { Ok::<_, ()>(7) })), Ok(7));
+}
+
+#[test]
+fn k1_isolate_disable_and_reset_by_hand() {
+    let rt = Virtual::default();
+    let breaker = Breaker::with_runtime(rt, policy(1));
+    breaker.isolate();
+    assert_eq!(block_on(breaker.call(async { Ok::<_, ()>(()) })), Err(CallError::Rejected { retry_after: None }));
+    breaker.disable();
+    for _ in 0..5 {
+        let _ = block_on(breaker.call(async { Err::<(), _>(()) }));
+    }
+    assert_eq!(breaker.status(), BreakerStatus::Disabled, "disabled counts nothing");
+    breaker.reset();
+    assert_eq!(breaker.status(), BreakerStatus::Closed);
+}
+
+#[test]
+fn k2_a_classifier_can_ignore_errors_that_say_nothing_about_the_dependency() {
+    let breaker = Breaker::with_runtime(Virtual::default(), policy(1));
+    let r = block_on(breaker.call_classified(async { Err::<(), _>("bad request") }, |_| CallOutcome::Ignored));
+    assert_eq!(r, Err(CallError::Failed("bad request")));
+    assert_eq!(breaker.status(), BreakerStatus::Closed);
+}
+
+#[test]
+fn u4_an_open_breaker_vetoes_retries() {
+    let rt = Virtual::default();
+    let breaker = Breaker::with_runtime(rt.clone(), policy(1));
+    let p = RetryPolicy::builder(Backoff::constant(ms(10)).build().unwrap()).max_attempts(5).build().unwrap();
+    let b = breaker.clone();
+    let done = block_on(retry(&rt, &p, || b.call(async { Err::<(), _>("down") })).gate(breaker.clone()));
+    assert_eq!(done.result.unwrap_err().outcome, OutcomeKind::Rejected);
+    assert_eq!(done.stats.attempts, 1, "the first failure opened the breaker; no retry into it");
+}
+
+#[test]
+fn u1_a_shared_token_bucket_ends_operations_rejected_once_spent() {
+    let rt = Virtual::default();
+    let budget = Budget::tokens(rt.clone(), TokenBucketPolicy::builder(20).costs(5, 5, 5).build().unwrap());
+    let p = RetryPolicy::builder(Backoff::constant(Duration::ZERO).build().unwrap()).max_attempts(10).build().unwrap();
+    let mut outcomes = Vec::new();
+    for _ in 0..3 {
+        let done = block_on(retry(&rt, &p, || async { Err::<(), _>(()) }).gate(budget.clone()));
+        outcomes.push((done.result.unwrap_err().outcome, done.stats.attempts));
+    }
+    // 20 tokens at 5 a retry: 4 retries in all, then every retry is refused.
+    assert_eq!(outcomes, vec![(OutcomeKind::Rejected, 5), (OutcomeKind::Rejected, 1), (OutcomeKind::Rejected, 1)]);
+}
+
+#[test]
+fn u2_a_ratio_budget_counts_requests_and_grants_its_ratio() {
+    let rt = Virtual::default();
+    let budget = Budget::ratio(rt.clone(), RatioBudgetPolicy::builder(0.5).min_retries_per_sec(0).build().unwrap());
+    for _ in 0..4 {
+        budget.on_request(Some(Instant::ZERO));
+    }
+    let granted = (0..10).filter(|_| budget.allow_retry(Instant::ZERO, FailureClass::Retryable)).count();
+    assert_eq!(granted, 2, "50% of 4 requests");
+    budget.on_request(None); // the fast path: the budget reads its own clock
+    assert!(rt.reads.get() >= 1);
+}

@@ -1,0 +1,43 @@
+//! A virtual-time runtime for the driver's tests.
+
+use std::cell::Cell;
+use std::future::{Ready, ready};
+use std::rc::Rc;
+use std::time::Duration;
+
+use persevere::Instant;
+use persevere_driver::Runtime;
+
+/// Virtual time: sleeping jumps the clock to the deadline at once. Counts clock reads and sleeps.
+#[derive(Clone, Default)]
+pub(crate) struct Virtual {
+    pub(crate) now: Rc<Cell<u64>>,
+    pub(crate) reads: Rc<Cell<u32>>,
+    pub(crate) sleeps: Rc<Cell<u32>>,
+}
+
+impl Runtime for Virtual {
+    type Sleep = Ready<()>;
+
+    fn now(&self) -> Instant {
+        self.reads.set(self.reads.get() + 1);
+        Instant::from_nanos(self.now.get())
+    }
+
+    fn sleep_until(&self, deadline: Instant) -> Ready<()> {
+        self.sleeps.set(self.sleeps.get() + 1);
+        self.now.set(self.now.get().max(deadline.as_nanos()));
+        ready(())
+    }
+
+    fn entropy(&self) -> u64 {
+        7
+    }
+}
+
+impl Virtual {
+    #[allow(dead_code)]
+    pub(crate) fn advance(&self, by: Duration) {
+        self.now.set(self.now.get() + by.as_nanos() as u64);
+    }
+}
