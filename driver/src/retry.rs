@@ -90,6 +90,27 @@ impl<E: std::error::Error + 'static> std::error::Error for GaveUp<E> {
     }
 }
 
+/// The state of an operation that has failed at least once (or reads the clock from its start).
+struct Slow<E> {
+    machine: Retry<()>,
+    rng: Option<SplitMix64>,
+    last_error: Option<E>,
+    clock_at_start: bool,
+    attempt: u32,
+    now: Instant,
+}
+
+impl<E> Slow<E> {
+    /// The machine started at `now` with attempt 1 running.
+    fn started(policy: &RetryPolicy, now: Instant, clock_at_start: bool) -> Self {
+        let mut machine = Retry::new();
+        // A fresh machine accepts its start; its Start action is attempt 1, already running
+        // on the fast path and drained by the caller otherwise.
+        let _ = machine.handle_start(policy, now);
+        Slow { machine, rng: None, last_error: None, clock_at_start, attempt: 1, now }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phase {
     Fresh,
@@ -100,6 +121,7 @@ enum Phase {
 }
 
 pin_project! {
+    #[project = Projection]
     /// A retried operation: runs attempts of `op` under a [`RetryPolicy`] until one succeeds or
     /// the policy gives up. Created by [`retry`]; configure it with its builder methods, then
     /// `.await` it.
@@ -124,14 +146,11 @@ pin_project! {
         gate: G,
         seed: Option<u64>,
         measure_elapsed: bool,
-        machine: Retry<()>,
-        rng: Option<SplitMix64>,
-        last_error: Option<E>,
-        started: bool,
-        clock_at_start: bool,
-        attempt: u32,
-        now: Instant,
         phase: Phase,
+        // Everything the success path does not need, created at the first failure (or at the
+        // start when the policy needs the clock). Kept out of the constructor so that creating
+        // and moving a fresh future writes a few bytes, not the machine.
+        slow: Option<Slow<E>>,
         #[pin]
         running: Option<Fut>,
         #[pin]
@@ -185,14 +204,8 @@ where
         gate: (),
         seed: None,
         measure_elapsed: false,
-        machine: Retry::new(),
-        rng: None,
-        last_error: None,
-        started: false,
-        clock_at_start: false,
-        attempt: 0,
-        now: Instant::ZERO,
         phase: Phase::Fresh,
+        slow: None,
         running: None,
         timer: None,
         cancel: std::future::pending(),
@@ -215,14 +228,8 @@ impl<Rt: Runtime, P, Op, Fut, E, C, N, G, S> RetryFuture<Rt, P, Op, Fut, E, C, N
             gate,
             seed: self.seed,
             measure_elapsed: self.measure_elapsed,
-            machine: self.machine,
-            rng: self.rng,
-            last_error: self.last_error,
-            started: self.started,
-            clock_at_start: self.clock_at_start,
-            attempt: self.attempt,
-            now: self.now,
             phase: self.phase,
+            slow: self.slow,
             running: self.running,
             timer: self.timer,
             cancel,
@@ -305,202 +312,265 @@ where
 {
     type Output = Retried<T, E>;
 
+    #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
+        // The hot path, kept small enough to inline: a first attempt on a policy that needs no
+        // clock, polled to success. Everything else is `drive`.
         let policy: &RetryPolicy = (*this.policy).borrow();
-        // The kind of the failure to feed the machine, if this turn of the loop ends an attempt.
-        let mut failed: Option<FailureKind>;
-        loop {
-            failed = None;
-            match *this.phase {
-                Phase::Fresh => {
-                    if policy.needs_clock() || *this.measure_elapsed {
-                        let now = this.rt.now();
-                        *this.now = now;
-                        *this.clock_at_start = true;
-                        *this.started = true;
-                        this.gate.on_request(Some(now));
-                        // A fresh machine always accepts its start.
-                        let _ = this.machine.handle_start(policy, now);
-                        *this.phase = Phase::Draining;
-                    } else {
-                        // The fast path: no clock and no machine until something fails.
-                        this.gate.on_request(None);
-                        *this.attempt = 1;
-                        event!(attempt = 1u32, "attempt starting");
-                        match create(this.op) {
-                            Some(fut) => {
-                                this.running.set(Some(fut));
-                                *this.phase = Phase::Running;
-                            }
-                            None => failed = Some(FailureKind::Panicked),
-                        }
-                    }
+        if *this.phase == Phase::Fresh && !policy.needs_clock() && !*this.measure_elapsed {
+            this.gate.on_request(None);
+            event!(attempt = 1u32, "attempt starting");
+            match create(this.op) {
+                Some(fut) => {
+                    this.running.set(Some(fut));
+                    *this.phase = Phase::Running;
                 }
-                Phase::Draining => match this.machine.poll_action() {
-                    Some(Action::Start { attempt, deadline }) => {
-                        *this.attempt = attempt;
-                        event!(attempt, "attempt starting");
-                        match create(this.op) {
-                            Some(fut) => {
-                                this.running.set(Some(fut));
-                                this.timer.set(deadline.map(|d| this.rt.sleep_until(d)));
-                                *this.phase = Phase::Running;
-                            }
-                            None => failed = Some(FailureKind::Panicked),
-                        }
-                    }
-                    Some(Action::Abandon { attempt }) => {
-                        event!(attempt, "attempt abandoned at its deadline");
-                        let _ = attempt;
-                        this.running.set(None);
-                        this.timer.set(None);
-                        *this.last_error = None;
-                    }
-                    Some(Action::Sleep { next_attempt, delay, until }) => {
-                        let class = this.machine.last_failure().map_or(FailureClass::Retryable, |f| f.class);
-                        if !this.gate.allow_retry(*this.now, class) {
-                            event!(next_attempt, "retry refused by the gate");
-                            // The machine is sleeping, so it accepts the refusal.
-                            let _ = this.machine.handle_rejected(*this.now);
-                            continue;
-                        }
-                        event!(next_attempt, delay_ns = delay.as_nanos() as u64, "retry scheduled");
-                        this.notify.notify(&RetryEvent { error: this.last_error.as_ref(), class, next_attempt, delay });
-                        if until <= *this.now {
-                            // A zero delay: straight to the next attempt, no timer.
-                            let rng = rng_of(this.rng, *this.seed, this.rt);
-                            this.machine.handle_timeout(policy, *this.now, rng);
-                        } else {
-                            this.timer.set(Some(this.rt.sleep_until(until)));
-                            *this.phase = Phase::Sleeping { until };
-                        }
-                    }
-                    Some(Action::Finish { outcome, stats }) => {
-                        *this.phase = Phase::Done;
-                        this.running.set(None);
-                        this.timer.set(None);
-                        event!(outcome = ?outcome.kind(), attempts = stats.attempts, "operation finished");
-                        let stats = Stats {
-                            attempts: stats.attempts,
-                            slept: stats.slept,
-                            elapsed: this.clock_at_start.then_some(stats.elapsed),
-                        };
-                        let gave_up = GaveUp {
-                            outcome: outcome.kind(),
-                            class: outcome.last_failure().map(|f| f.class),
-                            error: this.last_error.take(),
-                        };
-                        return Poll::Ready(Retried { result: Err(gave_up), stats });
-                    }
-                    None => unreachable!("a drained retry machine always ends with Start, Sleep or Finish"),
-                },
-                Phase::Running => {
-                    if this.cancel.as_mut().poll(cx).is_ready() {
-                        this.running.set(None);
-                        this.timer.set(None);
-                        *this.now = this.rt.now();
-                        ensure_started(this.started, this.machine, policy, *this.now);
-                        event!(attempt = *this.attempt, "operation canceled");
-                        // A started, unfinished machine accepts a cancel.
-                        let _ = this.machine.handle_cancel(*this.now);
-                        *this.phase = Phase::Draining;
-                        continue;
-                    }
-                    let Some(fut) = this.running.as_mut().as_pin_mut() else {
-                        unreachable!("an attempt is running in the Running phase")
-                    };
-                    match catch_unwind(AssertUnwindSafe(|| fut.poll(cx))) {
-                        Ok(Poll::Ready(Ok(value))) => {
-                            this.running.set(None);
-                            this.timer.set(None);
-                            this.gate.on_success();
-                            *this.phase = Phase::Done;
-                            let stats = if *this.started {
-                                let now = this.rt.now();
-                                // The attempt is the running one, so the machine accepts it.
-                                let _ = this.machine.handle_success(now, *this.attempt);
-                                let s = this.machine.stats();
-                                Stats {
-                                    attempts: s.attempts,
-                                    slept: s.slept,
-                                    elapsed: this.clock_at_start.then_some(s.elapsed),
-                                }
-                            } else {
-                                Stats { attempts: 1, slept: Duration::ZERO, elapsed: None }
-                            };
-                            event!(attempts = stats.attempts, "operation succeeded");
-                            return Poll::Ready(Retried { result: Ok(value), stats });
-                        }
-                        Ok(Poll::Ready(Err(error))) => {
-                            failed = Some(this.classifier.classify(&error));
-                            *this.last_error = Some(error);
-                        }
-                        Err(_panic) => failed = Some(FailureKind::Panicked),
-                        Ok(Poll::Pending) => {
-                            let Some(timer) = this.timer.as_mut().as_pin_mut() else { return Poll::Pending };
-                            if timer.poll(cx).is_pending() {
-                                return Poll::Pending;
-                            }
-                            this.timer.set(None);
-                            let deadline = this.machine.poll_timeout().unwrap_or(Instant::ZERO);
-                            *this.now = this.rt.now().later(deadline);
-                            let rng = rng_of(this.rng, *this.seed, this.rt);
-                            this.machine.handle_timeout(policy, *this.now, rng);
-                            *this.phase = Phase::Draining;
-                        }
-                    }
-                }
-                Phase::Sleeping { until } => {
-                    if this.cancel.as_mut().poll(cx).is_ready() {
-                        this.running.set(None);
-                        this.timer.set(None);
-                        *this.now = this.rt.now();
-                        ensure_started(this.started, this.machine, policy, *this.now);
-                        event!(attempt = *this.attempt, "operation canceled");
-                        // A started, unfinished machine accepts a cancel.
-                        let _ = this.machine.handle_cancel(*this.now);
-                        *this.phase = Phase::Draining;
-                        continue;
-                    }
-                    let Some(timer) = this.timer.as_mut().as_pin_mut() else {
-                        unreachable!("a timer runs in the Sleeping phase")
-                    };
-                    if timer.poll(cx).is_pending() {
-                        return Poll::Pending;
-                    }
-                    this.timer.set(None);
-                    *this.now = this.rt.now().later(until);
-                    let rng = rng_of(this.rng, *this.seed, this.rt);
-                    this.machine.handle_timeout(policy, *this.now, rng);
-                    *this.phase = Phase::Draining;
-                }
-                Phase::Done => panic!("`RetryFuture` polled after it completed"),
+                None => return drive(this, cx, Some((FailureKind::Panicked, None)), false),
             }
-            if let Some(kind) = failed {
-                if kind == FailureKind::Panicked {
-                    *this.last_error = None;
-                }
+        }
+        if *this.phase != Phase::Running || this.slow.is_some() {
+            return drive(this, cx, None, false);
+        }
+        if this.cancel.as_mut().poll(cx).is_ready() {
+            return drive(this, cx, None, true);
+        }
+        let Some(fut) = this.running.as_mut().as_pin_mut() else { return drive(this, cx, None, false) };
+        match catch_unwind(AssertUnwindSafe(|| fut.poll(cx))) {
+            Ok(Poll::Ready(Ok(value))) => {
                 this.running.set(None);
-                this.timer.set(None);
-                *this.now = this.rt.now();
-                ensure_started(this.started, this.machine, policy, *this.now);
-                event!(attempt = *this.attempt, class = ?kind.class(), "attempt failed");
-                let rng = rng_of(this.rng, *this.seed, this.rt);
-                // The failed attempt is the running one, so the machine accepts its result.
-                let _ = this.machine.handle_failure(policy, *this.now, *this.attempt, Failure::new(kind, ()), rng);
-                *this.phase = Phase::Draining;
+                this.gate.on_success();
+                *this.phase = Phase::Done;
+                event!(attempts = 1u32, "operation succeeded");
+                Poll::Ready(Retried {
+                    result: Ok(value),
+                    stats: Stats { attempts: 1, slept: Duration::ZERO, elapsed: None },
+                })
             }
+            // No machine and no deadline yet: nothing else can wake this attempt.
+            Ok(Poll::Pending) => Poll::Pending,
+            Ok(Poll::Ready(Err(error))) => {
+                let failed = (this.classifier.classify(&error), Some(error));
+                drive(this, cx, Some(failed), false)
+            }
+            Err(_panic) => drive(this, cx, Some((FailureKind::Panicked, None)), false),
         }
     }
 }
 
-/// Starts the machine late, at the first failure or cancel on the clock-free fast path.
-fn ensure_started(started: &mut bool, machine: &mut Retry<()>, policy: &RetryPolicy, now: Instant) {
-    if !*started {
-        *started = true;
-        // A fresh machine accepts its start; its Start action is attempt 1, already running.
-        let _ = machine.handle_start(policy, now);
-        let _ = machine.poll_action();
+/// The whole driving loop: drains the machine, runs attempts under their deadlines, sleeps,
+/// and feeds results back. `failed` and `canceled` are what the fast path already saw.
+#[inline(never)]
+fn drive<Rt, P, Op, Fut, T, E, C, N, G, S>(
+    mut this: Projection<'_, Rt, P, Op, Fut, E, C, N, G, S>,
+    cx: &mut Context<'_>,
+    mut failed: Option<(FailureKind, Option<E>)>,
+    mut canceled: bool,
+) -> Poll<Retried<T, E>>
+where
+    Rt: Runtime,
+    P: Borrow<RetryPolicy>,
+    Op: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+    C: Classifier<E>,
+    N: Notify<E>,
+    G: RetryGate,
+    S: Future<Output = ()>,
+{
+    {
+        let policy: &RetryPolicy = (*this.policy).borrow();
+        loop {
+            // A failure or cancel the fast path saw is handled before anything else.
+            if failed.is_none() && !canceled {
+                match *this.phase {
+                    Phase::Fresh => {
+                        if policy.needs_clock() || *this.measure_elapsed {
+                            let now = this.rt.now();
+                            this.gate.on_request(Some(now));
+                            *this.slow = Some(Slow::started(policy, now, true));
+                            *this.phase = Phase::Draining;
+                        } else {
+                            // The fast path: no clock and no machine until something fails.
+                            this.gate.on_request(None);
+                            event!(attempt = 1u32, "attempt starting");
+                            match create(this.op) {
+                                Some(fut) => {
+                                    this.running.set(Some(fut));
+                                    *this.phase = Phase::Running;
+                                }
+                                None => failed = Some((FailureKind::Panicked, None)),
+                            }
+                        }
+                    }
+                    Phase::Draining => {
+                        let Some(slow) = this.slow.as_mut() else { unreachable!("a draining operation has started") };
+                        match slow.machine.poll_action() {
+                            Some(Action::Start { attempt, deadline }) => {
+                                slow.attempt = attempt;
+                                event!(attempt, "attempt starting");
+                                match create(this.op) {
+                                    Some(fut) => {
+                                        this.running.set(Some(fut));
+                                        this.timer.set(deadline.map(|d| this.rt.sleep_until(d)));
+                                        *this.phase = Phase::Running;
+                                    }
+                                    None => failed = Some((FailureKind::Panicked, None)),
+                                }
+                            }
+                            Some(Action::Abandon { attempt }) => {
+                                event!(attempt, "attempt abandoned at its deadline");
+                                let _ = attempt;
+                                this.running.set(None);
+                                this.timer.set(None);
+                                slow.last_error = None;
+                            }
+                            Some(Action::Sleep { next_attempt, delay, until }) => {
+                                let class = slow.machine.last_failure().map_or(FailureClass::Retryable, |f| f.class);
+                                if !this.gate.allow_retry(slow.now, class) {
+                                    event!(next_attempt, "retry refused by the gate");
+                                    // The machine is sleeping, so it accepts the refusal.
+                                    let _ = slow.machine.handle_rejected(slow.now);
+                                    continue;
+                                }
+                                event!(next_attempt, delay_ns = delay.as_nanos() as u64, "retry scheduled");
+                                this.notify.notify(&RetryEvent {
+                                    error: slow.last_error.as_ref(),
+                                    class,
+                                    next_attempt,
+                                    delay,
+                                });
+                                if until <= slow.now {
+                                    // A zero delay: straight to the next attempt, no timer.
+                                    let rng = rng_of(&mut slow.rng, *this.seed, this.rt);
+                                    slow.machine.handle_timeout(policy, slow.now, rng);
+                                } else {
+                                    this.timer.set(Some(this.rt.sleep_until(until)));
+                                    *this.phase = Phase::Sleeping { until };
+                                }
+                            }
+                            Some(Action::Finish { outcome, stats }) => {
+                                *this.phase = Phase::Done;
+                                this.running.set(None);
+                                this.timer.set(None);
+                                event!(outcome = ?outcome.kind(), attempts = stats.attempts, "operation finished");
+                                let stats = Stats {
+                                    attempts: stats.attempts,
+                                    slept: stats.slept,
+                                    elapsed: slow.clock_at_start.then_some(stats.elapsed),
+                                };
+                                let gave_up = GaveUp {
+                                    outcome: outcome.kind(),
+                                    class: outcome.last_failure().map(|f| f.class),
+                                    error: slow.last_error.take(),
+                                };
+                                return Poll::Ready(Retried { result: Err(gave_up), stats });
+                            }
+                            None => unreachable!("a drained retry machine always ends with Start, Sleep or Finish"),
+                        }
+                    }
+                    Phase::Running => {
+                        if this.cancel.as_mut().poll(cx).is_ready() {
+                            canceled = true;
+                        } else {
+                            let Some(fut) = this.running.as_mut().as_pin_mut() else {
+                                unreachable!("an attempt is running in the Running phase")
+                            };
+                            match catch_unwind(AssertUnwindSafe(|| fut.poll(cx))) {
+                                Ok(Poll::Ready(Ok(value))) => {
+                                    this.running.set(None);
+                                    this.timer.set(None);
+                                    this.gate.on_success();
+                                    *this.phase = Phase::Done;
+                                    let stats = match this.slow.as_mut() {
+                                        Some(slow) => {
+                                            let now = this.rt.now();
+                                            // The attempt is the running one, so the machine accepts it.
+                                            let _ = slow.machine.handle_success(now, slow.attempt);
+                                            let s = slow.machine.stats();
+                                            Stats {
+                                                attempts: s.attempts,
+                                                slept: s.slept,
+                                                elapsed: slow.clock_at_start.then_some(s.elapsed),
+                                            }
+                                        }
+                                        None => Stats { attempts: 1, slept: Duration::ZERO, elapsed: None },
+                                    };
+                                    event!(attempts = stats.attempts, "operation succeeded");
+                                    return Poll::Ready(Retried { result: Ok(value), stats });
+                                }
+                                Ok(Poll::Ready(Err(error))) => {
+                                    failed = Some((this.classifier.classify(&error), Some(error)));
+                                }
+                                Err(_panic) => failed = Some((FailureKind::Panicked, None)),
+                                Ok(Poll::Pending) => {
+                                    let Some(timer) = this.timer.as_mut().as_pin_mut() else { return Poll::Pending };
+                                    if timer.poll(cx).is_pending() {
+                                        return Poll::Pending;
+                                    }
+                                    // Only a started machine sets an attempt deadline.
+                                    let Some(slow) = this.slow.as_mut() else {
+                                        unreachable!("a deadline needs a machine")
+                                    };
+                                    this.timer.set(None);
+                                    let deadline = slow.machine.poll_timeout().unwrap_or(Instant::ZERO);
+                                    slow.now = this.rt.now().later(deadline);
+                                    let rng = rng_of(&mut slow.rng, *this.seed, this.rt);
+                                    slow.machine.handle_timeout(policy, slow.now, rng);
+                                    *this.phase = Phase::Draining;
+                                }
+                            }
+                        }
+                    }
+                    Phase::Sleeping { until } => {
+                        if this.cancel.as_mut().poll(cx).is_ready() {
+                            canceled = true;
+                        } else {
+                            let Some(timer) = this.timer.as_mut().as_pin_mut() else {
+                                unreachable!("a timer runs in the Sleeping phase")
+                            };
+                            if timer.poll(cx).is_pending() {
+                                return Poll::Pending;
+                            }
+                            let Some(slow) = this.slow.as_mut() else {
+                                unreachable!("a sleeping operation has started")
+                            };
+                            this.timer.set(None);
+                            slow.now = this.rt.now().later(until);
+                            let rng = rng_of(&mut slow.rng, *this.seed, this.rt);
+                            slow.machine.handle_timeout(policy, slow.now, rng);
+                            *this.phase = Phase::Draining;
+                        }
+                    }
+                    Phase::Done => panic!("`RetryFuture` polled after it completed"),
+                }
+            }
+            if failed.is_none() && !canceled {
+                continue;
+            }
+            // The attempt (if any) is over: drop it, read the clock, and start the machine if
+            // the fast path had not.
+            this.running.set(None);
+            this.timer.set(None);
+            let now = this.rt.now();
+            let slow = this.slow.get_or_insert_with(|| {
+                let mut slow = Slow::started(policy, now, false);
+                let _ = slow.machine.poll_action();
+                slow
+            });
+            slow.now = now;
+            *this.phase = Phase::Draining;
+            if canceled {
+                event!(attempt = slow.attempt, "operation canceled");
+                // A started, unfinished machine accepts a cancel.
+                let _ = slow.machine.handle_cancel(now);
+            } else if let Some((kind, error)) = failed.take() {
+                event!(attempt = slow.attempt, class = ?kind.class(), "attempt failed");
+                slow.last_error = error;
+                let rng = rng_of(&mut slow.rng, *this.seed, this.rt);
+                // The failed attempt is the running one, so the machine accepts its result.
+                let _ = slow.machine.handle_failure(policy, now, slow.attempt, Failure::new(kind, ()), rng);
+            }
+            canceled = false;
+        }
     }
 }
