@@ -91,11 +91,20 @@ where
     persevere_driver::retry(TokioRuntime::new(), policy, op)
 }
 
-/// Spawns the supervisor's tasks and the scheduler's runs on tokio: on the runtime current at
-/// each spawn (`tokio::spawn`; the default), or on a given runtime's handle.
-#[derive(Clone, Debug, Default)]
+/// Spawns the supervisor's tasks and the scheduler's runs on tokio.
+///
+/// The default spawns on the runtime current when it is created (so a supervisor or scheduler
+/// made inside a runtime can be driven from any thread, e.g. `trigger` from a plain thread), or
+/// with `tokio::spawn` at each spawn when it was created outside one.
+#[derive(Clone, Debug)]
 pub struct TokioSpawn {
     handle: Option<tokio::runtime::Handle>,
+}
+
+impl Default for TokioSpawn {
+    fn default() -> Self {
+        TokioSpawn { handle: tokio::runtime::Handle::try_current().ok() }
+    }
 }
 
 impl TokioSpawn {

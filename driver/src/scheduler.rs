@@ -366,20 +366,29 @@ where
     K: Ord + Clone + Send + 'static,
     E: Clone + Send + 'static,
 {
-    /// Spawns run `id` (the registry has just dispatched it).
-    fn spawn_run(self: &Arc<Self>, state: &mut State<K, E>, id: K) {
-        let Some(entry) = state.entries.get(&id) else { return };
-        let job = entry.job.clone();
-        state.in_flight += 1;
-        self.spawner.spawn(run(RunGuard { shared: self.clone(), id: Some(id) }, job));
+    /// Takes note of run `id`, which the registry has just dispatched; the caller spawns it
+    /// with [`launch`](Self::launch) once the lock is released (a spawner may drop a future at
+    /// once, and its drop takes the lock).
+    fn take_run(state: &mut State<K, E>, id: K, batch: &mut Vec<(K, Job<E>)>) {
+        if let Some(entry) = state.entries.get(&id) {
+            state.in_flight += 1;
+            batch.push((id, entry.job.clone()));
+        }
     }
 
-    /// Dispatches everything due at `now`; returns when the loop must wake next.
-    fn dispatch_due(self: &Arc<Self>, state: &mut State<K, E>, now: Instant) -> Option<Instant> {
+    /// Spawns the runs of `batch`. Called without the lock.
+    fn launch(self: &Arc<Self>, batch: &mut Vec<(K, Job<E>)>) {
+        for (id, job) in batch.drain(..) {
+            self.spawner.spawn(run(RunGuard { shared: self.clone(), id: Some(id) }, job));
+        }
+    }
+
+    /// Dispatches everything due at `now` into `batch`; returns when the loop must wake next.
+    fn dispatch_due(&self, state: &mut State<K, E>, now: Instant, batch: &mut Vec<(K, Job<E>)>) -> Option<Instant> {
         state.flows.handle_timeout(now);
         while let Some((id, action)) = state.flows.poll_action() {
             if let FlowAction::Dispatch { .. } = action {
-                self.spawn_run(state, id);
+                Self::take_run(state, id, batch);
             }
         }
         while let Some((tick, id)) = state.cron_due.first().cloned() {
@@ -388,7 +397,7 @@ where
             }
             state.cron_due.pop_first();
             match state.flows.handle_tick(&id, now, tick) {
-                Ok(FlowAction::Dispatch { .. }) => self.spawn_run(state, id.clone()),
+                Ok(FlowAction::Dispatch { .. }) => Self::take_run(state, id.clone(), batch),
                 Ok(_) => state.skipped_ticks += 1,
                 Err(_) => continue,
             }
@@ -496,6 +505,7 @@ where
     E: Clone + Send + 'static,
 {
     let mut timer = pin!(None::<Rt::Sleep>);
+    let mut batch = Vec::new();
     let mut armed: Option<Instant> = None;
     let mut fired: Option<Instant> = None;
     loop {
@@ -510,10 +520,11 @@ where
                 // The timer fired: whatever it was set for is due.
                 now = now.later(fired);
             }
-            let next = shared.dispatch_due(&mut state, now);
+            let next = shared.dispatch_due(&mut state, now, &mut batch);
             state.sleeping_until = next.unwrap_or(Instant::MAX);
             next
         };
+        shared.launch(&mut batch);
         if next != armed {
             timer.set(next.map(|at| shared.rt.sleep_until(at)));
             armed = next;
@@ -597,7 +608,10 @@ where
             return Err(SchedulerError::Stopped);
         }
         state.flows.trigger(id, now)?;
-        self.shared.spawn_run(&mut state, id.clone());
+        let mut batch = Vec::with_capacity(1);
+        Shared::<Rt, Sp, K, E>::take_run(&mut state, id.clone(), &mut batch);
+        drop(state);
+        self.shared.launch(&mut batch);
         Ok(())
     }
 

@@ -643,18 +643,18 @@ impl<Rt: Runtime, Sp, K: Ord + Clone, E: Clone> TaskGuard<Rt, Sp, K, E> {
     /// Reports the outcome: the event, the exit, and the registry.
     fn finish(&mut self, at: Instant, outcome: TaskOutcome<JobError<E>>, attempts: u64) {
         let Some(exit) = self.exit.take() else { return };
-        let kind = outcome.kind();
-        self.emit(at, TaskEvent::TaskFinished { outcome: outcome.clone(), attempts });
-        exit.send(TaskExit { outcome, attempts, aborted: self.aborted });
+        // The registry first: whoever sees the exit sees the id free.
         {
             let mut registry = lock(&self.inner.registry);
             if registry.tasks.get(&self.id).is_some_and(|entry| entry.serial == self.serial) {
                 registry.tasks.remove(&self.id);
             }
             if registry.shutting_down {
-                registry.ended.push((self.id.clone(), kind, self.aborted));
+                registry.ended.push((self.id.clone(), outcome.kind(), self.aborted));
             }
         }
+        self.emit(at, TaskEvent::TaskFinished { outcome: outcome.clone(), attempts });
+        exit.send(TaskExit { outcome, attempts, aborted: self.aborted });
         self.inner.changed.notify(usize::MAX);
     }
 }
