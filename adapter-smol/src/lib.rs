@@ -34,6 +34,10 @@ pub use persevere_driver::{
     ByTrait, CallError, Classifier, Classify, GaveUp, Notify, Retried, RetryAll, RetryEvent, RetryGate, Stats,
     retry_after,
 };
+pub use persevere_driver::{
+    DEFAULT_EVENT_CAPACITY, Events, JobError, Runtime, SchedulerError, ShutdownReport, Spawn, SupervisorError,
+    SupervisorEvent, TaskExit, TaskHandle, TaskSpec,
+};
 
 /// async-io's clock and timers. Its epoch is its first clock reading, taken lazily: creating
 /// one costs nothing and reads no clock.
@@ -88,3 +92,48 @@ pub type Breaker = persevere_driver::Breaker<SmolRuntime>;
 /// Build one with `Budget::tokens(SmolRuntime::new(), policy)` or `Budget::ratio(..)`; attach it with
 /// `retry(..).gate(budget.clone())`. See [`persevere_driver::Budget`].
 pub type Budget = persevere_driver::Budget<SmolRuntime>;
+
+/// Spawns the supervisor's tasks and the scheduler's runs: on smol's global executor (the
+/// default; it runs its own threads, so this works under async-std's executor too), or on a
+/// given `smol::Executor`.
+#[derive(Clone, Debug, Default)]
+pub struct SmolSpawn {
+    executor: Option<std::sync::Arc<smol::Executor<'static>>>,
+}
+
+impl SmolSpawn {
+    /// Spawns with `smol::spawn` on smol's global executor.
+    pub const fn global() -> Self {
+        SmolSpawn { executor: None }
+    }
+
+    /// Spawns on `executor` (someone must run it).
+    pub const fn on(executor: std::sync::Arc<smol::Executor<'static>>) -> Self {
+        SmolSpawn { executor: Some(executor) }
+    }
+}
+
+impl Spawn for SmolSpawn {
+    fn spawn<F>(&self, future: F)
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        // A detached task runs to its end; the driver cancels and reports by itself.
+        match &self.executor {
+            Some(executor) => executor.spawn(future).detach(),
+            None => smol::spawn(future).detach(),
+        }
+    }
+}
+
+/// [`persevere_driver::Supervisor`] on smol: `Supervisor::new(TaskDefaults::new())`.
+pub type Supervisor<K, E> = persevere_driver::Supervisor<SmolRuntime, SmolSpawn, K, E>;
+
+/// [`persevere_driver::SupervisorBuilder`] on smol.
+pub type SupervisorBuilder = persevere_driver::SupervisorBuilder<SmolRuntime, SmolSpawn>;
+
+/// [`persevere_driver::Scheduler`] on smol: `Scheduler::new()`.
+pub type Scheduler<K, E> = persevere_driver::Scheduler<SmolRuntime, SmolSpawn, K, E>;
+
+/// [`persevere_driver::SchedulerHandle`] on smol.
+pub type SchedulerHandle<K, E> = persevere_driver::SchedulerHandle<SmolRuntime, SmolSpawn, K, E>;

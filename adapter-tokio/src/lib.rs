@@ -37,6 +37,10 @@ pub use persevere_driver::{
     ByTrait, CallError, Classifier, Classify, GaveUp, Notify, Retried, RetryAll, RetryEvent, RetryGate, Stats,
     retry_after,
 };
+pub use persevere_driver::{
+    DEFAULT_EVENT_CAPACITY, Events, JobError, Runtime, SchedulerError, ShutdownReport, Spawn, SupervisorError,
+    SupervisorEvent, TaskExit, TaskHandle, TaskSpec,
+};
 
 /// How far ahead an instant beyond the clock's range is put (about 30 years, as tokio does).
 const FAR_FUTURE: Duration = Duration::from_secs(86_400 * 365 * 30);
@@ -96,3 +100,56 @@ pub type Breaker = persevere_driver::Breaker<TokioRuntime>;
 /// Build one with `Budget::tokens(TokioRuntime::new(), policy)` or `Budget::ratio(..)`; attach it with
 /// `retry(..).gate(budget.clone())`. See [`persevere_driver::Budget`].
 pub type Budget = persevere_driver::Budget<TokioRuntime>;
+
+/// Spawns the supervisor's tasks and the scheduler's runs on tokio.
+///
+/// The default spawns on the runtime current when it is created (so a supervisor or scheduler
+/// made inside a runtime can be driven from any thread, e.g. `trigger` from a plain thread), or
+/// with `tokio::spawn` at each spawn when it was created outside one.
+#[derive(Clone, Debug)]
+pub struct TokioSpawn {
+    handle: Option<tokio::runtime::Handle>,
+}
+
+impl Default for TokioSpawn {
+    fn default() -> Self {
+        TokioSpawn { handle: tokio::runtime::Handle::try_current().ok() }
+    }
+}
+
+impl TokioSpawn {
+    /// Spawns with `tokio::spawn` on the runtime current at each spawn (panics outside one).
+    pub const fn current() -> Self {
+        TokioSpawn { handle: None }
+    }
+
+    /// Spawns on the runtime of `handle`, from anywhere.
+    pub const fn on(handle: tokio::runtime::Handle) -> Self {
+        TokioSpawn { handle: Some(handle) }
+    }
+}
+
+impl Spawn for TokioSpawn {
+    fn spawn<F>(&self, future: F)
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        // Dropping a `JoinHandle` detaches the task; the driver cancels and reports by itself.
+        drop(match &self.handle {
+            Some(handle) => handle.spawn(future),
+            None => tokio::spawn(future),
+        });
+    }
+}
+
+/// [`persevere_driver::Supervisor`] on tokio: `Supervisor::new(TaskDefaults::new())`.
+pub type Supervisor<K, E> = persevere_driver::Supervisor<TokioRuntime, TokioSpawn, K, E>;
+
+/// [`persevere_driver::SupervisorBuilder`] on tokio.
+pub type SupervisorBuilder = persevere_driver::SupervisorBuilder<TokioRuntime, TokioSpawn>;
+
+/// [`persevere_driver::Scheduler`] on tokio: `Scheduler::new()`.
+pub type Scheduler<K, E> = persevere_driver::Scheduler<TokioRuntime, TokioSpawn, K, E>;
+
+/// [`persevere_driver::SchedulerHandle`] on tokio.
+pub type SchedulerHandle<K, E> = persevere_driver::SchedulerHandle<TokioRuntime, TokioSpawn, K, E>;

@@ -12,20 +12,40 @@
 //! - [`Breaker`]: a shared circuit breaker over the core's [`persevere::Breaker`], with a
 //!   lock-free closed path;
 //! - [`Budget`]: a shared retry budget (token bucket or ratio) that [`retry`] consults;
-//! - [`retry_after`]: an HTTP `Retry-After` value as a [`persevere::Hint`].
+//! - [`retry_after`]: an HTTP `Retry-After` value as a [`persevere::Hint`];
+//! - [`Supervisor`] + [`TaskSpec`]: long-running tasks restarted by policy (S1–S6), with
+//!   lifecycle [`Events`] and a reliable [`TaskExit`] per task;
+//! - [`Scheduler`] + [`SchedulerHandle`]: recurring flows (`every`, `cron`) that back off and
+//!   trip (F1–F10), all driven by one timer loop over the core's [`persevere::Flows`] registry.
+//!
+//! Besides [`Runtime`], the supervisor and the scheduler need one more capability of an
+//! executor, [`Spawn`]: start a future in the background. Cancellation, abort and outcomes are
+//! done here, the same on every executor.
 #![deny(missing_docs)]
 
 mod breaker;
 mod budget;
 mod classify;
 mod jitter_rng;
+mod job;
 mod retry;
 mod retry_after;
 mod runtime;
+mod scheduler;
+mod spawn;
+mod supervisor;
+mod sync;
 
 pub use breaker::{Breaker, CallError};
 pub use budget::Budget;
 pub use classify::{ByTrait, Classifier, Classify, Notify, RetryAll, RetryEvent, RetryGate};
+pub use job::JobError;
 pub use retry::{GaveUp, Retried, RetryFuture, Stats, retry};
 pub use retry_after::retry_after;
 pub use runtime::{LazyEpoch, Runtime};
+pub use scheduler::{Scheduler, SchedulerError, SchedulerHandle};
+pub use spawn::Spawn;
+pub use supervisor::{
+    DEFAULT_EVENT_CAPACITY, Events, ShutdownReport, Supervisor, SupervisorBuilder, SupervisorError, SupervisorEvent,
+    TaskExit, TaskHandle, TaskSpec,
+};

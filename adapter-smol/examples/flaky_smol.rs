@@ -1,7 +1,7 @@
 //! A task that fails twice and succeeds on the third attempt, retried with exponential backoff
 //! from 500 ms on smol. Prints one line per scheduled retry and the success.
 //!
-//! `cargo run -p persevere-smol --example flaky`
+//! `cargo run -p persevere-smol --example flaky_smol`
 
 use std::time::Duration;
 

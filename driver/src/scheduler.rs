@@ -1,0 +1,678 @@
+//! The scheduler: recurring flows that back off after failures and trip after a streak
+//! (rules F1–F10), on any executor.
+//!
+//! All flows live in one core [`Flows`] registry behind one lock, and one timer loop drives them
+//! all: it sleeps until the registry's earliest due time (or the earliest cron tick), dispatches
+//! what is due, and goes back to sleep. Each dispatched run is spawned; its result is fed back
+//! into the registry by one transition under the lock, so [`SchedulerHandle::status`] never
+//! sees a state in between (F3).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::future::{Future, poll_fn};
+use std::pin::{Pin, pin};
+use std::str::FromStr;
+use std::sync::{Arc, Mutex};
+use std::task::Poll;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use chrono::{DateTime, Utc};
+use croner::Cron;
+use event_listener::Event;
+use persevere::{Flow, FlowAction, FlowError, FlowInfo, FlowPolicy, Flows, Instant, PolicyError};
+
+use crate::jitter_rng::SplitMix64;
+use crate::job::{JobError, catch_create, poll_caught};
+use crate::runtime::Runtime;
+use crate::spawn::Spawn;
+use crate::sync::{Nudge, lock};
+
+/// A caller mistake; nothing changed.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SchedulerError {
+    /// No flow has this id.
+    #[error("no flow has this id")]
+    UnknownId,
+    /// A flow with this id is already registered.
+    #[error("a flow with this id is already registered")]
+    DuplicateId,
+    /// The cron expression does not parse, or never matches.
+    #[error("invalid cron expression `{expression}`: {reason}")]
+    InvalidCron {
+        /// The expression as given.
+        expression: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// An invalid setting (a zero interval).
+    #[error("invalid flow setting: {0}")]
+    Policy(#[from] PolicyError),
+    /// `trigger` on a tripped flow (F7): reset it first.
+    #[error("the flow is tripped after {streak} consecutive failures; call `reset_flow` first")]
+    Tripped {
+        /// Its failure streak.
+        streak: u32,
+    },
+    /// `trigger` while a run of the flow is in flight (F7): runs of one flow never overlap.
+    #[error("the flow is already running; runs of one flow never overlap")]
+    Running,
+    /// The scheduler was stopped.
+    #[error("the scheduler is stopped")]
+    Stopped,
+    /// Another refusal of the core flow machine.
+    #[error(transparent)]
+    Flow(FlowError),
+}
+
+impl From<FlowError> for SchedulerError {
+    fn from(error: FlowError) -> Self {
+        match error {
+            FlowError::UnknownId => SchedulerError::UnknownId,
+            FlowError::Tripped { streak } => SchedulerError::Tripped { streak },
+            FlowError::Running => SchedulerError::Running,
+            other => SchedulerError::Flow(other),
+        }
+    }
+}
+
+/// A job: makes one run's future.
+type Job<E> = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Result<(), E>> + Send>> + Send + Sync>;
+
+enum Schedule {
+    Every(Duration),
+    Cron(Box<Cron>),
+}
+
+struct Spec<E> {
+    schedule: Schedule,
+    job: Job<E>,
+    policy: Option<FlowPolicy>,
+}
+
+/// Recurring flows, configured before [`start`](Self::start): `every` and `cron` flows, each
+/// with a job and a [`FlowPolicy`] (backoff and trip limit, F2).
+///
+/// Generic over the executor's clock and timers (`Rt`), its spawner (`Sp`), flow ids (`K`) and
+/// the jobs' error type (`E`); `persevere-tokio` and `persevere-smol` name it with their
+/// runtime filled in.
+///
+/// - **Every** (F5): dispatched at start; after each run at `max(run_end + interval,
+///   next_eligible)`.
+/// - **Cron** (F6): expressions are parsed by the `croner` crate (5 fields, or 6 with seconds
+///   first, or 7 with years last; `L`, `W`, `#`), evaluated in UTC. The first tick is the
+///   first occurrence strictly after start. Ticks inside the backoff window, while a run is in
+///   flight, or while the flow is tripped are skipped and never replayed; ticks missed because
+///   the loop ran late are coalesced into one.
+/// - **Cron time.** At start, the scheduler pins the wall clock (or
+///   [`wall_clock_at_start`](Self::wall_clock_at_start)) to the runtime's clock and follows the
+///   runtime's clock from there, so cron flows run on paused or simulated time too; a later
+///   step of the system's wall clock (an NTP correction) is not followed.
+/// - **Jobs** return `Result<(), E>`; a panic while creating or polling a run is caught and is
+///   a failure with [`JobError::Panicked`].
+pub struct Scheduler<Rt, Sp, K, E> {
+    rt: Rt,
+    spawner: Sp,
+    specs: BTreeMap<K, Spec<E>>,
+    default_policy: FlowPolicy,
+    seed: Option<u64>,
+    wall: Option<SystemTime>,
+}
+
+impl<Rt: Default, Sp: Default, K, E> Default for Scheduler<Rt, Sp, K, E> {
+    fn default() -> Self {
+        Scheduler::with(Rt::default(), Sp::default())
+    }
+}
+
+impl<Rt: Default, Sp: Default, K, E> Scheduler<Rt, Sp, K, E> {
+    /// A scheduler with no flows, on the default runtime and spawner.
+    pub fn new() -> Self {
+        Scheduler::default()
+    }
+}
+
+impl<Rt, Sp, K, E> Scheduler<Rt, Sp, K, E> {
+    /// A scheduler with no flows, on `rt` and `spawner`.
+    pub fn with(rt: Rt, spawner: Sp) -> Self {
+        Scheduler { rt, spawner, specs: BTreeMap::new(), default_policy: FlowPolicy::default(), seed: None, wall: None }
+    }
+}
+
+impl<Rt, Sp, K, E> Scheduler<Rt, Sp, K, E>
+where
+    Rt: Runtime + Send + Sync + 'static,
+    Rt::Sleep: Send,
+    Sp: Spawn,
+    K: Ord + Clone + Send + 'static,
+    E: Clone + Send + 'static,
+{
+    /// Adds a flow dispatched at start and then every `interval` after each run ends (F5).
+    ///
+    /// # Errors
+    /// [`SchedulerError::DuplicateId`], or [`SchedulerError::Policy`] for a zero interval;
+    /// nothing changes.
+    pub fn every<F, Fut>(&mut self, id: K, interval: Duration, job: F) -> Result<&mut Self, SchedulerError>
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), E>> + Send + 'static,
+    {
+        if interval.is_zero() {
+            return Err(PolicyError::Zero {
+                setting: "interval",
+                why: "a flow every 0 s would run back to back; use a positive interval",
+            }
+            .into());
+        }
+        self.insert(id, Schedule::Every(interval), job)
+    }
+
+    /// Adds a flow dispatched by the cron expression `expression` (F6), in UTC.
+    ///
+    /// # Errors
+    /// [`SchedulerError::InvalidCron`] when it does not parse or never matches;
+    /// [`SchedulerError::DuplicateId`]; nothing changes.
+    pub fn cron<F, Fut>(&mut self, id: K, expression: &str, job: F) -> Result<&mut Self, SchedulerError>
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), E>> + Send + 'static,
+    {
+        let invalid = |reason: String| SchedulerError::InvalidCron { expression: expression.to_owned(), reason };
+        let cron = Cron::from_str(expression).map_err(|e| invalid(e.to_string()))?;
+        let now = utc(unix_nanos(SystemTime::now())).ok_or_else(|| invalid("the clock is out of range".into()))?;
+        cron.find_next_occurrence(&now, false).map_err(|e| invalid(format!("it never matches ({e})")))?;
+        self.insert(id, Schedule::Cron(Box::new(cron)), job)
+    }
+
+    fn insert<F, Fut>(&mut self, id: K, schedule: Schedule, job: F) -> Result<&mut Self, SchedulerError>
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), E>> + Send + 'static,
+    {
+        if self.specs.contains_key(&id) {
+            return Err(SchedulerError::DuplicateId);
+        }
+        let job: Job<E> = Arc::new(move || Box::pin(job()));
+        self.specs.insert(id, Spec { schedule, job, policy: None });
+        Ok(self)
+    }
+
+    /// Sets the backoff and trip limit of the flow `id` (F2). Flows with equal policies share
+    /// one copy.
+    ///
+    /// # Errors
+    /// [`SchedulerError::UnknownId`]; nothing changes.
+    pub fn set_backoff(&mut self, id: &K, policy: FlowPolicy) -> Result<&mut Self, SchedulerError> {
+        self.specs.get_mut(id).ok_or(SchedulerError::UnknownId)?.policy = Some(policy);
+        Ok(self)
+    }
+
+    /// Sets the policy of every flow without its own [`set_backoff`](Self::set_backoff)
+    /// (by default [`FlowPolicy::default`], F2: 1 s, ×2, cap 5 min, jitter 0.1, never trips).
+    pub fn default_backoff(&mut self, policy: FlowPolicy) -> &mut Self {
+        self.default_policy = policy;
+        self
+    }
+
+    /// Seeds the jitter, for reproducible delays (by default, the runtime's entropy).
+    pub fn seed(&mut self, seed: u64) -> &mut Self {
+        self.seed = Some(seed);
+        self
+    }
+
+    /// The wall-clock time that cron expressions see at start (by default, the system's).
+    pub fn wall_clock_at_start(&mut self, at: SystemTime) -> &mut Self {
+        self.wall = Some(at);
+        self
+    }
+
+    /// The number of flows.
+    pub fn len(&self) -> usize {
+        self.specs.len()
+    }
+
+    /// Whether there are no flows.
+    pub fn is_empty(&self) -> bool {
+        self.specs.is_empty()
+    }
+
+    /// Starts the timer loop (spawned): every-flows are dispatched at once, cron flows at their
+    /// first tick.
+    pub fn start(self) -> SchedulerHandle<Rt, Sp, K, E> {
+        let now = self.rt.now();
+        let wall = WallClock { anchor_ns: unix_nanos(self.wall.unwrap_or_else(SystemTime::now)), at: now };
+        let mut flows = Flows::new();
+        let mut entries = BTreeMap::new();
+        let mut cron_due = BTreeSet::new();
+        let mut policies = vec![Arc::new(self.default_policy)];
+        for (id, spec) in self.specs {
+            let policy = match spec.policy {
+                None => policies[0].clone(),
+                Some(policy) => match policies.iter().find(|p| ***p == policy) {
+                    Some(shared) => shared.clone(),
+                    None => {
+                        policies.push(Arc::new(policy));
+                        policies[policies.len() - 1].clone()
+                    }
+                },
+            };
+            let cron = match spec.schedule {
+                Schedule::Every(interval) => {
+                    // The ids are distinct (checked by `every`/`cron`), so the insert succeeds.
+                    let _ = flows.insert(id.clone(), Flow::every(now, interval));
+                    None
+                }
+                Schedule::Cron(cron) => {
+                    let _ = flows.insert(id.clone(), Flow::cron(now));
+                    if let Some(tick) = wall.next_tick(&cron, now) {
+                        cron_due.insert((tick, id.clone()));
+                    }
+                    Some(cron)
+                }
+            };
+            entries.insert(id, Entry { job: spec.job, policy, cron });
+        }
+        let seed = self.seed.unwrap_or_else(|| self.rt.entropy());
+        let shared = Arc::new(Shared {
+            rt: self.rt,
+            spawner: self.spawner,
+            wall,
+            state: Mutex::new(State {
+                flows,
+                entries,
+                cron_due,
+                rng: SplitMix64::new(seed),
+                sleeping_until: Instant::ZERO,
+                in_flight: 0,
+                stopped: false,
+                loop_done: false,
+                skipped_ticks: 0,
+            }),
+            wake: Nudge::default(),
+            done: Event::new(),
+        });
+        shared.spawner.spawn(timer_loop(shared.clone()));
+        SchedulerHandle { shared }
+    }
+}
+
+/// Unix time in nanoseconds (negative before 1970).
+fn unix_nanos(at: SystemTime) -> i128 {
+    match at.duration_since(UNIX_EPOCH) {
+        Ok(after) => after.as_nanos() as i128,
+        Err(before) => -(before.duration().as_nanos() as i128),
+    }
+}
+
+fn utc(unix_ns: i128) -> Option<DateTime<Utc>> {
+    let secs = i64::try_from(unix_ns.div_euclid(1_000_000_000)).ok()?;
+    DateTime::from_timestamp(secs, unix_ns.rem_euclid(1_000_000_000) as u32)
+}
+
+/// The wall clock pinned to the runtime's clock at start.
+#[derive(Clone, Copy, Debug)]
+struct WallClock {
+    anchor_ns: i128,
+    at: Instant,
+}
+
+impl WallClock {
+    /// The first tick of `cron` strictly after `after`.
+    fn next_tick(&self, cron: &Cron, after: Instant) -> Option<Instant> {
+        let since = i128::from(after.as_nanos()) - i128::from(self.at.as_nanos());
+        let now = utc(self.anchor_ns + since)?;
+        let next = cron.find_next_occurrence(&now, false).ok()?;
+        let next_ns = i128::from(next.timestamp()) * 1_000_000_000 + i128::from(next.timestamp_subsec_nanos());
+        let offset = u64::try_from((next_ns - self.anchor_ns).max(0)).unwrap_or(u64::MAX);
+        Some(self.at.saturating_add(Duration::from_nanos(offset)))
+    }
+}
+
+struct Entry<E> {
+    job: Job<E>,
+    policy: Arc<FlowPolicy>,
+    cron: Option<Box<Cron>>,
+}
+
+struct State<K, E> {
+    flows: Flows<K, JobError<E>>,
+    entries: BTreeMap<K, Entry<E>>,
+    /// The next tick of each cron flow.
+    cron_due: BTreeSet<(Instant, K)>,
+    rng: SplitMix64,
+    /// What the timer loop sleeps until (`Instant::MAX` for nothing); a change that makes
+    /// something due earlier nudges it.
+    sleeping_until: Instant,
+    in_flight: usize,
+    stopped: bool,
+    loop_done: bool,
+    skipped_ticks: u64,
+}
+
+struct Shared<Rt, Sp, K, E> {
+    rt: Rt,
+    spawner: Sp,
+    wall: WallClock,
+    state: Mutex<State<K, E>>,
+    wake: Nudge,
+    done: Event,
+}
+
+impl<Rt, Sp, K, E> Shared<Rt, Sp, K, E>
+where
+    Rt: Runtime + Send + Sync + 'static,
+    Rt::Sleep: Send,
+    Sp: Spawn,
+    K: Ord + Clone + Send + 'static,
+    E: Clone + Send + 'static,
+{
+    /// Takes note of run `id`, which the registry has just dispatched; the caller spawns it
+    /// with [`launch`](Self::launch) once the lock is released (a spawner may drop a future at
+    /// once, and its drop takes the lock).
+    fn take_run(state: &mut State<K, E>, id: K, batch: &mut Vec<(K, Job<E>)>) {
+        if let Some(entry) = state.entries.get(&id) {
+            state.in_flight += 1;
+            batch.push((id, entry.job.clone()));
+        }
+    }
+
+    /// Spawns the runs of `batch`. Called without the lock.
+    fn launch(self: &Arc<Self>, batch: &mut Vec<(K, Job<E>)>) {
+        for (id, job) in batch.drain(..) {
+            self.spawner.spawn(run(RunGuard { shared: self.clone(), id: Some(id) }, job));
+        }
+    }
+
+    /// Dispatches everything due at `now` into `batch`; returns when the loop must wake next.
+    fn dispatch_due(&self, state: &mut State<K, E>, now: Instant, batch: &mut Vec<(K, Job<E>)>) -> Option<Instant> {
+        state.flows.handle_timeout(now);
+        while let Some((id, action)) = state.flows.poll_action() {
+            if let FlowAction::Dispatch { .. } = action {
+                Self::take_run(state, id, batch);
+            }
+        }
+        while let Some((tick, id)) = state.cron_due.first().cloned() {
+            if tick > now {
+                break;
+            }
+            state.cron_due.pop_first();
+            match state.flows.handle_tick(&id, now, tick) {
+                Ok(FlowAction::Dispatch { .. }) => Self::take_run(state, id.clone(), batch),
+                Ok(_) => state.skipped_ticks += 1,
+                Err(_) => continue,
+            }
+            if let Some(cron) = state.entries.get(&id).and_then(|e| e.cron.as_deref()) {
+                // Ticks missed while the loop ran late are coalesced, never replayed.
+                if let Some(next) = self.wall.next_tick(cron, tick.later(now)) {
+                    state.cron_due.insert((next, id));
+                }
+            }
+        }
+        let next_cron = state.cron_due.first().map(|(tick, _)| *tick);
+        match (state.flows.poll_timeout(), next_cron) {
+            (Some(a), Some(b)) => Some(a.earlier(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Feeds a run's result back (one transition under the lock, F3); `None` when the run was
+    /// dropped before it ended (a clean cancel, F4).
+    fn complete(&self, id: &K, result: Option<Result<Result<(), E>, Arc<str>>>) {
+        let now = self.rt.now();
+        let mut guard = lock(&self.state);
+        let state = &mut *guard;
+        let policy = state.entries.get(id).map(|e| e.policy.clone());
+        // The flow is running this run (only its result ends it), so the registry accepts it.
+        let _ = match (result, policy) {
+            (Some(Ok(Ok(()))), _) => state.flows.handle_success(id, now),
+            (Some(Ok(Err(error))), Some(policy)) => state
+                .flows
+                .handle_failure(&policy, id, now, JobError::Error(error), &mut state.rng)
+                .map_err(|r| r.error),
+            (Some(Err(message)), Some(policy)) => state
+                .flows
+                .handle_failure(&policy, id, now, JobError::Panicked(message), &mut state.rng)
+                .map_err(|r| r.error),
+            _ => state.flows.handle_cancel(id, now),
+        };
+        state.in_flight -= 1;
+        let due = state.flows.get(id).and_then(Flow::poll_timeout);
+        let wake = due.is_some_and(|due| due < state.sleeping_until);
+        let idle = state.in_flight == 0 && state.loop_done;
+        drop(guard);
+        if wake {
+            self.wake.nudge();
+        }
+        if idle {
+            self.done.notify(usize::MAX);
+        }
+    }
+}
+
+/// Reports a run's result; if the run is dropped before it ends, reports a clean cancel.
+struct RunGuard<Rt, Sp, K, E>
+where
+    Rt: Runtime + Send + Sync + 'static,
+    Rt::Sleep: Send,
+    Sp: Spawn,
+    K: Ord + Clone + Send + 'static,
+    E: Clone + Send + 'static,
+{
+    shared: Arc<Shared<Rt, Sp, K, E>>,
+    id: Option<K>,
+}
+
+impl<Rt, Sp, K, E> Drop for RunGuard<Rt, Sp, K, E>
+where
+    Rt: Runtime + Send + Sync + 'static,
+    Rt::Sleep: Send,
+    Sp: Spawn,
+    K: Ord + Clone + Send + 'static,
+    E: Clone + Send + 'static,
+{
+    fn drop(&mut self) {
+        if let Some(id) = self.id.take() {
+            self.shared.complete(&id, None);
+        }
+    }
+}
+
+/// One run of a flow.
+async fn run<Rt, Sp, K, E>(mut guard: RunGuard<Rt, Sp, K, E>, job: Job<E>)
+where
+    Rt: Runtime + Send + Sync + 'static,
+    Rt::Sleep: Send,
+    Sp: Spawn,
+    K: Ord + Clone + Send + 'static,
+    E: Clone + Send + 'static,
+{
+    let result = match catch_create(|| job()) {
+        Ok(mut future) => poll_fn(|cx| poll_caught(future.as_mut(), cx)).await,
+        Err(message) => Err(message),
+    };
+    if let Some(id) = guard.id.take() {
+        guard.shared.complete(&id, Some(result));
+    }
+}
+
+/// The one timer loop of a scheduler.
+async fn timer_loop<Rt, Sp, K, E>(shared: Arc<Shared<Rt, Sp, K, E>>)
+where
+    Rt: Runtime + Send + Sync + 'static,
+    Rt::Sleep: Send,
+    Sp: Spawn,
+    K: Ord + Clone + Send + 'static,
+    E: Clone + Send + 'static,
+{
+    let mut timer = pin!(None::<Rt::Sleep>);
+    let mut batch = Vec::new();
+    let mut armed: Option<Instant> = None;
+    let mut fired: Option<Instant> = None;
+    loop {
+        shared.wake.clear();
+        let next = {
+            let mut state = lock(&shared.state);
+            if state.stopped {
+                break;
+            }
+            let mut now = shared.rt.now();
+            if let Some(fired) = fired.take() {
+                // The timer fired: whatever it was set for is due.
+                now = now.later(fired);
+            }
+            let next = shared.dispatch_due(&mut state, now, &mut batch);
+            state.sleeping_until = next.unwrap_or(Instant::MAX);
+            next
+        };
+        shared.launch(&mut batch);
+        if next != armed {
+            timer.set(next.map(|at| shared.rt.sleep_until(at)));
+            armed = next;
+        }
+        let timer_fired = poll_fn(|cx| {
+            if shared.wake.poll_take(cx) {
+                return Poll::Ready(false);
+            }
+            match timer.as_mut().as_pin_mut() {
+                Some(sleep) => sleep.poll(cx).map(|_| true),
+                None => Poll::Pending,
+            }
+        })
+        .await;
+        if timer_fired {
+            fired = armed.take();
+            timer.set(None);
+        }
+    }
+    let idle = {
+        let mut state = lock(&shared.state);
+        state.loop_done = true;
+        state.in_flight == 0
+    };
+    if idle {
+        shared.done.notify(usize::MAX);
+    }
+}
+
+/// A running scheduler (from [`Scheduler::start`]). Cloning gives another handle to it;
+/// dropping every handle does not stop it ([`stop`](Self::stop) does).
+pub struct SchedulerHandle<Rt, Sp, K, E> {
+    shared: Arc<Shared<Rt, Sp, K, E>>,
+}
+
+impl<Rt, Sp, K, E> Clone for SchedulerHandle<Rt, Sp, K, E> {
+    fn clone(&self) -> Self {
+        SchedulerHandle { shared: self.shared.clone() }
+    }
+}
+
+impl<Rt, Sp, K, E> fmt::Debug for SchedulerHandle<Rt, Sp, K, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SchedulerHandle").finish_non_exhaustive()
+    }
+}
+
+impl<Rt, Sp, K, E> SchedulerHandle<Rt, Sp, K, E>
+where
+    Rt: Runtime + Send + Sync + 'static,
+    Rt::Sleep: Send,
+    Sp: Spawn,
+    K: Ord + Clone + Send + 'static,
+    E: Clone + Send + 'static,
+{
+    /// What the flow `id` looks like now (F9): always a state some transition left it in,
+    /// never one in between (F3).
+    ///
+    /// # Errors
+    /// [`SchedulerError::UnknownId`].
+    pub fn status(&self, id: &K) -> Result<FlowInfo<JobError<E>>, SchedulerError> {
+        let state = lock(&self.shared.state);
+        let info = state.flows.info(id).ok_or(SchedulerError::UnknownId)?;
+        Ok(FlowInfo {
+            failure_streak: info.failure_streak,
+            next_eligible: info.next_eligible,
+            run_count: info.run_count,
+            status: info.status.cloned(),
+        })
+    }
+
+    /// Dispatches the flow `id` now, bypassing its backoff window (F7).
+    ///
+    /// # Errors
+    /// [`SchedulerError::Tripped`] (reset it first), [`SchedulerError::Running`],
+    /// [`SchedulerError::UnknownId`] or [`SchedulerError::Stopped`]; nothing changes.
+    pub fn trigger(&self, id: &K) -> Result<(), SchedulerError> {
+        let now = self.shared.rt.now();
+        let mut state = lock(&self.shared.state);
+        if state.stopped {
+            return Err(SchedulerError::Stopped);
+        }
+        state.flows.trigger(id, now)?;
+        let mut batch = Vec::with_capacity(1);
+        Shared::<Rt, Sp, K, E>::take_run(&mut state, id.clone(), &mut batch);
+        drop(state);
+        self.shared.launch(&mut batch);
+        Ok(())
+    }
+
+    /// Zeroes the flow's streak and window (F8): a tripped or backing-off flow becomes `Idle`
+    /// and is dispatched again by its schedule. A run in flight keeps running; if it fails,
+    /// the new streak starts at 1.
+    ///
+    /// # Errors
+    /// [`SchedulerError::UnknownId`]; nothing changes.
+    pub fn reset_flow(&self, id: &K) -> Result<(), SchedulerError> {
+        let now = self.shared.rt.now();
+        let mut state = lock(&self.shared.state);
+        state.flows.reset_flow(id, now)?;
+        let due = state.flows.get(id).and_then(Flow::poll_timeout);
+        let wake = due.is_some_and(|due| due < state.sleeping_until);
+        drop(state);
+        if wake {
+            self.shared.wake.nudge();
+        }
+        Ok(())
+    }
+
+    /// The flow ids, in order.
+    pub fn ids(&self) -> Vec<K> {
+        lock(&self.shared.state).entries.keys().cloned().collect()
+    }
+
+    /// Runs in flight.
+    pub fn in_flight(&self) -> usize {
+        lock(&self.shared.state).in_flight
+    }
+
+    /// Cron ticks skipped so far (inside a backoff window, during a run, or while tripped; F6).
+    pub fn skipped_ticks(&self) -> u64 {
+        lock(&self.shared.state).skipped_ticks
+    }
+
+    /// The runtime the scheduler runs on.
+    pub fn runtime(&self) -> &Rt {
+        &self.shared.rt
+    }
+
+    /// Stops dispatching: the timer loop ends and [`trigger`](Self::trigger) is refused. Runs
+    /// in flight go on; their results are still recorded. [`status`](Self::status) and
+    /// [`reset_flow`](Self::reset_flow) keep working.
+    pub fn stop(&self) {
+        lock(&self.shared.state).stopped = true;
+        self.shared.wake.nudge();
+    }
+
+    /// Waits until the scheduler has stopped and no run is in flight.
+    pub async fn wait(&self) {
+        loop {
+            let listener = self.shared.done.listen();
+            {
+                let state = lock(&self.shared.state);
+                if state.loop_done && state.in_flight == 0 {
+                    return;
+                }
+            }
+            listener.await;
+        }
+    }
+}

@@ -1,0 +1,837 @@
+//! The supervisor: long-running tasks restarted by policy (rules S1–S6), on any executor.
+//!
+//! Each task is one spawned future that owns its core [`Supervision`] machine and drives it:
+//! it runs attempts one after another (never two at once), sleeps through backoffs and
+//! intervals, drops an attempt at its deadline, catches panics, and reports lifecycle events
+//! (best-effort) and one final outcome (reliable).
+
+use std::collections::BTreeMap;
+use std::future::{Future, poll_fn};
+use std::pin::{Pin, pin};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use event_listener::Event;
+use persevere::{
+    Backoff, Failure, Instant, PolicyError, Restart, Setting, Supervision, SupervisionPolicy, SupervisionPolicyBuilder,
+    TaskDefaults, TaskEvent, TaskOutcome, TaskOutcomeKind,
+};
+use pin_project_lite::pin_project;
+
+use crate::classify::{Classifier, RetryAll};
+use crate::jitter_rng::SplitMix64;
+use crate::job::{JobError, catch_create, drop_caught, poll_caught};
+use crate::runtime::Runtime;
+use crate::spawn::Spawn;
+use crate::sync::{OneshotReceiver, OneshotSender, Signal, lock, oneshot};
+
+/// Control levels of a task (they only rise).
+const STOP: u8 = 1;
+const CANCEL: u8 = 2;
+const ABORT: u8 = 3;
+
+/// The default capacity of the event channel.
+pub const DEFAULT_EVENT_CAPACITY: usize = 1024;
+
+/// How one task restarts (S1): a restart mode and the settings that override the supervisor's
+/// [`TaskDefaults`]. Every setting not given is inherited; `without_*` switches an inherited
+/// setting off.
+///
+/// ```
+/// use std::time::Duration;
+/// use persevere::{Backoff, Jitter, Restart, TaskDefaults};
+/// use persevere_driver::TaskSpec;
+///
+/// let spec = TaskSpec::restartable()
+///     .with_backoff(Backoff::exponential(Duration::from_millis(100), 2.0).jitter(Jitter::Equal).build()?)
+///     .with_timeout(Duration::from_secs(5))
+///     .with_max_retries(3);
+/// let policy = spec.policy(&TaskDefaults::new())?;
+/// assert_eq!(policy.restart(), Restart::Restartable);
+/// assert_eq!(policy.max_retries(), Some(3));
+/// assert!(TaskSpec::once().with_max_retries(0).policy(&TaskDefaults::new()).is_err());
+/// # Ok::<(), persevere::PolicyError>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[must_use = "a spec does nothing until it is given to `Supervisor::add`"]
+pub struct TaskSpec {
+    builder: SupervisionPolicyBuilder,
+}
+
+impl TaskSpec {
+    /// Runs once: stops after a success and after a failure.
+    pub const fn once() -> Self {
+        TaskSpec { builder: SupervisionPolicy::once() }
+    }
+
+    /// Stops after a success; retries a retryable failure.
+    pub const fn restartable() -> Self {
+        TaskSpec { builder: SupervisionPolicy::restartable() }
+    }
+
+    /// Repeats `interval` after each successful attempt ends (S5); retries a retryable failure.
+    pub const fn periodic(interval: Duration) -> Self {
+        TaskSpec { builder: SupervisionPolicy::periodic(interval) }
+    }
+
+    /// Inherits everything, the restart mode included, from the supervisor's [`TaskDefaults`].
+    pub const fn from_defaults() -> Self {
+        TaskSpec { builder: SupervisionPolicy::from_defaults() }
+    }
+
+    /// Sets the restart mode.
+    pub const fn with_restart(mut self, restart: Restart) -> Self {
+        self.builder.restart = Setting::Set(restart);
+        self
+    }
+
+    /// Sets the backoff after consecutive failures.
+    pub const fn with_backoff(mut self, backoff: Backoff) -> Self {
+        self.builder = self.builder.backoff(backoff);
+        self
+    }
+
+    /// Restarts after a failure without delay (starts stay `min_spacing` apart).
+    pub const fn without_backoff(mut self) -> Self {
+        self.builder = self.builder.no_backoff();
+        self
+    }
+
+    /// Sets the per-attempt timeout: an attempt still running after it is dropped, and the
+    /// task sees [`TaskEvent::AttemptTimedOut`] (S4).
+    pub const fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.builder = self.builder.attempt_timeout(timeout);
+        self
+    }
+
+    /// Switches off an inherited attempt timeout.
+    pub const fn without_timeout(mut self) -> Self {
+        self.builder = self.builder.no_attempt_timeout();
+        self
+    }
+
+    /// At most `n` retries after the first failure of a streak (S3); zero is refused when the
+    /// task is added.
+    pub const fn with_max_retries(mut self, n: u32) -> Self {
+        self.builder = self.builder.max_retries(n);
+        self
+    }
+
+    /// Switches off an inherited retry limit.
+    pub const fn with_unlimited_retries(mut self) -> Self {
+        self.builder = self.builder.unlimited_retries();
+        self
+    }
+
+    /// Sets the least time between two attempt starts (S5).
+    pub const fn with_min_spacing(mut self, spacing: Duration) -> Self {
+        self.builder = self.builder.min_spacing(spacing);
+        self
+    }
+
+    /// The core builder behind this spec.
+    pub const fn builder(&self) -> SupervisionPolicyBuilder {
+        self.builder
+    }
+
+    /// The policy this spec resolves to under `defaults`.
+    ///
+    /// # Errors
+    /// As [`SupervisionPolicyBuilder::build`]: a zero retry limit or attempt timeout.
+    pub fn policy(&self, defaults: &TaskDefaults) -> Result<SupervisionPolicy, PolicyError> {
+        self.builder.build(defaults)
+    }
+}
+
+/// A lifecycle event of one task (S6), as sent on the supervisor's [`Events`] stream.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SupervisorEvent<K, E> {
+    /// The task's id.
+    pub id: K,
+    /// When the driver saw it, on the supervisor's runtime clock.
+    pub at: Instant,
+    /// What happened.
+    pub event: TaskEvent<JobError<E>>,
+}
+
+/// How a task ended: its outcome (S4), the attempts it started, and whether the supervisor
+/// had to abort it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TaskExit<E> {
+    /// The outcome.
+    pub outcome: TaskOutcome<JobError<E>>,
+    /// Attempts started.
+    pub attempts: u64,
+    /// `true` when the task was aborted: canceled by [`Supervisor::shutdown`] after its time
+    /// limit, or dropped by its executor before it finished (the outcome is then
+    /// [`TaskOutcome::Canceled`]).
+    pub aborted: bool,
+}
+
+/// A caller mistake; nothing changed.
+#[derive(Clone, Copy, Debug, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SupervisorError {
+    /// A task with this id is still supervised.
+    #[error("a task with this id is still supervised; remove it (or await its outcome) first")]
+    DuplicateId,
+    /// No task with this id is supervised (it never was, it finished, or it was removed).
+    #[error("no task with this id is supervised (it never was, it has finished, or it was removed)")]
+    UnknownId,
+    /// [`Supervisor::shutdown`] has begun.
+    #[error("the supervisor is shutting down; no task can be added")]
+    ShuttingDown,
+    /// The task's spec does not resolve to a valid policy.
+    #[error("invalid task policy: {0}")]
+    Policy(#[from] PolicyError),
+}
+
+/// What [`Supervisor::shutdown`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShutdownReport<K> {
+    /// Tasks that ended within the time limit, with their outcomes, in the order they ended.
+    pub completed: Vec<(K, TaskOutcomeKind)>,
+    /// Tasks still running at the time limit: their attempts were dropped and they ended
+    /// [`Canceled`](TaskOutcomeKind::Canceled) with [`TaskExit::aborted`] set.
+    pub aborted: Vec<K>,
+}
+
+struct Entry {
+    serial: u64,
+    control: Arc<Signal>,
+}
+
+struct Registry<K> {
+    tasks: BTreeMap<K, Entry>,
+    serial: u64,
+    shutting_down: bool,
+    /// `(id, outcome, aborted)` of tasks that ended after the shutdown began.
+    ended: Vec<(K, TaskOutcomeKind, bool)>,
+}
+
+struct Inner<Rt, Sp, K, E> {
+    rt: Rt,
+    spawner: Sp,
+    defaults: TaskDefaults,
+    seed: Option<u64>,
+    events_tx: async_channel::Sender<SupervisorEvent<K, E>>,
+    events_rx: async_channel::Receiver<SupervisorEvent<K, E>>,
+    dropped: AtomicU64,
+    registry: Mutex<Registry<K>>,
+    changed: Event,
+}
+
+impl<Rt, Sp, K, E> Inner<Rt, Sp, K, E> {
+    fn emit(&self, id: &K, at: Instant, event: TaskEvent<JobError<E>>)
+    where
+        K: Clone,
+    {
+        if let Err(async_channel::TrySendError::Full(_)) =
+            self.events_tx.try_send(SupervisorEvent { id: id.clone(), at, event })
+        {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Configures a [`Supervisor`]: runtime, spawner, event capacity and jitter seed.
+#[must_use = "call `build()` to get the supervisor"]
+pub struct SupervisorBuilder<Rt, Sp> {
+    defaults: TaskDefaults,
+    rt: Rt,
+    spawner: Sp,
+    capacity: usize,
+    seed: Option<u64>,
+}
+
+impl<Rt: Default, Sp: Default> SupervisorBuilder<Rt, Sp> {
+    /// A builder with the given task defaults, the default runtime and spawner, an event
+    /// capacity of [`DEFAULT_EVENT_CAPACITY`] and jitter seeded from the runtime's entropy.
+    pub fn new(defaults: TaskDefaults) -> Self {
+        SupervisorBuilder {
+            defaults,
+            rt: Rt::default(),
+            spawner: Sp::default(),
+            capacity: DEFAULT_EVENT_CAPACITY,
+            seed: None,
+        }
+    }
+}
+
+impl<Rt, Sp> SupervisorBuilder<Rt, Sp> {
+    /// A builder with the given task defaults, runtime and spawner.
+    pub fn with(defaults: TaskDefaults, rt: Rt, spawner: Sp) -> Self {
+        SupervisorBuilder { defaults, rt, spawner, capacity: DEFAULT_EVENT_CAPACITY, seed: None }
+    }
+
+    /// Uses `rt` for clocks and timers.
+    pub fn runtime<Rt2>(self, rt: Rt2) -> SupervisorBuilder<Rt2, Sp> {
+        SupervisorBuilder {
+            defaults: self.defaults,
+            rt,
+            spawner: self.spawner,
+            capacity: self.capacity,
+            seed: self.seed,
+        }
+    }
+
+    /// Uses `spawner` to start tasks.
+    pub fn spawner<Sp2>(self, spawner: Sp2) -> SupervisorBuilder<Rt, Sp2> {
+        SupervisorBuilder { defaults: self.defaults, rt: self.rt, spawner, capacity: self.capacity, seed: self.seed }
+    }
+
+    /// Holds at most `capacity` undelivered events (default [`DEFAULT_EVENT_CAPACITY`]; at least
+    /// 1). When the channel is full, new events are dropped and counted (see
+    /// [`Supervisor::dropped_events`]); tasks never wait for a reader.
+    pub fn event_capacity(mut self, capacity: usize) -> Self {
+        self.capacity = capacity.max(1);
+        self
+    }
+
+    /// Seeds the jitter of every task (task `n` gets a generator derived from `seed` and `n`),
+    /// for reproducible delays. By default each task is seeded from the runtime's entropy.
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
+
+    /// The supervisor.
+    pub fn build<K, E>(self) -> Supervisor<Rt, Sp, K, E> {
+        let (events_tx, events_rx) = async_channel::bounded(self.capacity);
+        Supervisor {
+            inner: Arc::new(Inner {
+                rt: self.rt,
+                spawner: self.spawner,
+                defaults: self.defaults,
+                seed: self.seed,
+                events_tx,
+                events_rx,
+                dropped: AtomicU64::new(0),
+                registry: Mutex::new(Registry {
+                    tasks: BTreeMap::new(),
+                    serial: 0,
+                    shutting_down: false,
+                    ended: Vec::new(),
+                }),
+                changed: Event::new(),
+            }),
+        }
+    }
+}
+
+/// Supervises long-running tasks: each runs attempts under its restart policy (S1–S5), one at
+/// a time, and reports lifecycle events (S6) and a final outcome.
+///
+/// Generic over the executor's clock and timers (`Rt`), its spawner (`Sp`), task ids (`K`)
+/// and the tasks' error type (`E`); `persevere-tokio` and `persevere-smol` name it with their
+/// runtime filled in. Cloning it gives another handle to the same supervisor.
+///
+/// - **Attempts.** A task is a closure that makes one attempt (a future of `Result<(), E>`).
+///   Attempts of one task never overlap: the next is created only after the previous ended
+///   and its backoff or interval elapsed. An error is classified by the task's
+///   [`Classifier`] ([`RetryAll`] for [`add`](Self::add)).
+/// - **Timeouts.** An attempt past its timeout is dropped; the task sees
+///   [`TaskEvent::AttemptTimedOut`] and retries like after any retryable failure. A panic while
+///   dropping it ends the task [`Panicked`](TaskOutcome::Panicked) (S4).
+/// - **Panics.** A panic while creating or polling an attempt is caught and is a retryable
+///   failure with [`JobError::Panicked`] (S4).
+/// - **Events.** Per attempt: `AttemptStarting`, then one of `AttemptSucceeded`,
+///   `AttemptFailed`, `AttemptTimedOut`, `AttemptCanceled`, then `BackoffScheduled` if another
+///   attempt follows; one `TaskFinished` at the end. They go to a bounded channel
+///   ([`events`](Self::events)); when it is full they are dropped and counted, never waited
+///   for. Events of one task arrive in order; events of different tasks interleave.
+/// - **Outcome.** The [`TaskHandle`] returned by [`add`](Self::add) resolves to the task's
+///   [`TaskExit`], always: also when it is canceled, aborted, or dropped by its executor.
+/// - **Stopping.** [`cancel`](Self::cancel) and [`remove`](Self::remove) stop one task at
+///   once (its running attempt is dropped); [`shutdown`](Self::shutdown) stops all gracefully
+///   (running attempts may finish, no new attempt starts) and aborts those still running at
+///   its time limit.
+pub struct Supervisor<Rt, Sp, K, E> {
+    inner: Arc<Inner<Rt, Sp, K, E>>,
+}
+
+impl<Rt, Sp, K, E> Clone for Supervisor<Rt, Sp, K, E> {
+    fn clone(&self) -> Self {
+        Supervisor { inner: self.inner.clone() }
+    }
+}
+
+impl<Rt, Sp, K, E> Supervisor<Rt, Sp, K, E>
+where
+    Rt: Runtime + Send + Sync + 'static,
+    Rt::Sleep: Send,
+    Sp: Spawn,
+    K: Ord + Clone + Send + 'static,
+    E: Clone + Send + 'static,
+{
+    /// A supervisor whose tasks inherit `defaults` (S1, S2), on the default runtime and
+    /// spawner, with an event channel of [`DEFAULT_EVENT_CAPACITY`].
+    pub fn new(defaults: TaskDefaults) -> Self
+    where
+        Rt: Default,
+        Sp: Default,
+    {
+        SupervisorBuilder::new(defaults).build()
+    }
+
+    /// Starts supervising `task` under `id`: its first attempt starts at once (S5). Every
+    /// error is retryable (limits permitting).
+    ///
+    /// # Errors
+    /// [`SupervisorError::DuplicateId`], [`SupervisorError::ShuttingDown`], or
+    /// [`SupervisorError::Policy`] when `spec` does not resolve to a valid policy; nothing is
+    /// started.
+    pub fn add<F, Fut>(&self, id: K, spec: TaskSpec, task: F) -> Result<TaskHandle<E>, SupervisorError>
+    where
+        F: FnMut() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<(), E>> + Send + 'static,
+    {
+        self.add_classified(id, spec, RetryAll, task)
+    }
+
+    /// As [`add`](Self::add), classifying each error with `classifier` (a closure
+    /// `FnMut(&E) -> FailureKind`, or [`ByTrait`](crate::ByTrait)): `Fatal` ends the task,
+    /// `Canceled` cancels it, a hint sets the next delay.
+    ///
+    /// # Errors
+    /// As [`add`](Self::add).
+    pub fn add_classified<C, F, Fut>(
+        &self,
+        id: K,
+        spec: TaskSpec,
+        classifier: C,
+        task: F,
+    ) -> Result<TaskHandle<E>, SupervisorError>
+    where
+        C: Classifier<E> + Send + 'static,
+        F: FnMut() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<(), E>> + Send + 'static,
+    {
+        let inner = &self.inner;
+        let policy = spec.policy(&inner.defaults)?;
+        let control = Arc::new(Signal::default());
+        let serial = {
+            let mut registry = lock(&inner.registry);
+            if registry.shutting_down {
+                return Err(SupervisorError::ShuttingDown);
+            }
+            if registry.tasks.contains_key(&id) {
+                return Err(SupervisorError::DuplicateId);
+            }
+            registry.serial += 1;
+            let serial = registry.serial;
+            registry.tasks.insert(id.clone(), Entry { serial, control: control.clone() });
+            serial
+        };
+        let seed = match inner.seed {
+            Some(seed) => seed.wrapping_add(serial.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
+            None => inner.rt.entropy(),
+        };
+        let (exit_tx, exit_rx) = oneshot();
+        let guard = TaskGuard {
+            inner: inner.clone(),
+            id,
+            serial,
+            machine: Supervision::new(),
+            exit: Some(exit_tx),
+            aborted: false,
+        };
+        inner.spawner.spawn(drive(guard, policy, control.clone(), SplitMix64::new(seed), classifier, task));
+        Ok(TaskHandle { control, exit: exit_rx })
+    }
+
+    /// Cancels the task `id` now: its running attempt is dropped
+    /// ([`TaskEvent::AttemptCanceled`]) or its wait ends, and it finishes
+    /// [`Canceled`](TaskOutcome::Canceled). Its id stays taken until it has finished.
+    ///
+    /// # Errors
+    /// [`SupervisorError::UnknownId`]; nothing changes.
+    pub fn cancel(&self, id: &K) -> Result<(), SupervisorError> {
+        let registry = lock(&self.inner.registry);
+        let entry = registry.tasks.get(id).ok_or(SupervisorError::UnknownId)?;
+        entry.control.raise(CANCEL);
+        Ok(())
+    }
+
+    /// Removes the task `id`: cancels it as [`cancel`](Self::cancel) does and frees its id at
+    /// once (a new task may take it while the old one winds down).
+    ///
+    /// # Errors
+    /// [`SupervisorError::UnknownId`]; nothing changes.
+    pub fn remove(&self, id: &K) -> Result<(), SupervisorError> {
+        let entry = lock(&self.inner.registry).tasks.remove(id).ok_or(SupervisorError::UnknownId)?;
+        entry.control.raise(CANCEL);
+        self.inner.changed.notify(usize::MAX);
+        Ok(())
+    }
+
+    /// Whether a task with this id is supervised.
+    pub fn contains(&self, id: &K) -> bool {
+        lock(&self.inner.registry).tasks.contains_key(id)
+    }
+
+    /// The number of supervised tasks (not yet finished, not removed).
+    pub fn len(&self) -> usize {
+        lock(&self.inner.registry).tasks.len()
+    }
+
+    /// Whether no task is supervised.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The lifecycle events of all tasks. Every call returns a receiver of the same channel:
+    /// with several receivers, each event goes to one of them.
+    pub fn events(&self) -> Events<K, E> {
+        Events { rx: self.inner.events_rx.clone() }
+    }
+
+    /// Events dropped because the channel was full.
+    pub fn dropped_events(&self) -> u64 {
+        self.inner.dropped.load(Ordering::Relaxed)
+    }
+
+    /// The runtime this supervisor runs on.
+    pub fn runtime(&self) -> &Rt {
+        &self.inner.rt
+    }
+
+    /// Stops every task gracefully and waits for them, at most `limit`: a task waiting between
+    /// attempts finishes [`Canceled`](TaskOutcome::Canceled) at once; a running attempt may
+    /// end by itself, and the task then finishes (Canceled, or by its own outcome) without a
+    /// new attempt. At `limit`, tasks still running are aborted: their attempts are dropped,
+    /// they finish Canceled with [`TaskExit::aborted`] set, and the report lists them. No task
+    /// can be added once the shutdown has begun.
+    ///
+    /// Returns once every task has finished (aborted tasks finish at their next poll).
+    pub async fn shutdown(&self, limit: Duration) -> ShutdownReport<K> {
+        let inner = &*self.inner;
+        let deadline = inner.rt.now().saturating_add(limit);
+        {
+            let mut registry = lock(&inner.registry);
+            registry.shutting_down = true;
+            for entry in registry.tasks.values() {
+                entry.control.raise(STOP);
+            }
+        }
+        let mut timer = pin!(inner.rt.sleep_until(deadline));
+        let timed_out = loop {
+            let mut listener = inner.changed.listen();
+            if lock(&inner.registry).tasks.is_empty() {
+                break false;
+            }
+            let fired = poll_fn(|cx| {
+                if Pin::new(&mut listener).poll(cx).is_ready() {
+                    return Poll::Ready(false);
+                }
+                timer.as_mut().poll(cx).map(|_| true)
+            })
+            .await;
+            if fired {
+                break true;
+            }
+        };
+        let mut aborted = Vec::new();
+        if timed_out {
+            for (id, entry) in &lock(&inner.registry).tasks {
+                entry.control.raise(ABORT);
+                aborted.push(id.clone());
+            }
+        }
+        loop {
+            let listener = inner.changed.listen();
+            if lock(&inner.registry).tasks.is_empty() {
+                break;
+            }
+            listener.await;
+        }
+        let ended = std::mem::take(&mut lock(&inner.registry).ended);
+        let completed = ended.into_iter().filter(|(_, _, aborted)| !aborted).map(|(id, kind, _)| (id, kind)).collect();
+        ShutdownReport { completed, aborted }
+    }
+}
+
+/// A supervised task: a future of its [`TaskExit`], and a way to cancel it.
+///
+/// Dropping the handle does not stop the task.
+pub struct TaskHandle<E> {
+    control: Arc<Signal>,
+    exit: OneshotReceiver<TaskExit<E>>,
+}
+
+impl<E> TaskHandle<E> {
+    /// Cancels the task now (as [`Supervisor::cancel`]).
+    pub fn cancel(&self) {
+        self.control.raise(CANCEL);
+    }
+
+    /// Whether the task has finished (its outcome is ready).
+    pub fn is_finished(&self) -> bool {
+        self.exit.is_sent()
+    }
+}
+
+impl<E> Future for TaskHandle<E> {
+    type Output = TaskExit<E>;
+
+    /// Resolves once, to the task's exit.
+    ///
+    /// # Panics
+    /// When polled again after it resolved.
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<TaskExit<E>> {
+        Pin::new(&mut self.exit).poll(cx).map(|exit| exit.expect("`TaskHandle` polled after it resolved"))
+    }
+}
+
+pin_project! {
+    /// The lifecycle events of a supervisor's tasks, best-effort (see [`Supervisor`]). A
+    /// [`Stream`](futures_core::Stream), or read with [`recv`](Self::recv).
+    pub struct Events<K, E> {
+        #[pin]
+        rx: async_channel::Receiver<SupervisorEvent<K, E>>,
+    }
+}
+
+impl<K, E> Events<K, E> {
+    /// The next event; `None` once the supervisor and all its tasks are gone and the channel is
+    /// drained.
+    pub async fn recv(&self) -> Option<SupervisorEvent<K, E>> {
+        self.rx.recv().await.ok()
+    }
+
+    /// The next event if one is waiting.
+    pub fn try_recv(&self) -> Option<SupervisorEvent<K, E>> {
+        self.rx.try_recv().ok()
+    }
+
+    /// Events waiting to be read.
+    pub fn len(&self) -> usize {
+        self.rx.len()
+    }
+
+    /// Whether no event is waiting.
+    pub fn is_empty(&self) -> bool {
+        self.rx.is_empty()
+    }
+}
+
+impl<K, E> futures_core::Stream for Events<K, E> {
+    type Item = SupervisorEvent<K, E>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.project().rx.poll_next(cx)
+    }
+}
+
+/// A task's machine and its reporting duties; its drop reports an outcome if the task did not.
+struct TaskGuard<Rt: Runtime, Sp, K: Ord + Clone, E: Clone> {
+    inner: Arc<Inner<Rt, Sp, K, E>>,
+    id: K,
+    serial: u64,
+    machine: Supervision<JobError<E>>,
+    exit: Option<OneshotSender<TaskExit<E>>>,
+    aborted: bool,
+}
+
+impl<Rt: Runtime, Sp, K: Ord + Clone, E: Clone> TaskGuard<Rt, Sp, K, E> {
+    fn emit(&self, at: Instant, event: TaskEvent<JobError<E>>) {
+        self.inner.emit(&self.id, at, event);
+    }
+
+    /// Reports the outcome: the event, the exit, and the registry.
+    fn finish(&mut self, at: Instant, outcome: TaskOutcome<JobError<E>>, attempts: u64) {
+        let Some(exit) = self.exit.take() else { return };
+        // The registry first: whoever sees the exit sees the id free.
+        {
+            let mut registry = lock(&self.inner.registry);
+            if registry.tasks.get(&self.id).is_some_and(|entry| entry.serial == self.serial) {
+                registry.tasks.remove(&self.id);
+            }
+            if registry.shutting_down {
+                registry.ended.push((self.id.clone(), outcome.kind(), self.aborted));
+            }
+        }
+        self.emit(at, TaskEvent::TaskFinished { outcome: outcome.clone(), attempts });
+        exit.send(TaskExit { outcome, attempts, aborted: self.aborted });
+        self.inner.changed.notify(usize::MAX);
+    }
+}
+
+impl<Rt: Runtime, Sp, K: Ord + Clone, E: Clone> Drop for TaskGuard<Rt, Sp, K, E> {
+    fn drop(&mut self) {
+        // The task's future was dropped before it finished (its executor shut down, or never
+        // polled it; its attempt, a local of that future, is already dropped): cancel the
+        // machine and report what it says.
+        if self.exit.is_none() {
+            return;
+        }
+        self.aborted = true;
+        let at = self.inner.rt.now();
+        let _ = self.machine.handle_cancel(at);
+        while let Some(event) = self.machine.poll_action() {
+            match event {
+                TaskEvent::TaskFinished { outcome, attempts } => return self.finish(at, outcome, attempts),
+                other => self.emit(at, other),
+            }
+        }
+        // Unreachable for a machine that had not finished; report a cancel regardless.
+        let attempts = self.machine.attempt();
+        self.finish(at, TaskOutcome::Canceled { last_failure: None }, attempts);
+    }
+}
+
+/// What woke a task's driver.
+enum Step<E> {
+    /// The attempt ended: its result, or the message of a panic while polling it.
+    Ended(Result<Result<(), E>, Arc<str>>),
+    /// The deadline or the wait ended.
+    Timer,
+    /// A graceful stop while no attempt runs.
+    Stop,
+    /// Cancel now; `true` for an abort by the shutdown.
+    Cancel(bool),
+}
+
+/// One task's driving loop.
+async fn drive<Rt, Sp, K, E, C, F, Fut>(
+    mut guard: TaskGuard<Rt, Sp, K, E>,
+    policy: SupervisionPolicy,
+    control: Arc<Signal>,
+    mut rng: SplitMix64,
+    mut classifier: C,
+    mut task: F,
+) where
+    Rt: Runtime,
+    K: Ord + Clone,
+    E: Clone,
+    C: Classifier<E>,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<(), E>>,
+{
+    let inner = guard.inner.clone();
+    let rt = &inner.rt;
+    let mut attempt = pin!(None::<Fut>);
+    let mut timer = pin!(None::<Rt::Sleep>);
+    let mut now = rt.now();
+    let mut current = 0;
+    if control.level() >= STOP {
+        // Stopped before its first attempt: finishes Canceled without one.
+        let _ = guard.machine.handle_cancel(now);
+    } else {
+        // A fresh machine accepts its start.
+        let _ = guard.machine.handle_start(&policy, now);
+    }
+    loop {
+        while let Some(event) = guard.machine.poll_action() {
+            match event {
+                TaskEvent::AttemptStarting { attempt: n, deadline } => {
+                    guard.emit(now, event);
+                    current = n;
+                    match catch_create(&mut task) {
+                        Ok(future) => {
+                            attempt.set(Some(future));
+                            timer.set(deadline.map(|d| rt.sleep_until(d)));
+                        }
+                        Err(message) => {
+                            let failure = Failure::panicked(JobError::Panicked(message));
+                            // Attempt `n` is the running one, so the machine accepts its failure.
+                            let _ = guard.machine.handle_failure(&policy, now, n, failure, &mut rng);
+                        }
+                    }
+                }
+                TaskEvent::AttemptTimedOut { attempt: n } => {
+                    guard.emit(now, event);
+                    timer.set(None);
+                    let panic = drop_caught(|| attempt.set(None));
+                    // The machine waits for exactly this drop.
+                    let _ = guard.machine.handle_abandoned(&policy, now, n, panic.map(JobError::Panicked), &mut rng);
+                }
+                TaskEvent::BackoffScheduled { until, .. } => {
+                    if control.level() >= STOP {
+                        // No attempt follows after all: the task is being stopped.
+                        let _ = guard.machine.handle_cancel(now);
+                    } else {
+                        guard.emit(now, event);
+                        if until <= now {
+                            // A zero wait never touches the timer.
+                            guard.machine.handle_timeout(&policy, now);
+                        } else {
+                            timer.set(Some(rt.sleep_until(until)));
+                        }
+                    }
+                }
+                TaskEvent::TaskFinished { outcome, attempts } => {
+                    guard.finish(now, outcome, attempts);
+                    return;
+                }
+                other => guard.emit(now, other),
+            }
+        }
+
+        let step = poll_fn(|cx| {
+            let level = control.poll(cx);
+            if level >= CANCEL {
+                return Poll::Ready(Step::Cancel(level >= ABORT));
+            }
+            match attempt.as_mut().as_pin_mut() {
+                Some(running) => {
+                    if let Poll::Ready(result) = poll_caught(running, cx) {
+                        return Poll::Ready(Step::Ended(result));
+                    }
+                }
+                None if level >= STOP => return Poll::Ready(Step::Stop),
+                None => {}
+            }
+            match timer.as_mut().as_pin_mut() {
+                Some(sleep) => sleep.poll(cx).map(|_| Step::Timer),
+                None => Poll::Pending,
+            }
+        })
+        .await;
+
+        now = rt.now().later(now);
+        match step {
+            Step::Ended(result) => {
+                timer.set(None);
+                // A panic while dropping a finished attempt is the attempt's own business.
+                let _ = drop_caught(|| attempt.set(None));
+                // `current` is the running attempt, so the machine accepts its result.
+                let _ = match result {
+                    Ok(Ok(())) => guard.machine.handle_success(&policy, now, current),
+                    Ok(Err(error)) => {
+                        let kind = classifier.classify(&error);
+                        let failure = Failure::new(kind, JobError::Error(error));
+                        guard.machine.handle_failure(&policy, now, current, failure, &mut rng).map_err(|r| r.error)
+                    }
+                    Err(message) => {
+                        let failure = Failure::panicked(JobError::Panicked(message));
+                        guard.machine.handle_failure(&policy, now, current, failure, &mut rng).map_err(|r| r.error)
+                    }
+                };
+            }
+            Step::Timer => {
+                timer.set(None);
+                if let Some(due) = guard.machine.poll_timeout() {
+                    now = now.later(due);
+                }
+                if control.level() >= STOP && attempt.is_none() {
+                    let _ = guard.machine.handle_cancel(now);
+                } else {
+                    guard.machine.handle_timeout(&policy, now);
+                }
+            }
+            Step::Stop => {
+                timer.set(None);
+                let _ = guard.machine.handle_cancel(now);
+            }
+            Step::Cancel(abort) => {
+                timer.set(None);
+                let _ = drop_caught(|| attempt.set(None));
+                guard.aborted = abort;
+                let _ = guard.machine.handle_cancel(now);
+            }
+        }
+    }
+}
