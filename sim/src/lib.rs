@@ -16,6 +16,7 @@ pub mod driven;
 pub mod executor;
 pub mod plot;
 pub mod retry;
+pub mod supervision;
 pub mod world;
 
 pub use world::{Summary, Violation, World};
@@ -27,17 +28,20 @@ pub enum Machine {
     Retry,
     /// The real async driving loop on virtual time.
     Driven,
+    /// Interleaved supervised tasks.
+    Supervision,
 }
 
 impl Machine {
     /// Every family, in report order.
-    pub const ALL: [Machine; 2] = [Machine::Retry, Machine::Driven];
+    pub const ALL: [Machine; 3] = [Machine::Retry, Machine::Driven, Machine::Supervision];
 
     /// The family's name, as used on the command line.
     pub fn name(self) -> &'static str {
         match self {
             Machine::Retry => "retry",
             Machine::Driven => "driven",
+            Machine::Supervision => "supervision",
         }
     }
 
@@ -51,6 +55,7 @@ impl Machine {
         match self {
             Machine::Retry => retry::run(seed, None),
             Machine::Driven => driven::run(seed),
+            Machine::Supervision => supervision::run(seed, None),
         }
     }
 }
@@ -66,6 +71,8 @@ pub struct Totals {
     pub checks: u64,
     /// Events traced.
     pub events: u64,
+    /// Checks evaluated per rule (see [`world::rule_name`]).
+    pub by_rule: [u64; world::RULES],
 }
 
 /// Runs `count` scenarios of `machine` from seed `first` on; stops at the first violation.
@@ -77,6 +84,9 @@ pub fn suite(machine: Machine, first: u64, count: u64) -> Result<Totals, Violati
         totals.steps += s.steps;
         totals.checks += s.checks;
         totals.events += s.events;
+        for (total, n) in totals.by_rule.iter_mut().zip(s.by_rule) {
+            *total += n;
+        }
     }
     Ok(totals)
 }

@@ -10,12 +10,14 @@ use std::time::Instant as WallClock;
 
 use sim::contention::{self, Strategy};
 use sim::plot::{Series, line_chart};
+use sim::world::{RULES, rule_name};
 use sim::{Machine, suite};
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("replay") => replay(&args[1..]),
+        Some("sweep") => sweep(&args[1..]),
         None | Some("report") => report(),
         Some(other) => {
             eprintln!("unknown command {other:?}; use `replay <family> <seed>` or no argument");
@@ -49,6 +51,44 @@ fn replay(args: &[String]) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn sweep(args: &[String]) -> ExitCode {
+    let (Some(machine), Some(count)) =
+        (args.first().and_then(|m| Machine::from_name(m)), args.get(1).and_then(|s| s.parse::<u64>().ok()))
+    else {
+        let names: Vec<_> = Machine::ALL.iter().map(|m| m.name()).collect();
+        eprintln!("usage: sweep <family> <count> [first seed], with family one of {names:?}");
+        return ExitCode::FAILURE;
+    };
+    let first = args.get(2).and_then(|s| s.parse::<u64>().ok()).unwrap_or(0);
+    let started = WallClock::now();
+    match suite(machine, first, count) {
+        Ok(t) => {
+            let secs = started.elapsed().as_secs_f64();
+            println!(
+                "{}: {} scenarios, {} steps, {} checks, {} events, {:.0} events/s",
+                machine.name(),
+                t.scenarios,
+                t.steps,
+                t.checks,
+                t.events,
+                t.events as f64 / secs
+            );
+            print_rules(&t.by_rule);
+            ExitCode::SUCCESS
+        }
+        Err(violation) => {
+            eprintln!("{violation}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn print_rules(by_rule: &[u64; RULES]) {
+    let cells: Vec<String> =
+        (0..RULES).filter(|&i| by_rule[i] > 0).map(|i| format!("{} {}", rule_name(i), by_rule[i])).collect();
+    println!("  checks per rule: {}", cells.join(", "));
 }
 
 fn report() -> ExitCode {

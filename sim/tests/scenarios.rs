@@ -6,6 +6,7 @@
 
 use proptest::prelude::*;
 use sim::retry::RetryBug;
+use sim::supervision::SupervisionBug;
 use sim::{Machine, suite};
 
 fn runs(default: u64) -> u64 {
@@ -16,6 +17,12 @@ fn runs(default: u64) -> u64 {
 fn retry_scenarios_hold_every_guarantee() {
     let totals = suite(Machine::Retry, 0, runs(20_000)).unwrap_or_else(|v| panic!("{v}"));
     assert!(totals.checks > totals.scenarios, "the checks ran");
+}
+
+#[test]
+fn supervision_scenarios_hold_every_guarantee() {
+    let totals = suite(Machine::Supervision, 0, runs(20_000)).unwrap_or_else(|v| panic!("{v}"));
+    assert!(totals.checks > totals.scenarios);
 }
 
 #[test]
@@ -68,6 +75,29 @@ fn an_injected_delay_past_the_cap_is_caught_as_g1() {
 #[test]
 fn an_injected_extra_attempt_is_caught_as_g2() {
     assert_eq!(caught(RetryBug::ExtraAttempt), "G2");
+}
+
+/// Runs seeds of a family with an injected bug until it is caught; returns the violated rule.
+fn caught_by(name: &str, run: impl Fn(u64) -> Result<sim::Summary, sim::Violation>) -> &'static str {
+    (0..5_000).find_map(|seed| run(seed).err()).unwrap_or_else(|| panic!("{name} was never caught")).rule
+}
+
+#[test]
+fn an_injected_retry_of_a_fatal_task_failure_is_caught_as_g4() {
+    assert_eq!(caught_by("RetryFatal", |s| sim::supervision::run(s, Some(SupervisionBug::RetryFatal))), "G4");
+}
+
+#[test]
+fn an_injected_periodic_interval_from_the_start_is_caught_as_g6() {
+    assert_eq!(
+        caught_by("IntervalFromStart", |s| sim::supervision::run(s, Some(SupervisionBug::IntervalFromStart))),
+        "G6"
+    );
+}
+
+#[test]
+fn an_injected_second_task_finished_is_caught_as_g11() {
+    assert_eq!(caught_by("DoubleFinish", |s| sim::supervision::run(s, Some(SupervisionBug::DoubleFinish))), "G11");
 }
 
 #[test]
