@@ -14,6 +14,7 @@
 pub mod contention;
 pub mod driven;
 pub mod executor;
+pub mod flow;
 pub mod plot;
 pub mod retry;
 pub mod supervision;
@@ -30,11 +31,13 @@ pub enum Machine {
     Driven,
     /// Interleaved supervised tasks.
     Supervision,
+    /// Recurring flows in one registry.
+    Flow,
 }
 
 impl Machine {
     /// Every family, in report order.
-    pub const ALL: [Machine; 3] = [Machine::Retry, Machine::Driven, Machine::Supervision];
+    pub const ALL: [Machine; 4] = [Machine::Retry, Machine::Driven, Machine::Supervision, Machine::Flow];
 
     /// The family's name, as used on the command line.
     pub fn name(self) -> &'static str {
@@ -42,6 +45,7 @@ impl Machine {
             Machine::Retry => "retry",
             Machine::Driven => "driven",
             Machine::Supervision => "supervision",
+            Machine::Flow => "flow",
         }
     }
 
@@ -56,6 +60,7 @@ impl Machine {
             Machine::Retry => retry::run(seed, None),
             Machine::Driven => driven::run(seed),
             Machine::Supervision => supervision::run(seed, None),
+            Machine::Flow => flow::run(seed, None),
         }
     }
 }

@@ -5,6 +5,7 @@
 //! `SIM_MACHINE` select the scenario the `replay` test runs.
 
 use proptest::prelude::*;
+use sim::flow::FlowBug;
 use sim::retry::RetryBug;
 use sim::supervision::SupervisionBug;
 use sim::{Machine, suite};
@@ -22,6 +23,12 @@ fn retry_scenarios_hold_every_guarantee() {
 #[test]
 fn supervision_scenarios_hold_every_guarantee() {
     let totals = suite(Machine::Supervision, 0, runs(20_000)).unwrap_or_else(|v| panic!("{v}"));
+    assert!(totals.checks > totals.scenarios);
+}
+
+#[test]
+fn flow_scenarios_hold_every_guarantee() {
+    let totals = suite(Machine::Flow, 0, runs(20_000)).unwrap_or_else(|v| panic!("{v}"));
     assert!(totals.checks > totals.scenarios);
 }
 
@@ -98,6 +105,16 @@ fn an_injected_periodic_interval_from_the_start_is_caught_as_g6() {
 #[test]
 fn an_injected_second_task_finished_is_caught_as_g11() {
     assert_eq!(caught_by("DoubleFinish", |s| sim::supervision::run(s, Some(SupervisionBug::DoubleFinish))), "G11");
+}
+
+#[test]
+fn an_injected_dispatch_of_a_tripped_flow_is_caught_as_g5() {
+    assert_eq!(caught_by("DispatchWhileTripped", |s| sim::flow::run(s, Some(FlowBug::DispatchWhileTripped))), "G5");
+}
+
+#[test]
+fn an_injected_replay_of_a_skipped_cron_tick_is_caught_as_g6() {
+    assert_eq!(caught_by("ReplaySkippedTick", |s| sim::flow::run(s, Some(FlowBug::ReplaySkippedTick))), "G6");
 }
 
 #[test]
