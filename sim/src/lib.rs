@@ -11,6 +11,7 @@
 //! with a shared budget), `driven` (the real `persevere_driver::retry` loop).
 #![deny(missing_docs)]
 
+pub mod breaker;
 pub mod contention;
 pub mod driven;
 pub mod executor;
@@ -33,11 +34,14 @@ pub enum Machine {
     Supervision,
     /// Recurring flows in one registry.
     Flow,
+    /// A circuit breaker and a retry budget shared by many callers.
+    Breaker,
 }
 
 impl Machine {
     /// Every family, in report order.
-    pub const ALL: [Machine; 4] = [Machine::Retry, Machine::Driven, Machine::Supervision, Machine::Flow];
+    pub const ALL: [Machine; 5] =
+        [Machine::Retry, Machine::Driven, Machine::Supervision, Machine::Flow, Machine::Breaker];
 
     /// The family's name, as used on the command line.
     pub fn name(self) -> &'static str {
@@ -46,6 +50,7 @@ impl Machine {
             Machine::Driven => "driven",
             Machine::Supervision => "supervision",
             Machine::Flow => "flow",
+            Machine::Breaker => "breaker",
         }
     }
 
@@ -61,6 +66,7 @@ impl Machine {
             Machine::Driven => driven::run(seed),
             Machine::Supervision => supervision::run(seed, None),
             Machine::Flow => flow::run(seed, None),
+            Machine::Breaker => breaker::run(seed, None),
         }
     }
 }

@@ -5,6 +5,7 @@
 //! `SIM_MACHINE` select the scenario the `replay` test runs.
 
 use proptest::prelude::*;
+use sim::breaker::BreakerBug;
 use sim::flow::FlowBug;
 use sim::retry::RetryBug;
 use sim::supervision::SupervisionBug;
@@ -29,6 +30,12 @@ fn supervision_scenarios_hold_every_guarantee() {
 #[test]
 fn flow_scenarios_hold_every_guarantee() {
     let totals = suite(Machine::Flow, 0, runs(20_000)).unwrap_or_else(|v| panic!("{v}"));
+    assert!(totals.checks > totals.scenarios);
+}
+
+#[test]
+fn breaker_scenarios_hold_every_guarantee() {
+    let totals = suite(Machine::Breaker, 0, runs(10_000)).unwrap_or_else(|v| panic!("{v}"));
     assert!(totals.checks > totals.scenarios);
 }
 
@@ -115,6 +122,21 @@ fn an_injected_dispatch_of_a_tripped_flow_is_caught_as_g5() {
 #[test]
 fn an_injected_replay_of_a_skipped_cron_tick_is_caught_as_g6() {
     assert_eq!(caught_by("ReplaySkippedTick", |s| sim::flow::run(s, Some(FlowBug::ReplaySkippedTick))), "G6");
+}
+
+#[test]
+fn an_injected_extra_half_open_probe_is_caught_as_g8() {
+    assert_eq!(caught_by("ExtraProbe", |s| sim::breaker::run(s, Some(BreakerBug::ExtraProbe))), "G8");
+}
+
+#[test]
+fn an_injected_admission_while_open_is_caught_as_g8() {
+    assert_eq!(caught_by("AdmitWhileOpen", |s| sim::breaker::run(s, Some(BreakerBug::AdmitWhileOpen))), "G8");
+}
+
+#[test]
+fn an_injected_budget_overgrant_is_caught_as_g9() {
+    assert_eq!(caught_by("Overgrant", |s| sim::breaker::run(s, Some(BreakerBug::Overgrant))), "G9");
 }
 
 #[test]
