@@ -105,7 +105,7 @@ impl BreakerScenario {
         builder = if world.chance(500) {
             builder.count_window(window_calls)
         } else {
-            builder.time_window(ms(world.between(16, 5_000)), world.between(1, 16) as u32)
+            builder.time_window(ms(world.between(16, 2_000)), world.between(1, 16) as u32)
         };
         if world.chance(700) {
             builder = builder.minimum_calls(world.between(1, u64::from(window_calls)) as u32);
@@ -156,8 +156,8 @@ impl BreakerScenario {
             slow,
             consecutive,
             budget,
-            callers: world.between(1, 8) as u32,
-            gap_ns: ms(world.between(1, 500)).as_nanos() as u64,
+            callers: world.between(1, 6) as u32,
+            gap_ns: ms(world.between(5, 300)).as_nanos() as u64,
             call_ns: ms(world.between(0, 300)).as_nanos() as u64,
             failure_rate: world.between(0, 1000),
             ignore_rate: world.between(0, 50),
@@ -243,8 +243,14 @@ pub fn run(seed: u64, bug: Option<BreakerBug>) -> Result<Summary, Violation> {
     // G13: once faults stop, the breaker is closed again within a bound from its policy.
     let open_max = delay_bounds(policy.open_backoff(), u32::MAX, u64::MAX).1;
     let round = scenario.call_ns + policy.probe_timeout().as_nanos() as u64 + scenario.gap_ns;
+    // A closed window may still hold failures from before the horizon and trip once more on a
+    // success, until they have left it: after its span, or after as many calls as it holds.
+    let window = match policy.window() {
+        persevere::BreakerWindow::Time { span, .. } => span.as_nanos() as u64,
+        persevere::BreakerWindow::Calls(n) => u64::from(n) * (scenario.gap_ns + scenario.call_ns),
+    };
     let settle = Duration::from_nanos(
-        2 * (open_max.saturating_add(round)) + (u64::from(policy.successes_to_close()) + 2) * round,
+        window + 2 * (open_max.saturating_add(round)) + 2 * (u64::from(policy.successes_to_close()) + 2) * round,
     );
     let closed_by = scenario.horizon.saturating_add(settle);
     let end = closed_by.saturating_add(Duration::from_nanos(round));

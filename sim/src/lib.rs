@@ -7,12 +7,23 @@
 //! trace and the commands that replay it. No wall clock, no threads, no `HashMap` iteration:
 //! the same seed gives the same trace hash (G0).
 //!
-//! Scenario families ([`Machine`]): `retry` (several [`persevere::Retry`] machines interleaved,
-//! with a shared budget), `driven` (the real `persevere_driver::retry` loop).
+//! Scenario families ([`Machine`]), one module each:
+//!
+//! - `retry` — several [`persevere::Retry`] machines interleaved, with a shared budget;
+//! - `driven` — the real `persevere_driver::retry` loop on the virtual-time executor;
+//! - `supervision` — supervised tasks of every restart mode (S1–S6);
+//! - `flow` — recurring every and cron flows in one [`persevere::Flows`] registry (F1–F10);
+//! - `breaker` — a [`persevere::Breaker`] and a shared retry budget under many callers (K, U);
+//! - `delivery` — a [`persevere::Deliveries`] table and unreliable workers (D1–D10).
+//!
+//! Each family draws its scenario from the seed, drives the real machines, checks every step
+//! against a reference model, and has a `…Bug` enum of injected defects that prove its checks
+//! can fail.
 #![deny(missing_docs)]
 
 pub mod breaker;
 pub mod contention;
+pub mod delivery;
 pub mod driven;
 pub mod executor;
 pub mod flow;
@@ -36,12 +47,14 @@ pub enum Machine {
     Flow,
     /// A circuit breaker and a retry budget shared by many callers.
     Breaker,
+    /// A delivery table handing tasks to unreliable workers.
+    Delivery,
 }
 
 impl Machine {
     /// Every family, in report order.
-    pub const ALL: [Machine; 5] =
-        [Machine::Retry, Machine::Driven, Machine::Supervision, Machine::Flow, Machine::Breaker];
+    pub const ALL: [Machine; 6] =
+        [Machine::Retry, Machine::Driven, Machine::Supervision, Machine::Flow, Machine::Breaker, Machine::Delivery];
 
     /// The family's name, as used on the command line.
     pub fn name(self) -> &'static str {
@@ -51,6 +64,7 @@ impl Machine {
             Machine::Supervision => "supervision",
             Machine::Flow => "flow",
             Machine::Breaker => "breaker",
+            Machine::Delivery => "delivery",
         }
     }
 
@@ -67,6 +81,7 @@ impl Machine {
             Machine::Supervision => supervision::run(seed, None),
             Machine::Flow => flow::run(seed, None),
             Machine::Breaker => breaker::run(seed, None),
+            Machine::Delivery => delivery::run(seed, None),
         }
     }
 }

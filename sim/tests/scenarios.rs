@@ -6,6 +6,7 @@
 
 use proptest::prelude::*;
 use sim::breaker::BreakerBug;
+use sim::delivery::DeliveryBug;
 use sim::flow::FlowBug;
 use sim::retry::RetryBug;
 use sim::supervision::SupervisionBug;
@@ -23,19 +24,25 @@ fn retry_scenarios_hold_every_guarantee() {
 
 #[test]
 fn supervision_scenarios_hold_every_guarantee() {
-    let totals = suite(Machine::Supervision, 0, runs(20_000)).unwrap_or_else(|v| panic!("{v}"));
+    let totals = suite(Machine::Supervision, 0, runs(50_000)).unwrap_or_else(|v| panic!("{v}"));
     assert!(totals.checks > totals.scenarios);
 }
 
 #[test]
 fn flow_scenarios_hold_every_guarantee() {
-    let totals = suite(Machine::Flow, 0, runs(20_000)).unwrap_or_else(|v| panic!("{v}"));
+    let totals = suite(Machine::Flow, 0, runs(30_000)).unwrap_or_else(|v| panic!("{v}"));
     assert!(totals.checks > totals.scenarios);
 }
 
 #[test]
 fn breaker_scenarios_hold_every_guarantee() {
-    let totals = suite(Machine::Breaker, 0, runs(10_000)).unwrap_or_else(|v| panic!("{v}"));
+    let totals = suite(Machine::Breaker, 0, runs(25_000)).unwrap_or_else(|v| panic!("{v}"));
+    assert!(totals.checks > totals.scenarios);
+}
+
+#[test]
+fn delivery_scenarios_hold_every_guarantee() {
+    let totals = suite(Machine::Delivery, 0, runs(30_000)).unwrap_or_else(|v| panic!("{v}"));
     assert!(totals.checks > totals.scenarios);
 }
 
@@ -137,6 +144,24 @@ fn an_injected_admission_while_open_is_caught_as_g8() {
 #[test]
 fn an_injected_budget_overgrant_is_caught_as_g9() {
     assert_eq!(caught_by("Overgrant", |s| sim::breaker::run(s, Some(BreakerBug::Overgrant))), "G9");
+}
+
+#[test]
+fn an_injected_second_worker_for_a_sync_attempt_is_caught_as_g10() {
+    assert_eq!(caught_by("SecondWorker", |s| sim::delivery::run(s, Some(DeliveryBug::SecondWorker))), "G10");
+}
+
+#[test]
+fn an_injected_free_return_that_consumes_a_retry_is_caught_as_g10() {
+    assert_eq!(
+        caught_by("DeclineAsDisconnect", |s| sim::delivery::run(s, Some(DeliveryBug::DeclineAsDisconnect))),
+        "G10"
+    );
+}
+
+#[test]
+fn an_injected_lost_task_is_caught_as_g11() {
+    assert_eq!(caught_by("LoseCompleted", |s| sim::delivery::run(s, Some(DeliveryBug::LoseCompleted))), "G11");
 }
 
 #[test]
