@@ -303,6 +303,12 @@ pub fn run(seed: u64, bug: Option<BreakerBug>) -> Result<Summary, Violation> {
                 told = true;
                 world.record(u32::MAX, "breaker timeout", reported.as_nanos(), 0);
                 breaker.handle_timeout(policy, reported, world.rng());
+                // A second timeout at the same time changes nothing.
+                let once = breaker;
+                breaker.handle_timeout(policy, reported, world.rng());
+                world.check("§3", breaker == once, || {
+                    "a repeated timeout changed the breaker (handle_timeout twice must do nothing)".into()
+                })?;
             }
             RESTORE => {
                 restored = true;
@@ -564,6 +570,20 @@ fn acquire(
                             model.probes.len(),
                             policy.half_open_permits()
                         )
+                    })?;
+                    // K3: it says when the earliest lease ends (or when it turns half-open again).
+                    let until = match after {
+                        BreakerStatus::Open { until } => Some(until),
+                        _ => model.probes.iter().map(|p| p.1).min(),
+                    };
+                    let now = world.now;
+                    let ok = until.is_some_and(|until| {
+                        let (least, most) =
+                            (until.saturating_duration_since(now), until.saturating_duration_since(reported));
+                        rejected.retry_after.is_some_and(|r| least <= r && r <= most)
+                    });
+                    world.check("K3", ok, || {
+                        format!("retry_after {:?} in half-open, until {until:?}", rejected.retry_after)
                     })?;
                 }
             }

@@ -319,6 +319,14 @@ pub fn run(seed: u64, bug: Option<DeliveryBug>) -> Result<Summary, Violation> {
                 };
             }
             table.handle_timeout(policy, reported, world.rng());
+            if world.chance(scenario.misuse_rate) {
+                // A second timeout at the same time changes nothing.
+                let once = table.clone();
+                table.handle_timeout(policy, reported, world.rng());
+                world.check("§3", table == once, || {
+                    "a repeated timeout changed the table (handle_timeout twice must do nothing)".into()
+                })?;
+            }
         } else if what >= INSERT {
             let i = what - INSERT;
             let (ty, _) = scenario.tasks[i];

@@ -256,8 +256,13 @@ pub fn run(seed: u64, bug: Option<SupervisionBug>) -> Result<Summary, Violation>
             world.now
         };
         let policy = &scenario.tasks[i].1;
-        if starts[i].is_none() && world.chance(scenario.misuse_rate) {
-            misuse(&mut world, policy, &mut machines[i], &models[i], reported)?;
+        if world.chance(scenario.misuse_rate) {
+            // Any started task, finished ones included, refuses a wrong input.
+            let j = world.between(0, n as u64 - 1) as usize;
+            if starts[j].is_none() {
+                let policy = &scenario.tasks[j].1;
+                misuse(&mut world, policy, &mut machines[j], &models[j], reported)?;
+            }
         }
         let (machine, model) = (&mut machines[i], &mut models[i]);
         let eff = model.last_now.later(reported);
@@ -406,7 +411,7 @@ fn misuse(
     let before = *machine;
     let running = model.running.map(|r| r.0);
     let wrong = running.map_or(model.attempts.wrapping_add(world.between(0, 2)), |a| a + world.between(1, 3));
-    let refused = match world.between(0, 4) {
+    let refused = match world.between(0, 5) {
         0 => machine.handle_success(policy, now, wrong).is_err(),
         1 => machine.handle_failure(policy, now, wrong, Failure::retryable(0), world.rng()).is_err(),
         2 if model.abandon_at.is_some() => {
@@ -414,6 +419,15 @@ fn misuse(
         }
         2 => machine.handle_abandoned(policy, now, wrong, Some(1), world.rng()).is_err(),
         3 if model.finished => machine.handle_cancel(now).is_err(),
+        // Early is before the wake-up time, at the latest time the machine has seen.
+        4 if machine.poll_timeout().is_none_or(|t| t > model.last_now.later(now)) => {
+            // A spurious, early timeout changes nothing (and is no error).
+            machine.handle_timeout(policy, now);
+            world.record(0, "spurious timeout", now.as_nanos(), 0);
+            return world.check("§3", *machine == before, || {
+                format!("an early timeout at {now:?} changed {before:?} to {machine:?}")
+            });
+        }
         _ => machine.handle_start(policy, now).is_err(),
     };
     world.record(0, "misuse fed", wrong, 0);
