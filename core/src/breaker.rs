@@ -791,7 +791,8 @@ impl Breaker {
     /// Asks to make one call at `now` (K5). Closed or disabled: a permit. Open: a permit for
     /// the first probe once `until` has passed (the breaker turns half-open), a [`Rejected`]
     /// before. Half-open: a probe permit while fewer than `half_open_permits` are out (K4),
-    /// after expiring overdue leases as failures. Isolated: rejected.
+    /// after expiring overdue leases as failures (a reopening whose open period has already
+    /// ended admits the probe at once). Isolated: rejected.
     ///
     /// `rng` is drawn from only when an expired probe lease reopens the breaker (jitter of
     /// the open duration).
@@ -836,16 +837,7 @@ impl Breaker {
             return Ok(self.issue(now));
         }
         let now = self.last_now.later(now);
-        if let Phase::Open { until } = self.phase {
-            if now < until {
-                return Err(Rejected { retry_after: Some(until.saturating_duration_since(now)) });
-            }
-            self.last_now = now;
-            self.enter(Phase::HalfOpen(Probes::new()));
-        }
-        if let Phase::HalfOpen(_) = self.phase {
-            self.expire(policy, now, rng);
-        }
+        self.settle(policy, now, rng);
         match &mut self.phase {
             Phase::HalfOpen(probes) => {
                 if probes.held() >= policy.permits.min(MAX_PERMITS) {
@@ -973,9 +965,14 @@ impl Breaker {
                     return Err(BreakerError::NotOutstanding { id: permit.id });
                 };
                 let now = self.last_now.later(now);
-                // A lease that ended before its result came is the failure it already was.
-                self.expire(policy, now, rng);
+                // A lease that ended before its result came is the failure it already was; the
+                // breaker has moved on and this permit's result no longer counts.
+                let generation = self.generation;
+                self.settle(policy, now, rng);
                 self.last_now = now;
+                if self.generation != generation {
+                    return Ok(());
+                }
                 let Phase::HalfOpen(probes) = &mut self.phase else { return Ok(()) };
                 probes.busy &= !(1 << slot);
                 let failed = match outcome {
@@ -1003,17 +1000,28 @@ impl Breaker {
     }
 
     /// Wakes the breaker: at the end of the open period it turns half-open; an expired probe
-    /// lease counts as a failure and reopens it (K4). Early, repeated or spurious calls change
-    /// nothing.
+    /// lease counts as a failure and reopens it (K4), at the lease's deadline, so if that open
+    /// period has ended by `now` too it is half-open again at once. Early, repeated or spurious
+    /// calls change nothing.
     pub fn handle_timeout<R: Rng + ?Sized>(&mut self, policy: &BreakerPolicy, now: Instant, rng: &mut R) {
         let now = self.last_now.later(now);
-        match self.phase {
-            Phase::Open { until } if until <= now => {
-                self.last_now = now;
-                self.enter(Phase::HalfOpen(Probes::new()));
-            }
-            Phase::HalfOpen(_) => self.expire(policy, now, rng),
-            _ => {}
+        self.settle(policy, now, rng);
+    }
+
+    /// Does all the work due at `now`: expires overdue probe leases (reopening the breaker at
+    /// the earliest deadline), then turns an open breaker whose open period has ended
+    /// half-open. Both in one call, so that the state at `now` does not depend on how often, or
+    /// how promptly, the driver woke the breaker: a reopening whose open period already ended
+    /// by `now` (a zero open duration, or a lease noticed late) is half-open at once.
+    fn settle<R: Rng + ?Sized>(&mut self, policy: &BreakerPolicy, now: Instant, rng: &mut R) {
+        if let Phase::HalfOpen(_) = self.phase {
+            self.expire(policy, now, rng);
+        }
+        if let Phase::Open { until } = self.phase
+            && until <= now
+        {
+            self.last_now = now;
+            self.enter(Phase::HalfOpen(Probes::new()));
         }
     }
 

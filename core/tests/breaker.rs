@@ -416,6 +416,46 @@ fn k4_a_lost_probe_result_expires_at_its_lease_deadline_as_a_failure() {
     assert_eq!(late.status(), BreakerStatus::Open { until: at(3_500) });
 }
 
+/// Found by the simulator (`cargo run -p sim --release -- replay breaker 1357` before the fix):
+/// an expired lease reopened the breaker for an open period that had already ended by `now`,
+/// and `handle_timeout` stopped there, so a second `handle_timeout` at the same instant turned
+/// it half-open, and a `try_acquire` at that instant was rejected with `retry_after` zero.
+#[test]
+fn k4_a_lease_expiry_whose_open_period_already_ended_is_half_open_in_one_timeout() {
+    // A zero open duration: the reopening at the lease deadline ends at once.
+    let p = BreakerPolicy::builder(Backoff::constant(Duration::ZERO).build().unwrap())
+        .consecutive_failures(1)
+        .probe_timeout(ms(500))
+        .build()
+        .unwrap();
+    let mut b = Breaker::new(&p, 1);
+    fail(&mut b, &p, at(0));
+    let _lost = b.try_acquire(&p, at(0), &mut rng()).unwrap();
+    b.handle_timeout(&p, at(500), &mut rng());
+    assert_eq!(b.status(), BreakerStatus::HalfOpen { permits: 0 }, "the open period ended at the deadline");
+    let once = b;
+    b.handle_timeout(&p, at(500), &mut rng());
+    assert_eq!(b, once, "a second timeout at the same instant changes nothing");
+    assert!(b.poll_timeout().is_none_or(|t| t > at(500)), "nothing is due any more");
+
+    // The same through try_acquire, and with a lease noticed late: open for 2 s from the
+    // deadline at 1.5 s, noticed at 4 s, when the open period has ended too.
+    let p = policy(|b| b.consecutive_failures(1).probe_timeout(ms(500)));
+    let mut lazy = Breaker::new(&p, 1);
+    fail(&mut lazy, &p, at(0));
+    let _lost = lazy.try_acquire(&p, at(1_000), &mut rng()).unwrap();
+    let probe = lazy.try_acquire(&p, at(4_000), &mut rng()).expect("the open period ended at 3.5 s");
+    assert!(probe.is_probe());
+    assert_eq!(lazy.status(), BreakerStatus::HalfOpen { permits: 1 });
+    let mut prompt = Breaker::new(&p, 1);
+    fail(&mut prompt, &p, at(0));
+    let _lost = prompt.try_acquire(&p, at(1_000), &mut rng()).unwrap();
+    prompt.handle_timeout(&p, at(1_500), &mut rng());
+    prompt.handle_timeout(&p, at(3_500), &mut rng());
+    let _probe = prompt.try_acquire(&p, at(4_000), &mut rng()).unwrap();
+    assert_eq!(prompt.status(), lazy.status(), "the state does not depend on how promptly the driver woke it");
+}
+
 #[test]
 fn k4_a_slow_probe_counts_as_a_failure_when_slow_calls_trip() {
     let p = policy(|b| b.slow_call_rate(1.0, ms(100)).count_window(1).consecutive_failures(1));

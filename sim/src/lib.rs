@@ -7,15 +7,29 @@
 //! trace and the commands that replay it. No wall clock, no threads, no `HashMap` iteration:
 //! the same seed gives the same trace hash (G0).
 //!
-//! Scenario families ([`Machine`]): `retry` (several [`persevere::Retry`] machines interleaved,
-//! with a shared budget), `driven` (the real `persevere_driver::retry` loop).
+//! Scenario families ([`Machine`]), one module each:
+//!
+//! - `retry` — several [`persevere::Retry`] machines interleaved, with a shared budget;
+//! - `driven` — the real `persevere_driver::retry` loop on the virtual-time executor;
+//! - `supervision` — supervised tasks of every restart mode (S1–S6);
+//! - `flow` — recurring every and cron flows in one [`persevere::Flows`] registry (F1–F10);
+//! - `breaker` — a [`persevere::Breaker`] and a shared retry budget under many callers (K, U);
+//! - `delivery` — a [`persevere::Deliveries`] table and unreliable workers (D1–D10).
+//!
+//! Each family draws its scenario from the seed, drives the real machines, checks every step
+//! against a reference model, and has a `…Bug` enum of injected defects that prove its checks
+//! can fail.
 #![deny(missing_docs)]
 
+pub mod breaker;
 pub mod contention;
+pub mod delivery;
 pub mod driven;
 pub mod executor;
+pub mod flow;
 pub mod plot;
 pub mod retry;
+pub mod supervision;
 pub mod world;
 
 pub use world::{Summary, Violation, World};
@@ -27,17 +41,30 @@ pub enum Machine {
     Retry,
     /// The real async driving loop on virtual time.
     Driven,
+    /// Interleaved supervised tasks.
+    Supervision,
+    /// Recurring flows in one registry.
+    Flow,
+    /// A circuit breaker and a retry budget shared by many callers.
+    Breaker,
+    /// A delivery table handing tasks to unreliable workers.
+    Delivery,
 }
 
 impl Machine {
     /// Every family, in report order.
-    pub const ALL: [Machine; 2] = [Machine::Retry, Machine::Driven];
+    pub const ALL: [Machine; 6] =
+        [Machine::Retry, Machine::Driven, Machine::Supervision, Machine::Flow, Machine::Breaker, Machine::Delivery];
 
     /// The family's name, as used on the command line.
     pub fn name(self) -> &'static str {
         match self {
             Machine::Retry => "retry",
             Machine::Driven => "driven",
+            Machine::Supervision => "supervision",
+            Machine::Flow => "flow",
+            Machine::Breaker => "breaker",
+            Machine::Delivery => "delivery",
         }
     }
 
@@ -51,6 +78,10 @@ impl Machine {
         match self {
             Machine::Retry => retry::run(seed, None),
             Machine::Driven => driven::run(seed),
+            Machine::Supervision => supervision::run(seed, None),
+            Machine::Flow => flow::run(seed, None),
+            Machine::Breaker => breaker::run(seed, None),
+            Machine::Delivery => delivery::run(seed, None),
         }
     }
 }
@@ -66,6 +97,8 @@ pub struct Totals {
     pub checks: u64,
     /// Events traced.
     pub events: u64,
+    /// Checks evaluated per rule (see [`world::rule_name`]).
+    pub by_rule: [u64; world::RULES],
 }
 
 /// Runs `count` scenarios of `machine` from seed `first` on; stops at the first violation.
@@ -77,6 +110,9 @@ pub fn suite(machine: Machine, first: u64, count: u64) -> Result<Totals, Violati
         totals.steps += s.steps;
         totals.checks += s.checks;
         totals.events += s.events;
+        for (total, n) in totals.by_rule.iter_mut().zip(s.by_rule) {
+            *total += n;
+        }
     }
     Ok(totals)
 }

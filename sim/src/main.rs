@@ -1,7 +1,9 @@
 //! `cargo run -p sim --release`: the seeded suite, its report, and the contention experiment.
 //!
 //! - `cargo run -p sim --release` — every scenario family, `SIM_RUNS` scenarios each (default
-//!   20 000), then the contention table; the plot goes to `target/sim/contention.svg`.
+//!   20 000), with core events per second and the checks per guarantee, then the contention
+//!   table; the plot goes to `target/sim/contention.svg`.
+//! - `cargo run -p sim --release -- sweep <family> <count> [first seed]` — one family only.
 //! - `cargo run -p sim --release -- replay <family> <seed>` — one scenario, with its trace hash,
 //!   or its violation with the recent trace.
 
@@ -10,12 +12,14 @@ use std::time::Instant as WallClock;
 
 use sim::contention::{self, Strategy};
 use sim::plot::{Series, line_chart};
+use sim::world::{RULES, rule_name};
 use sim::{Machine, suite};
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("replay") => replay(&args[1..]),
+        Some("sweep") => sweep(&args[1..]),
         None | Some("report") => report(),
         Some(other) => {
             eprintln!("unknown command {other:?}; use `replay <family> <seed>` or no argument");
@@ -51,29 +55,79 @@ fn replay(args: &[String]) -> ExitCode {
     }
 }
 
+fn sweep(args: &[String]) -> ExitCode {
+    let (Some(machine), Some(count)) =
+        (args.first().and_then(|m| Machine::from_name(m)), args.get(1).and_then(|s| s.parse::<u64>().ok()))
+    else {
+        let names: Vec<_> = Machine::ALL.iter().map(|m| m.name()).collect();
+        eprintln!("usage: sweep <family> <count> [first seed], with family one of {names:?}");
+        return ExitCode::FAILURE;
+    };
+    let first = args.get(2).and_then(|s| s.parse::<u64>().ok()).unwrap_or(0);
+    let started = WallClock::now();
+    match suite(machine, first, count) {
+        Ok(t) => {
+            let secs = started.elapsed().as_secs_f64();
+            println!(
+                "{}: {} scenarios, {} steps, {} checks, {} events, {:.0} events/s",
+                machine.name(),
+                t.scenarios,
+                t.steps,
+                t.checks,
+                t.events,
+                t.events as f64 / secs
+            );
+            print_rules(&t.by_rule);
+            ExitCode::SUCCESS
+        }
+        Err(violation) => {
+            eprintln!("{violation}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn print_rules(by_rule: &[u64; RULES]) {
+    let cells: Vec<String> =
+        (0..RULES).filter(|&i| by_rule[i] > 0).map(|i| format!("{} {}", rule_name(i), by_rule[i])).collect();
+    println!("  checks per rule: {}", cells.join(", "));
+}
+
 fn report() -> ExitCode {
     let runs: u64 = std::env::var("SIM_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(20_000);
     let first: u64 = std::env::var("SIM_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
     println!("persevere simulator — {runs} scenarios per family from seed {first}\n");
     println!(
-        "{:<10} {:>10} {:>12} {:>14} {:>12} {:>14}",
-        "family", "scenarios", "steps", "checks", "events", "events/s"
+        "{:<12} {:>10} {:>13} {:>14} {:>12} {:>15} {:>13} {:>8}",
+        "family", "scenarios", "core events", "checks", "traced", "core events/s", "traced/s", "seconds"
     );
     let mut failed = false;
+    let mut all = sim::Totals::default();
+    let mut all_secs = 0.0;
     for machine in Machine::ALL {
         let started = WallClock::now();
         match suite(machine, first, runs) {
             Ok(t) => {
                 let secs = started.elapsed().as_secs_f64();
+                all_secs += secs;
                 println!(
-                    "{:<10} {:>10} {:>12} {:>14} {:>12} {:>14.0}",
+                    "{:<12} {:>10} {:>13} {:>14} {:>12} {:>15.0} {:>13.0} {:>8.2}",
                     machine.name(),
                     t.scenarios,
                     t.steps,
                     t.checks,
                     t.events,
-                    t.events as f64 / secs
+                    t.steps as f64 / secs,
+                    t.events as f64 / secs,
+                    secs
                 );
+                all.scenarios += t.scenarios;
+                all.steps += t.steps;
+                all.checks += t.checks;
+                all.events += t.events;
+                for (total, n) in all.by_rule.iter_mut().zip(t.by_rule) {
+                    *total += n;
+                }
             }
             Err(violation) => {
                 failed = true;
@@ -81,6 +135,35 @@ fn report() -> ExitCode {
             }
         }
     }
+    println!(
+        "{:<12} {:>10} {:>13} {:>14} {:>12} {:>15.0} {:>13.0} {:>8.2}",
+        "all",
+        all.scenarios,
+        all.steps,
+        all.checks,
+        all.events,
+        all.steps as f64 / all_secs,
+        all.events as f64 / all_secs,
+        all_secs
+    );
+    println!("(a core event is one input fed to a core machine or one output drained from it)");
+    // G0: the first seeds of every family, run twice, give the same trace.
+    let mut same = 0u64;
+    for machine in Machine::ALL {
+        for seed in first..first.saturating_add(runs.min(200)) {
+            if let (Ok(a), Ok(b)) = (machine.run(seed), machine.run(seed)) {
+                if a == b {
+                    same += 1;
+                } else {
+                    failed = true;
+                    eprintln!("G0 violated: {} seed {seed} gave two different traces", machine.name());
+                }
+            }
+        }
+    }
+    all.by_rule[0] += same;
+    println!("\nguarantees checked (all families):");
+    print_rules(&all.by_rule);
 
     println!("\ncontention: clients competing for one resource (1 ms slots; base 5 ms, cap 10 s; mean of 20 runs)\n");
     let contenders = [10u32, 25, 50, 100, 200];

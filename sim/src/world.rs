@@ -2,12 +2,81 @@
 
 use std::fmt;
 
-use persevere::Instant;
+use std::time::Duration;
+
+use persevere::{Backoff, Instant, Jitter, Schedule};
 use rand_chacha::ChaCha8Rng;
 use rand_core::{Rng, SeedableRng};
 
 /// How many recent events a violation report shows.
 pub const RECENT: usize = 48;
+
+/// Checks are counted per guarantee: `G0`–`G13`, then one slot for the machine rules
+/// (`R`, `S`, `F`, `K`, `U`, `D`) that the families also check.
+pub const RULES: usize = 15;
+
+/// The name of slot `i` of [`Summary::by_rule`].
+pub fn rule_name(i: usize) -> &'static str {
+    const NAMES: [&str; RULES] =
+        ["G0", "G1", "G2", "G3", "G4", "G5", "G6", "G7", "G8", "G9", "G10", "G11", "G12", "G13", "R/S/F/K/U/D"];
+    NAMES.get(i).copied().unwrap_or("?")
+}
+
+/// The slot of `rule` in [`Summary::by_rule`]: `"G7"` is 7, anything else the last slot.
+#[inline]
+fn rule_index(rule: &str) -> usize {
+    match rule.as_bytes() {
+        [b'G', d] if d.is_ascii_digit() => usize::from(d - b'0'),
+        [b'G', b'1', d] if (b'0'..=b'3').contains(d) => 10 + usize::from(d - b'0'),
+        _ => RULES - 1,
+    }
+}
+
+/// The bounds `(least, most)` of the delay `backoff` may draw after the `failures`-th
+/// consecutive failure, `previous_ns` being the delay it drew before (B1–B3): the envelope
+/// jittered, raised to the floor and capped.
+pub fn delay_bounds(backoff: &Backoff, failures: u32, previous_ns: u64) -> (u64, u64) {
+    let cap = backoff.max_delay().as_nanos() as u64;
+    let floor = backoff.min_delay().as_nanos() as u64;
+    let envelope = backoff.envelope(failures).as_nanos() as u64;
+    let (lo, hi) = match (backoff.schedule(), backoff.jitter_kind()) {
+        (Schedule::Decorrelated { base }, _) => {
+            let base = base.as_nanos() as u64;
+            (base, previous_ns.max(base).saturating_mul(3))
+        }
+        (_, Jitter::None) => (envelope, envelope),
+        (_, Jitter::Full) => (0, envelope),
+        (_, Jitter::Equal) => (envelope / 2, envelope),
+        (_, Jitter::Proportional(f)) => {
+            let spread = (envelope as f64 * f) as u64 + 1;
+            (envelope.saturating_sub(spread), envelope.saturating_add(spread))
+        }
+    };
+    (lo.max(floor).min(cap), hi.max(floor).min(cap))
+}
+
+/// Draws a backoff (swarm testing): any schedule, any jitter, an initial delay up to
+/// `initial_ms` and a cap up to `cap_ms` above it, sometimes a floor.
+pub fn draw_backoff(world: &mut World, initial_ms: u64, cap_ms: u64) -> Backoff {
+    let ms = Duration::from_millis;
+    let jitter = match world.between(0, 3) {
+        0 => Jitter::None,
+        1 => Jitter::Full,
+        2 => Jitter::Equal,
+        _ => Jitter::Proportional(world.between(0, 1000) as f64 / 1000.0),
+    };
+    let initial = ms(world.between(0, initial_ms));
+    let cap = initial + ms(world.between(0, cap_ms));
+    let builder = match world.between(0, 3) {
+        0 => Backoff::constant(initial).jitter(jitter),
+        1 => Backoff::linear(initial, ms(world.between(0, initial_ms.max(1) * 2))).jitter(jitter),
+        2 => Backoff::exponential(initial.max(ms(1)), 1.0 + world.between(0, 3_000) as f64 / 1000.0).jitter(jitter),
+        _ => Backoff::decorrelated(initial.max(ms(1))),
+    };
+    let builder = builder.max_delay(cap.max(ms(1)));
+    let builder = if world.chance(300) { builder.min_delay(ms(world.between(0, 50)).min(initial)) } else { builder };
+    builder.build().expect("drawn backoffs are valid")
+}
 
 /// One thing that happened, compact and `Copy` so that tracing costs no allocation. Formatted
 /// only when a violation is reported.
@@ -80,6 +149,7 @@ pub struct World {
     pub steps: u64,
     /// Guarantee checks evaluated.
     pub checks: u64,
+    by_rule: [u64; RULES],
     hash: u64,
     ring: [Event; RECENT],
     events: u64,
@@ -95,6 +165,7 @@ impl World {
             now: Instant::ZERO,
             steps: 0,
             checks: 0,
+            by_rule: [0; RULES],
             hash: 0xcbf2_9ce4_8422_2325,
             ring: [Event::default(); RECENT],
             events: 0,
@@ -157,6 +228,7 @@ impl World {
     #[inline]
     pub fn check(&mut self, rule: &'static str, ok: bool, message: impl FnOnce() -> String) -> Result<(), Violation> {
         self.checks += 1;
+        self.by_rule[rule_index(rule)] += 1;
         if ok { Ok(()) } else { Err(self.violation(rule, message())) }
     }
 
@@ -175,6 +247,8 @@ pub struct Summary {
     pub steps: u64,
     /// Guarantee checks evaluated.
     pub checks: u64,
+    /// Checks evaluated per rule (see [`rule_name`]).
+    pub by_rule: [u64; RULES],
     /// Events traced.
     pub events: u64,
     /// The trace hash (G0).
@@ -184,6 +258,12 @@ pub struct Summary {
 impl World {
     /// The summary of the scenario so far.
     pub fn summary(&self) -> Summary {
-        Summary { steps: self.steps, checks: self.checks, events: self.events, trace_hash: self.hash }
+        Summary {
+            steps: self.steps,
+            checks: self.checks,
+            by_rule: self.by_rule,
+            events: self.events,
+            trace_hash: self.hash,
+        }
     }
 }

@@ -5,7 +5,11 @@
 //! `SIM_MACHINE` select the scenario the `replay` test runs.
 
 use proptest::prelude::*;
+use sim::breaker::BreakerBug;
+use sim::delivery::DeliveryBug;
+use sim::flow::FlowBug;
 use sim::retry::RetryBug;
+use sim::supervision::SupervisionBug;
 use sim::{Machine, suite};
 
 fn runs(default: u64) -> u64 {
@@ -16,6 +20,30 @@ fn runs(default: u64) -> u64 {
 fn retry_scenarios_hold_every_guarantee() {
     let totals = suite(Machine::Retry, 0, runs(20_000)).unwrap_or_else(|v| panic!("{v}"));
     assert!(totals.checks > totals.scenarios, "the checks ran");
+}
+
+#[test]
+fn supervision_scenarios_hold_every_guarantee() {
+    let totals = suite(Machine::Supervision, 0, runs(50_000)).unwrap_or_else(|v| panic!("{v}"));
+    assert!(totals.checks > totals.scenarios);
+}
+
+#[test]
+fn flow_scenarios_hold_every_guarantee() {
+    let totals = suite(Machine::Flow, 0, runs(30_000)).unwrap_or_else(|v| panic!("{v}"));
+    assert!(totals.checks > totals.scenarios);
+}
+
+#[test]
+fn breaker_scenarios_hold_every_guarantee() {
+    let totals = suite(Machine::Breaker, 0, runs(25_000)).unwrap_or_else(|v| panic!("{v}"));
+    assert!(totals.checks > totals.scenarios);
+}
+
+#[test]
+fn delivery_scenarios_hold_every_guarantee() {
+    let totals = suite(Machine::Delivery, 0, runs(30_000)).unwrap_or_else(|v| panic!("{v}"));
+    assert!(totals.checks > totals.scenarios);
 }
 
 #[test]
@@ -68,6 +96,72 @@ fn an_injected_delay_past_the_cap_is_caught_as_g1() {
 #[test]
 fn an_injected_extra_attempt_is_caught_as_g2() {
     assert_eq!(caught(RetryBug::ExtraAttempt), "G2");
+}
+
+/// Runs seeds of a family with an injected bug until it is caught; returns the violated rule.
+fn caught_by(name: &str, run: impl Fn(u64) -> Result<sim::Summary, sim::Violation>) -> &'static str {
+    (0..5_000).find_map(|seed| run(seed).err()).unwrap_or_else(|| panic!("{name} was never caught")).rule
+}
+
+#[test]
+fn an_injected_retry_of_a_fatal_task_failure_is_caught_as_g4() {
+    assert_eq!(caught_by("RetryFatal", |s| sim::supervision::run(s, Some(SupervisionBug::RetryFatal))), "G4");
+}
+
+#[test]
+fn an_injected_periodic_interval_from_the_start_is_caught_as_g6() {
+    assert_eq!(
+        caught_by("IntervalFromStart", |s| sim::supervision::run(s, Some(SupervisionBug::IntervalFromStart))),
+        "G6"
+    );
+}
+
+#[test]
+fn an_injected_second_task_finished_is_caught_as_g11() {
+    assert_eq!(caught_by("DoubleFinish", |s| sim::supervision::run(s, Some(SupervisionBug::DoubleFinish))), "G11");
+}
+
+#[test]
+fn an_injected_dispatch_of_a_tripped_flow_is_caught_as_g5() {
+    assert_eq!(caught_by("DispatchWhileTripped", |s| sim::flow::run(s, Some(FlowBug::DispatchWhileTripped))), "G5");
+}
+
+#[test]
+fn an_injected_replay_of_a_skipped_cron_tick_is_caught_as_g6() {
+    assert_eq!(caught_by("ReplaySkippedTick", |s| sim::flow::run(s, Some(FlowBug::ReplaySkippedTick))), "G6");
+}
+
+#[test]
+fn an_injected_extra_half_open_probe_is_caught_as_g8() {
+    assert_eq!(caught_by("ExtraProbe", |s| sim::breaker::run(s, Some(BreakerBug::ExtraProbe))), "G8");
+}
+
+#[test]
+fn an_injected_admission_while_open_is_caught_as_g8() {
+    assert_eq!(caught_by("AdmitWhileOpen", |s| sim::breaker::run(s, Some(BreakerBug::AdmitWhileOpen))), "G8");
+}
+
+#[test]
+fn an_injected_budget_overgrant_is_caught_as_g9() {
+    assert_eq!(caught_by("Overgrant", |s| sim::breaker::run(s, Some(BreakerBug::Overgrant))), "G9");
+}
+
+#[test]
+fn an_injected_second_worker_for_a_sync_attempt_is_caught_as_g10() {
+    assert_eq!(caught_by("SecondWorker", |s| sim::delivery::run(s, Some(DeliveryBug::SecondWorker))), "G10");
+}
+
+#[test]
+fn an_injected_free_return_that_consumes_a_retry_is_caught_as_g10() {
+    assert_eq!(
+        caught_by("DeclineAsDisconnect", |s| sim::delivery::run(s, Some(DeliveryBug::DeclineAsDisconnect))),
+        "G10"
+    );
+}
+
+#[test]
+fn an_injected_lost_task_is_caught_as_g11() {
+    assert_eq!(caught_by("LoseCompleted", |s| sim::delivery::run(s, Some(DeliveryBug::LoseCompleted))), "G11");
 }
 
 #[test]

@@ -1,0 +1,707 @@
+//! Supervision scenarios: several supervised tasks interleaved on virtual time, each a real
+//! [`persevere::Supervision`] machine with its own drawn policy (`once`, `restartable`,
+//! `periodic`, `from_defaults`, settings inherited, switched off or overridden), attempt
+//! failures of every class, attempt timeouts, panics while dropping a timed-out attempt,
+//! driver cancels and stalled clocks, checked against a reference model after every event
+//! (G1–G4, G6, G7, G11–G13, S1, S3–S6).
+
+use std::time::Duration;
+
+use persevere::{
+    Backoff, Failure, FailureClass, FailureKind, Hint, Instant, Restart, Setting, Supervision, SupervisionPolicy,
+    SupervisionPolicyBuilder, TaskDefaults, TaskEvent, TaskOutcome, TaskOutcomeKind,
+};
+
+use crate::world::{Summary, Violation, World, delay_bounds, draw_backoff};
+
+/// A deliberate defect, to prove the checks can fail.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SupervisionBug {
+    /// The driver feeds a fatal failure to the machine as retryable: fatal errors get retried.
+    RetryFatal,
+    /// A periodic task's interval is measured from the successful attempt's start, not its end.
+    IntervalFromStart,
+    /// The driver delivers a task's `TaskFinished` twice.
+    DoubleFinish,
+}
+
+/// The drawn configuration of one supervision scenario (swarm testing: the seed chooses it).
+#[derive(Clone, Debug)]
+pub struct SupervisionScenario {
+    /// The supervisor-wide defaults.
+    pub defaults: TaskDefaults,
+    /// Each task's own settings, and the policy they resolve to.
+    pub tasks: Vec<(SupervisionPolicyBuilder, SupervisionPolicy)>,
+    /// Relative weights of each failure class, in `CLASSES` order.
+    pub fault_weights: [u64; 7],
+    /// Per-mille chance that an attempt fails (before the fault horizon).
+    pub failure_rate: u64,
+    /// Per-mille chance that an attempt hangs past its timeout (only with a timeout).
+    pub hang_rate: u64,
+    /// Per-mille chance that dropping a timed-out attempt panics.
+    pub panic_rate: u64,
+    /// Per-mille chance that a step reports a stale clock.
+    pub stall_rate: u64,
+    /// Per-mille chance that a step first feeds a wrong input (G12).
+    pub misuse_rate: u64,
+    /// Per-mille chance that the driver cancels a task at a step.
+    pub cancel_rate: u64,
+    /// Longest attempt, in nanoseconds.
+    pub attempt_ns: u64,
+    /// Longest drop of a timed-out attempt, in nanoseconds.
+    pub drop_ns: u64,
+    /// Longest hinted delay, in nanoseconds.
+    pub hint_ns: u64,
+    /// After this instant every attempt succeeds in time and nothing panics (G13).
+    pub horizon: Instant,
+    /// Successful repeats after the horizon before the driver cancels a periodic task.
+    pub periodic_runs: u32,
+}
+
+const CLASSES: [FailureClass; 7] = [
+    FailureClass::Retryable,
+    FailureClass::Timeout,
+    FailureClass::Panicked,
+    FailureClass::Fatal,
+    FailureClass::Canceled,
+    FailureClass::RetryAfter,
+    FailureClass::DoNotRetry,
+];
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn draw_restart(world: &mut World) -> Restart {
+    match world.between(0, 2) {
+        0 => Restart::Once,
+        1 => Restart::Restartable,
+        _ => Restart::Periodic { interval: ms(world.between(0, 3_000)) },
+    }
+}
+
+fn draw_setting<T>(world: &mut World, value: impl FnOnce(&mut World) -> T) -> Setting<T> {
+    match world.between(0, 2) {
+        0 => Setting::Inherit,
+        1 => Setting::Off,
+        _ => Setting::Set(value(world)),
+    }
+}
+
+impl SupervisionScenario {
+    /// Draws a scenario from the world's RNG.
+    pub fn draw(world: &mut World) -> Self {
+        let defaults = TaskDefaults {
+            restart: draw_restart(world),
+            backoff: if world.chance(200) { TaskDefaults::new().backoff } else { draw_backoff(world, 200, 3_000) },
+            attempt_timeout: world.chance(400).then(|| ms(world.between(1, 2_000))),
+            max_retries: world.chance(500).then(|| world.between(1, 6) as u32),
+            min_spacing: ms(world.pick(&[0, 1, 1, 5, 20])),
+        };
+        let count = world.between(1, 10);
+        let tasks = (0..count)
+            .map(|_| {
+                let mut builder = match world.between(0, 3) {
+                    0 => SupervisionPolicy::once(),
+                    1 => SupervisionPolicy::restartable(),
+                    2 => SupervisionPolicy::periodic(ms(world.between(0, 3_000))),
+                    _ => SupervisionPolicy::from_defaults(),
+                };
+                if world.chance(500) {
+                    builder.backoff = draw_setting(world, |w| draw_backoff(w, 200, 3_000));
+                }
+                if world.chance(500) {
+                    builder.attempt_timeout = draw_setting(world, |w| ms(w.between(1, 2_000)));
+                }
+                if world.chance(500) {
+                    builder.max_retries = draw_setting(world, |w| w.between(1, 6) as u32);
+                }
+                if world.chance(300) {
+                    builder.min_spacing = draw_setting(world, |w| ms(w.between(0, 30)));
+                }
+                let policy = builder.build(&defaults).expect("drawn policies are valid");
+                (builder, policy)
+            })
+            .collect();
+        let mut fault_weights = [0u64; 7];
+        for w in &mut fault_weights {
+            *w = world.between(0, 10);
+        }
+        fault_weights[0] += 5;
+        SupervisionScenario {
+            defaults,
+            tasks,
+            fault_weights,
+            failure_rate: world.between(0, 1000),
+            hang_rate: world.between(0, 250),
+            panic_rate: world.between(0, 300),
+            stall_rate: world.between(0, 100),
+            misuse_rate: world.between(0, 150),
+            cancel_rate: world.between(0, 6),
+            attempt_ns: ms(world.between(0, 500)).as_nanos() as u64,
+            drop_ns: ms(world.between(0, 50)).as_nanos() as u64,
+            hint_ns: ms(world.between(0, 4_000)).as_nanos() as u64,
+            horizon: Instant::from_millis(world.between(0, 40_000)),
+            periodic_runs: world.between(1, 4) as u32,
+        }
+    }
+}
+
+/// Where a task is in the event grammar of S6.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+enum Gram {
+    #[default]
+    Idle,
+    Running,
+    /// The attempt's end was reported; a `BackoffScheduled` or `TaskFinished` follows.
+    Ended,
+    /// `AttemptTimedOut`: the driver drops the attempt, then reports it.
+    Abandoning,
+    /// The drop was reported; a `BackoffScheduled` or `TaskFinished` follows.
+    Dropped,
+    Waiting,
+    Finished,
+}
+
+/// How the latest attempt ended, as fed to the machine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum End {
+    Succeeded,
+    /// A failure of this class, with its hinted delay in ns.
+    Failed(FailureClass, Option<u64>),
+    /// Timed out and dropped cleanly.
+    TimedOut,
+    /// Dropping it panicked.
+    Panicked,
+    /// Canceled by the driver while it ran.
+    Canceled,
+}
+
+/// The reference model of one task.
+#[derive(Clone, Debug, Default)]
+struct Model {
+    gram: Gram,
+    finished: bool,
+    /// The running attempt and when it reports (`None`: it hangs).
+    running: Option<(u64, Option<Instant>)>,
+    deadline: Option<Instant>,
+    /// When the driver reports the drop of a timed-out attempt.
+    abandon_at: Option<Instant>,
+    attempts: u64,
+    /// Consecutive failed attempts, the latest included.
+    streak: u32,
+    /// An upper bound of the backoff's previous delay (exact unless `min_spacing` hid it).
+    previous_delay: u64,
+    first_start: Instant,
+    last_start: Instant,
+    last_now: Instant,
+    end: Option<End>,
+    /// The wait scheduled by the latest `BackoffScheduled`.
+    until: Option<Instant>,
+    driver_canceled: bool,
+    /// The machine's own wake-up time.
+    wake: Option<Instant>,
+    successes_after_horizon: u32,
+}
+
+impl Model {
+    fn due(&self) -> Option<Instant> {
+        [self.running.and_then(|r| r.1), self.wake, self.abandon_at].into_iter().flatten().min()
+    }
+}
+
+/// Runs the supervision scenario of `seed`; `bug` injects a defect.
+pub fn run(seed: u64, bug: Option<SupervisionBug>) -> Result<Summary, Violation> {
+    let mut world = World::new("supervision", seed);
+    let scenario = SupervisionScenario::draw(&mut world);
+    let n = scenario.tasks.len();
+    for (i, (builder, policy)) in scenario.tasks.iter().enumerate() {
+        check_resolution(&mut world, &scenario.defaults, i, builder, policy)?;
+    }
+    let mut machines: Vec<Supervision<u32>> = vec![Supervision::new(); n];
+    let mut models: Vec<Model> = vec![Model::default(); n];
+    let mut starts: Vec<Option<Instant>> =
+        (0..n).map(|_| Some(Instant::from_millis(world.between(0, 1_000)))).collect();
+
+    for _ in 0..200_000u32 {
+        let mut next: Option<(Instant, usize)> = None;
+        for i in 0..n {
+            let due = if let Some(start) = starts[i] {
+                Some(start)
+            } else if models[i].finished {
+                None
+            } else if periodic_done(&scenario, i, &models[i]) {
+                // The driver stops a periodic task that has shown it runs on time.
+                Some(models[i].last_now.later(world.now))
+            } else {
+                models[i].due()
+            };
+            if let Some(t) = due
+                && next.is_none_or(|(best, _)| t < best)
+            {
+                next = Some((t, i));
+            }
+        }
+        let Some((due, i)) = next else {
+            for (i, m) in models.iter().enumerate() {
+                world.check("G11", m.finished && m.gram == Gram::Finished, || format!("task {i} never finished"))?;
+            }
+            return Ok(world.summary());
+        };
+        world.now = world.now.later(due);
+        world.steps += 1;
+        let reported = if world.chance(scenario.stall_rate) {
+            world.now.saturating_sub(ms(world.between(0, 50)))
+        } else {
+            world.now
+        };
+        let policy = &scenario.tasks[i].1;
+        if world.chance(scenario.misuse_rate) {
+            // Any started task, finished ones included, refuses a wrong input.
+            let j = world.between(0, n as u64 - 1) as usize;
+            if starts[j].is_none() {
+                let policy = &scenario.tasks[j].1;
+                misuse(&mut world, policy, &mut machines[j], &models[j], reported)?;
+            }
+        }
+        let (machine, model) = (&mut machines[i], &mut models[i]);
+        let eff = model.last_now.later(reported);
+        if starts[i].is_some() {
+            starts[i] = None;
+            world.record(i as u32, "start task", 0, 0);
+            machine
+                .handle_start(policy, reported)
+                .map_err(|e| world.violation("G12", format!("start refused: {e}")))?;
+            model.first_start = eff;
+        } else if periodic_done(&scenario, i, model) || world.chance(scenario.cancel_rate) {
+            world.record(i as u32, "driver cancels", 0, 0);
+            machine.handle_cancel(reported).map_err(|e| world.violation("G12", format!("cancel refused: {e}")))?;
+            model.driver_canceled = true;
+            if model.running.take().is_some() {
+                model.end = Some(End::Canceled);
+            }
+        } else if let Some((attempt, Some(report_at))) = model.running.filter(|r| r.1 == Some(due)) {
+            model.running = None;
+            if world.now >= scenario.horizon || !world.chance(scenario.failure_rate) {
+                world.record(i as u32, "attempt succeeds", attempt, report_at.as_nanos());
+                model.end = Some(End::Succeeded);
+                machine
+                    .handle_success(policy, reported, attempt)
+                    .map_err(|e| world.violation("G12", format!("success refused: {e}")))?;
+            } else {
+                let (kind, hint) = draw_failure(&mut world, &scenario, eff);
+                let class = kind.class();
+                world.record(i as u32, "attempt fails", attempt, class as u64);
+                model.end = Some(End::Failed(class, hint));
+                let fed = if bug == Some(SupervisionBug::RetryFatal) && class == FailureClass::Fatal {
+                    FailureKind::Retryable
+                } else {
+                    kind
+                };
+                machine
+                    .handle_failure(policy, reported, attempt, Failure::new(fed, attempt as u32), world.rng())
+                    .map_err(|e| world.violation("G12", format!("failure refused: {e}")))?;
+            }
+        } else if model.abandon_at == Some(due) {
+            model.abandon_at = None;
+            let panics = world.now < scenario.horizon && world.chance(scenario.panic_rate);
+            world.record(i as u32, "attempt dropped", model.attempts, u64::from(panics));
+            model.end = Some(if panics { End::Panicked } else { End::TimedOut });
+            machine
+                .handle_abandoned(policy, reported, model.attempts, panics.then_some(7), world.rng())
+                .map_err(|e| world.violation("G12", format!("drop refused: {e}")))?;
+            model.gram = check_gram(&mut world, i, model.gram, Gram::Abandoning, Gram::Dropped, "the drop")?;
+        } else {
+            world.record(i as u32, "timeout", eff.as_nanos(), 0);
+            machine.handle_timeout(policy, reported);
+        }
+        drain(&mut world, &scenario, bug, i, machine, model, eff)?;
+    }
+    Err(world.violation("G13", "the scenario did not finish within 200000 steps".into()))
+}
+
+/// Whether the driver is done with a periodic task: it has run on time often enough after
+/// the horizon.
+fn periodic_done(scenario: &SupervisionScenario, i: usize, model: &Model) -> bool {
+    matches!(scenario.tasks[i].1.restart(), Restart::Periodic { .. })
+        && !model.finished
+        && model.successes_after_horizon >= scenario.periodic_runs
+}
+
+/// S1: explicit settings win over the defaults, `Off` switches an inherited one off.
+fn check_resolution(
+    world: &mut World,
+    defaults: &TaskDefaults,
+    i: usize,
+    builder: &SupervisionPolicyBuilder,
+    policy: &SupervisionPolicy,
+) -> Result<(), Violation> {
+    let restart = match builder.restart {
+        Setting::Inherit => defaults.restart,
+        Setting::Off => Restart::Once,
+        Setting::Set(r) => r,
+    };
+    let timeout = match builder.attempt_timeout {
+        Setting::Inherit => defaults.attempt_timeout,
+        Setting::Off => None,
+        Setting::Set(t) => Some(t),
+    };
+    let retries = match builder.max_retries {
+        Setting::Inherit => defaults.max_retries,
+        Setting::Off => None,
+        Setting::Set(r) => Some(r),
+    };
+    let spacing = match builder.min_spacing {
+        Setting::Inherit => defaults.min_spacing,
+        Setting::Off => Duration::ZERO,
+        Setting::Set(s) => s,
+    };
+    let backoff = match builder.backoff {
+        Setting::Inherit => defaults.backoff,
+        Setting::Off => Backoff::constant(Duration::ZERO).build().expect("a constant zero backoff is valid"),
+        Setting::Set(b) => b,
+    };
+    let ok = policy.restart() == restart
+        && policy.attempt_timeout() == timeout
+        && policy.max_retries() == retries
+        && policy.min_spacing() == spacing
+        && *policy.backoff() == backoff;
+    world.check("S1", ok, || format!("task {i}: {builder:?} resolved against {defaults:?} to {policy:?}"))
+}
+
+/// Draws a failure kind; a hinted delay is returned in ns, as the machine must read it.
+fn draw_failure(world: &mut World, scenario: &SupervisionScenario, now: Instant) -> (FailureKind, Option<u64>) {
+    let total: u64 = scenario.fault_weights.iter().sum();
+    let mut ticket = world.between(0, total.max(1) - 1);
+    let mut class = FailureClass::Retryable;
+    for (c, w) in CLASSES.iter().zip(scenario.fault_weights) {
+        if ticket < w {
+            class = *c;
+            break;
+        }
+        ticket -= w;
+    }
+    match class {
+        FailureClass::Timeout => (FailureKind::Timeout, None),
+        FailureClass::Panicked => (FailureKind::Panicked, None),
+        FailureClass::Fatal => (FailureKind::Fatal, None),
+        FailureClass::Canceled => (FailureKind::Canceled, None),
+        FailureClass::DoNotRetry => (FailureKind::Hinted(Hint::DoNotRetry), None),
+        FailureClass::RetryAfter => {
+            let d = world.between(0, scenario.hint_ns);
+            if world.chance(500) {
+                (FailureKind::Hinted(Hint::After(Duration::from_nanos(d))), Some(d))
+            } else {
+                let at = now.saturating_add(Duration::from_nanos(d)).saturating_sub(ms(world.between(0, 100)));
+                (FailureKind::Hinted(Hint::At(at)), Some(at.saturating_duration_since(now).as_nanos() as u64))
+            }
+        }
+        _ => (FailureKind::Retryable, None),
+    }
+}
+
+/// Feeds a wrong input and checks it is refused without any change (G12).
+fn misuse(
+    world: &mut World,
+    policy: &SupervisionPolicy,
+    machine: &mut Supervision<u32>,
+    model: &Model,
+    now: Instant,
+) -> Result<(), Violation> {
+    let before = *machine;
+    let running = model.running.map(|r| r.0);
+    let wrong = running.map_or(model.attempts.wrapping_add(world.between(0, 2)), |a| a + world.between(1, 3));
+    let refused = match world.between(0, 5) {
+        0 => machine.handle_success(policy, now, wrong).is_err(),
+        1 => machine.handle_failure(policy, now, wrong, Failure::retryable(0), world.rng()).is_err(),
+        2 if model.abandon_at.is_some() => {
+            machine.handle_abandoned(policy, now, model.attempts + 1, None, world.rng()).is_err()
+        }
+        2 => machine.handle_abandoned(policy, now, wrong, Some(1), world.rng()).is_err(),
+        3 if model.finished => machine.handle_cancel(now).is_err(),
+        // Early is before the wake-up time, at the latest time the machine has seen.
+        4 if machine.poll_timeout().is_none_or(|t| t > model.last_now.later(now)) => {
+            // A spurious, early timeout changes nothing (and is no error).
+            machine.handle_timeout(policy, now);
+            world.record(0, "spurious timeout", now.as_nanos(), 0);
+            return world.check("§3", *machine == before, || {
+                format!("an early timeout at {now:?} changed {before:?} to {machine:?}")
+            });
+        }
+        _ => machine.handle_start(policy, now).is_err(),
+    };
+    world.record(0, "misuse fed", wrong, 0);
+    world.check("G12", refused, || "a wrong input was accepted".into())?;
+    world.check("G12", *machine == before, || "a refused input changed the state".into())
+}
+
+/// S6: the event grammar moves from `from` to `to`.
+fn check_gram(world: &mut World, i: usize, now: Gram, from: Gram, to: Gram, what: &str) -> Result<Gram, Violation> {
+    world.check("S6", now == from, || format!("task {i}: {what} while {now:?}, expected {from:?}"))?;
+    Ok(to)
+}
+
+/// Drains the machine's events and checks each against the model.
+fn drain(
+    world: &mut World,
+    scenario: &SupervisionScenario,
+    bug: Option<SupervisionBug>,
+    i: usize,
+    machine: &mut Supervision<u32>,
+    model: &mut Model,
+    eff: Instant,
+) -> Result<(), Violation> {
+    let policy = &scenario.tasks[i].1;
+    let subject = i as u32;
+    let spacing = policy.min_spacing();
+    let mut acted = false;
+    while let Some(event) = machine.poll_action() {
+        world.steps += 1;
+        acted = true;
+        world.check("G11", !model.finished, || format!("task {i}: {event:?} after TaskFinished"))?;
+        match event {
+            TaskEvent::AttemptStarting { attempt, deadline } => {
+                world.record(subject, "attempt starting", attempt, deadline.map_or(0, Instant::as_nanos));
+                let from = if model.attempts == 0 { Gram::Idle } else { Gram::Waiting };
+                model.gram = check_gram(world, i, model.gram, from, Gram::Running, "AttemptStarting")?;
+                world.check("G3", model.running.is_none() && model.abandon_at.is_none(), || {
+                    format!("task {i}: attempt {attempt} starts while another runs")
+                })?;
+                world.check("G2", attempt == model.attempts + 1, || {
+                    format!("task {i}: attempt {attempt} after {}", model.attempts)
+                })?;
+                let expected = policy.attempt_timeout().map(|t| eff.saturating_add(t)).filter(|d| *d != Instant::MAX);
+                world.check("S4", deadline == expected, || format!("deadline {deadline:?}, expected {expected:?}"))?;
+                if model.attempts > 0 {
+                    world.check("G6", eff >= model.last_start.saturating_add(spacing), || {
+                        format!("task {i}: starts {eff:?} and {:?} closer than {spacing:?}", model.last_start)
+                    })?;
+                    let until = model.until.unwrap_or(Instant::MAX);
+                    world.check("G6", eff >= until, || format!("task {i}: started at {eff:?} before {until:?}"))?;
+                }
+                model.attempts = attempt;
+                model.last_start = eff;
+                model.deadline = deadline;
+                model.until = None;
+                let faulty = world.now < scenario.horizon;
+                let hang = faulty && deadline.is_some() && world.chance(scenario.hang_rate);
+                let longest = match policy.attempt_timeout() {
+                    Some(t) if !faulty => scenario.attempt_ns.min((t.as_nanos() as u64).saturating_sub(1)),
+                    _ => scenario.attempt_ns,
+                };
+                let report = (!hang).then(|| eff.saturating_add(Duration::from_nanos(world.between(0, longest))));
+                model.running = Some((attempt, report));
+            }
+            TaskEvent::AttemptSucceeded { attempt } => {
+                world.record(subject, "attempt succeeded", attempt, 0);
+                model.gram = check_gram(world, i, model.gram, Gram::Running, Gram::Ended, "AttemptSucceeded")?;
+                world.check("S6", model.end == Some(End::Succeeded) && attempt == model.attempts, || {
+                    format!("task {i}: AttemptSucceeded {attempt} after {:?}", model.end)
+                })?;
+                model.streak = 0;
+                model.previous_delay = 0;
+                if world.now >= scenario.horizon {
+                    model.successes_after_horizon += 1;
+                }
+            }
+            TaskEvent::AttemptFailed { attempt, class } => {
+                world.record(subject, "attempt failed", attempt, class as u64);
+                model.gram = check_gram(world, i, model.gram, Gram::Running, Gram::Ended, "AttemptFailed")?;
+                let fed = matches!(model.end, Some(End::Failed(c, _)) if c == class || bug == Some(SupervisionBug::RetryFatal));
+                world.check("S4", fed && attempt == model.attempts, || {
+                    format!("task {i}: AttemptFailed {attempt} {class:?} after {:?}", model.end)
+                })?;
+                if class.is_retryable() || bug == Some(SupervisionBug::RetryFatal) {
+                    model.streak += 1;
+                }
+            }
+            TaskEvent::AttemptTimedOut { attempt } => {
+                world.record(subject, "attempt timed out", attempt, 0);
+                model.gram = check_gram(world, i, model.gram, Gram::Running, Gram::Abandoning, "AttemptTimedOut")?;
+                let deadline = model.deadline.unwrap_or(Instant::MAX);
+                world.check("G7", attempt == model.attempts && eff >= deadline, || {
+                    format!("task {i}: attempt {attempt} timed out at {eff:?}, before its deadline {deadline:?}")
+                })?;
+                model.running = None;
+                model.streak += 1;
+                model.abandon_at = Some(eff.saturating_add(Duration::from_nanos(world.between(0, scenario.drop_ns))));
+            }
+            TaskEvent::AttemptCanceled { attempt } => {
+                world.record(subject, "attempt canceled", attempt, 0);
+                model.gram = check_gram(world, i, model.gram, Gram::Running, Gram::Ended, "AttemptCanceled")?;
+                let why = matches!(model.end, Some(End::Canceled | End::Failed(FailureClass::Canceled, _)));
+                world.check("S4", why, || format!("task {i}: AttemptCanceled after {:?}", model.end))?;
+            }
+            TaskEvent::BackoffScheduled { next_attempt, delay, until } => {
+                world.record(subject, "backoff scheduled", next_attempt, delay.as_nanos() as u64);
+                let from = if model.gram == Gram::Dropped { Gram::Dropped } else { Gram::Ended };
+                model.gram = check_gram(world, i, model.gram, from, Gram::Waiting, "BackoffScheduled")?;
+                world.check("S6", next_attempt == model.attempts + 1 && until == eff.saturating_add(delay), || {
+                    format!("task {i}: BackoffScheduled {next_attempt} {delay:?} {until:?} at {eff:?}")
+                })?;
+                let until = if bug == Some(SupervisionBug::IntervalFromStart) && model.end == Some(End::Succeeded) {
+                    until.saturating_sub(eff.saturating_duration_since(model.last_start))
+                } else {
+                    until
+                };
+                check_wait(world, policy, i, model, until, eff)?;
+                model.until = Some(until);
+            }
+            TaskEvent::TaskFinished { outcome, attempts } => {
+                world.record(subject, "task finished", attempts, outcome.kind() as u64);
+                world.check("G11", model.gram != Gram::Finished, || format!("task {i}: a second TaskFinished"))?;
+                let ends = matches!(model.gram, Gram::Ended | Gram::Dropped)
+                    || model.driver_canceled && matches!(model.gram, Gram::Waiting | Gram::Abandoning);
+                world.check("S6", ends, || format!("task {i}: TaskFinished while {:?}", model.gram))?;
+                model.gram = Gram::Finished;
+                model.finished = true;
+                world.check("S6", attempts == model.attempts, || {
+                    format!("task {i}: finished after {attempts} attempts, {} started", model.attempts)
+                })?;
+                check_outcome(world, scenario, i, model, &outcome, eff)?;
+                if bug == Some(SupervisionBug::DoubleFinish) {
+                    world.check("G11", model.gram != Gram::Finished, || format!("task {i}: a second TaskFinished"))?;
+                }
+                model.running = None;
+                model.abandon_at = None;
+            }
+        }
+    }
+    if acted {
+        model.last_now = eff;
+    }
+    model.wake = machine.poll_timeout();
+    if !model.finished {
+        let expected = match model.gram {
+            Gram::Running => model.deadline,
+            Gram::Waiting => model.until,
+            _ => None,
+        };
+        let wake = model.wake;
+        let bugged = bug == Some(SupervisionBug::IntervalFromStart);
+        world.check("S5", wake == expected || bugged, || {
+            format!("task {i}: wakes at {wake:?}, expected {expected:?}")
+        })?;
+    }
+    Ok(())
+}
+
+/// G1, G2, G4, G6: a wait after an attempt: its length, and whether there may be one at all.
+fn check_wait(
+    world: &mut World,
+    policy: &SupervisionPolicy,
+    i: usize,
+    model: &mut Model,
+    until: Instant,
+    eff: Instant,
+) -> Result<(), Violation> {
+    let spaced = model.last_start.saturating_add(policy.min_spacing());
+    world.check("G6", until >= spaced, || format!("task {i}: next start {until:?} closer than min_spacing"))?;
+    let failure = match model.end {
+        Some(End::Succeeded) => {
+            let Restart::Periodic { interval } = policy.restart() else {
+                return Err(world.violation("S1", format!("task {i}: a non-periodic task repeats after a success")));
+            };
+            let expected = eff.saturating_add(interval).later(spaced);
+            world.check("G6", until == expected, || {
+                format!("task {i}: next periodic start {until:?}, expected {expected:?} (interval from the end)")
+            })?;
+            return world.check(
+                "G13",
+                until.saturating_duration_since(eff) <= interval.max(policy.min_spacing()),
+                || format!("task {i}: periodic wait past its bound"),
+            );
+        }
+        Some(End::Failed(class, hint)) => {
+            world.check("G4", class.is_retryable(), || format!("task {i}: a {class:?} failure is retried"))?;
+            hint
+        }
+        Some(End::TimedOut) => None,
+        other => return Err(world.violation("G4", format!("task {i}: a retry after {other:?}"))),
+    };
+    world.check("G2", policy.restart() != Restart::Once, || format!("task {i}: a `once` task is retried"))?;
+    let limit = policy.max_retries().unwrap_or(u32::MAX);
+    world.check("G2", model.streak <= limit, || {
+        format!("task {i}: failure {} of a streak retried under max_retries {limit}", model.streak)
+    })?;
+    if let Some(hinted) = failure {
+        let expected = eff.saturating_add(Duration::from_nanos(hinted)).later(spaced);
+        world.check("G1", until == expected, || {
+            format!("task {i}: hinted wait until {until:?}, expected {expected:?}")
+        })?;
+        model.previous_delay = hinted;
+        return Ok(());
+    }
+    let (lo, hi) = delay_bounds(policy.backoff(), model.streak, model.previous_delay);
+    let d = until.saturating_duration_since(eff).as_nanos() as u64;
+    if until > spaced {
+        world.check("G1", (lo..=hi).contains(&d), || {
+            format!("task {i}: delay {d} ns outside [{lo}, {hi}] for failure {}", model.streak)
+        })?;
+        model.previous_delay = d;
+    } else {
+        world.check("G1", eff.saturating_add(Duration::from_nanos(lo)) <= spaced, || {
+            format!("task {i}: a wait of min_spacing, shorter than the least delay {lo} ns")
+        })?;
+        model.previous_delay = hi.min(d);
+    }
+    Ok(())
+}
+
+/// G2, G4, G11, G13: the outcome is the one the model expects.
+fn check_outcome(
+    world: &mut World,
+    scenario: &SupervisionScenario,
+    i: usize,
+    model: &Model,
+    outcome: &TaskOutcome<u32>,
+    eff: Instant,
+) -> Result<(), Violation> {
+    let policy = &scenario.tasks[i].1;
+    let not_retried =
+        policy.restart() == Restart::Once || policy.max_retries().is_some_and(|m| model.streak == m.saturating_add(1));
+    let end = model.end;
+    let ok = match outcome.kind() {
+        TaskOutcomeKind::Completed => {
+            end == Some(End::Succeeded) && !matches!(policy.restart(), Restart::Periodic { .. })
+        }
+        TaskOutcomeKind::Failed => matches!(end, Some(End::Failed(c, _)) if c.is_retryable()) && not_retried,
+        TaskOutcomeKind::TimedOut => end == Some(End::TimedOut) && not_retried,
+        TaskOutcomeKind::Fatal => {
+            matches!(end, Some(End::Failed(FailureClass::Fatal | FailureClass::DoNotRetry, _)))
+        }
+        TaskOutcomeKind::Canceled => {
+            model.driver_canceled || matches!(end, Some(End::Failed(FailureClass::Canceled, _)))
+        }
+        TaskOutcomeKind::Panicked => end == Some(End::Panicked),
+    };
+    // A failure that must end the task (G4) is judged first; then the limits (G2).
+    let rule = match (end, outcome.kind()) {
+        (Some(End::Failed(c, _)), _) if !c.is_retryable() => "G4",
+        (_, TaskOutcomeKind::Failed | TaskOutcomeKind::TimedOut) => "G2",
+        _ => "G4",
+    };
+    world.check(rule, ok, || {
+        format!("task {i}: outcome {outcome:?} after {end:?}, streak {}, policy {policy:?}", model.streak)
+    })?;
+    // G13: once faults stop, a task finishes within a bound computed from its policy.
+    let longest_delay = Duration::from_nanos(delay_bounds(policy.backoff(), u32::MAX, u64::MAX).1);
+    let longest_sleep = longest_delay
+        .max(Duration::from_nanos(scenario.hint_ns))
+        .max(policy.min_spacing())
+        .saturating_add(policy.min_spacing());
+    let attempt = Duration::from_nanos(scenario.attempt_ns);
+    let mut bound = scenario
+        .horizon
+        .later(model.first_start)
+        .saturating_add(attempt)
+        .saturating_add(policy.attempt_timeout().unwrap_or(Duration::ZERO))
+        .saturating_add(Duration::from_nanos(scenario.drop_ns))
+        .saturating_add(longest_sleep)
+        .saturating_add(attempt);
+    if let Restart::Periodic { interval } = policy.restart() {
+        let round = attempt.saturating_add(interval.max(policy.min_spacing()));
+        bound = bound.saturating_add(round.saturating_mul(scenario.periodic_runs + 1));
+    }
+    world.check("G13", eff <= bound, || format!("task {i}: finished at {eff:?}, past the liveness bound {bound:?}"))
+}
