@@ -14,6 +14,7 @@
 pub mod contention;
 pub mod driven;
 pub mod executor;
+pub mod fuzzing;
 pub mod plot;
 pub mod retry;
 pub mod world;
