@@ -420,6 +420,8 @@ fn raw_envelope(shape: Shape, max_ns: u64, n: u32) -> u64 {
         Shape::Constant { delay } => delay,
         Shape::Linear { initial, step } => initial.saturating_add(step.saturating_mul(u64::from(n - 1))),
         Shape::Exponential { initial, multiplier, cap_ratio } => match growth(multiplier, n - 1, cap_ratio) {
+            // `initial·1` is `initial` exactly: through `f64` it would round above 2^53 ns.
+            Some(1.0) => initial,
             Some(factor) => ((initial as f64 * factor) as u64).max(initial),
             None => u64::MAX,
         },

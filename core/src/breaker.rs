@@ -368,7 +368,9 @@ impl From<BreakerPolicy> for BreakerPolicyBuilder {
             consecutive_failures: (policy.consecutive != u64::MAX).then_some(policy.consecutive as u32),
             failure_rate: policy.failure_rate,
             slow_call_rate: policy.slow_call_rate,
-            slow_call_threshold: (policy.slow_ns != u64::MAX).then(|| Duration::from_nanos(policy.slow_ns)),
+            // A slow-call rate always has a threshold, also one that saturated to `u64::MAX` ns.
+            slow_call_threshold: (policy.slow_ns != u64::MAX || policy.slow_call_rate.is_some())
+                .then(|| Duration::from_nanos(policy.slow_ns)),
             window: policy.window_given,
             minimum_calls: Some(policy.minimum_calls),
             half_open_permits: policy.permits,
@@ -576,10 +578,11 @@ enum Ring {
     /// Bits `2i` (failed) and `2i + 1` (slow) of the bitset are call slot `i` of `len`;
     /// `head` is the next slot to write.
     Calls { head: u32, len: u32, bits: [u64; WORDS] },
-    /// Bucket `e % count` holds epoch `e` (= `now / width`); `slot` is the newest epoch's
-    /// bucket, and `next_at` the instant (ns) the next epoch starts, so that a call within the
-    /// current bucket costs no division.
-    Time { next_at: u64, slot: u32, width: u64, count: u32, buckets: [Bucket; BUCKETS] },
+    /// Epoch `e` (= `now / width`) has a bucket while `e` is among the `count` newest epochs;
+    /// `slot` is the newest epoch's bucket, and `start` the instant (ns) that epoch starts (a
+    /// multiple of `width`, so it never overflows), so that a call within the current bucket
+    /// costs no division.
+    Time { start: u64, slot: u32, width: u64, count: u32, buckets: [Bucket; BUCKETS] },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -600,7 +603,7 @@ impl Window {
             match policy.window {
                 WindowSpec::Calls(n) => Ring::Calls { head: 0, len: n.clamp(1, MAX_WINDOW_CALLS), bits: [0; WORDS] },
                 WindowSpec::Time { width_ns, buckets } => Ring::Time {
-                    next_at: 0,
+                    start: 0,
                     slot: 0,
                     width: width_ns.max(1),
                     count: buckets.clamp(1, MAX_WINDOW_BUCKETS),
@@ -632,11 +635,12 @@ impl Window {
                 self.calls += u32::from(self.calls < *len);
                 *head = if slot + 1 >= *len { 0 } else { slot + 1 };
             }
-            Ring::Time { next_at, slot, width, count, buckets } => {
+            Ring::Time { start, slot, width, count, buckets } => {
                 let now = now.as_nanos();
-                if now >= *next_at {
+                // An earlier `now` than the newest epoch's start is read as in that epoch.
+                if now.saturating_sub(*start) >= *width {
                     let epoch = now / *width;
-                    let current = next_at.saturating_sub(1) / *width;
+                    let current = *start / *width;
                     let gap = epoch.saturating_sub(current).min(u64::from(*count)) as u32;
                     for _ in 0..gap {
                         *slot = if *slot + 1 >= *count { 0 } else { *slot + 1 };
@@ -646,7 +650,7 @@ impl Window {
                         self.slow = self.slow.wrapping_sub(b.slow);
                         *b = Bucket::default();
                     }
-                    *next_at = epoch.saturating_add(1).saturating_mul(*width);
+                    *start = epoch * *width;
                 }
                 let b = &mut buckets[*slot as usize & (BUCKETS - 1)];
                 b.calls = b.calls.saturating_add(1);

@@ -628,9 +628,9 @@ struct Counts {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct RatioBudget {
-    /// The instant (ns) the bucket after the current one starts; calls before it need no
-    /// division.
-    next_at: u64,
+    /// The instant (ns) the current bucket's epoch starts (a multiple of the bucket width, so
+    /// it never overflows); calls before the next epoch need no division.
+    start: u64,
     /// The current bucket.
     slot: u32,
     requests: u32,
@@ -642,7 +642,7 @@ impl RatioBudget {
     /// An empty window.
     pub const fn new() -> Self {
         RatioBudget {
-            next_at: 0,
+            start: 0,
             slot: 0,
             requests: 0,
             retries: 0,
@@ -692,10 +692,12 @@ impl RatioBudget {
     #[inline]
     fn advance(&mut self, policy: &RatioBudgetPolicy, now: Instant) -> usize {
         let now = now.as_nanos();
-        if now >= self.next_at {
-            let (width, count) = (policy.width_ns.max(1), policy.buckets.clamp(1, MAX_BUDGET_BUCKETS));
+        let width = policy.width_ns.max(1);
+        // An earlier `now` than the current epoch's start is read as in that epoch.
+        if now.saturating_sub(self.start) >= width {
+            let count = policy.buckets.clamp(1, MAX_BUDGET_BUCKETS);
             let epoch = now / width;
-            let current = self.next_at.saturating_sub(1) / width;
+            let current = self.start / width;
             let gap = epoch.saturating_sub(current).min(u64::from(count)) as u32;
             for _ in 0..gap {
                 self.slot = if self.slot + 1 >= count { 0 } else { self.slot + 1 };
@@ -704,7 +706,7 @@ impl RatioBudget {
                 self.retries = self.retries.wrapping_sub(b.retries);
                 *b = Counts::default();
             }
-            self.next_at = epoch.saturating_add(1).saturating_mul(width);
+            self.start = epoch * width;
         }
         self.slot as usize & (BUCKETS - 1)
     }

@@ -29,6 +29,22 @@ fn b1_constant_linear_and_exponential_follow_their_formulas() {
     assert_eq!(fractional.envelope(3), Duration::from_millis(2250));
 }
 
+/// Found by the `backoff` fuzz target: an initial delay above 2^53 ns went through `f64` and
+/// came back rounded (2^54 − 1 ns gave 2^54 ns), so envelope(1) was not `initial`.
+#[test]
+fn b1_an_exponential_envelope_starts_exactly_at_initial() {
+    for initial in [(1u64 << 53) + 1, (1 << 54) - 1, 11_863_788_345_444_574_372, u64::MAX - 1] {
+        let initial = Duration::from_nanos(initial);
+        let grows = Backoff::exponential(initial, 2.0).build().unwrap();
+        assert_eq!(grows.envelope(1), initial);
+        assert_eq!(grows.envelope(0), initial);
+        let flat = Backoff::exponential(initial, 1.0).build().unwrap();
+        for n in [1, 2, 17, u32::MAX] {
+            assert_eq!(flat.envelope(n), initial);
+        }
+    }
+}
+
 #[test]
 fn b1_failure_count_zero_is_read_as_one() {
     let b = Backoff::exponential(ms(100), 2.0).build().unwrap();

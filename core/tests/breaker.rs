@@ -221,6 +221,24 @@ fn k2_a_time_window_forgets_buckets_older_than_its_span() {
     assert_eq!(b.window_counts().unwrap().calls, 1);
 }
 
+/// Found by the `breaker` fuzz target: with a bucket width that divides 2^64 − 1 (17 ns
+/// here), every call at the last representable instant opened a new bucket, so the window
+/// dropped calls that were still in it.
+#[test]
+fn k2_calls_at_the_last_instant_stay_in_the_time_window() {
+    let p = policy(|b| b.failure_rate(0.5).time_window(Duration::from_nanos(51), 3).minimum_calls(10));
+    let mut b = Breaker::new(&p, 1);
+    let last = Instant::MAX;
+    for n in 1..=5 {
+        succeed(&mut b, &p, last);
+        assert_eq!(b.window_counts().unwrap().calls, n);
+    }
+    // An earlier time is read as the latest one: the call lands in the same bucket.
+    succeed(&mut b, &p, Instant::from_nanos(u64::MAX - 1_000));
+    succeed(&mut b, &p, last);
+    assert_eq!(b.window_counts().unwrap().calls, 7);
+}
+
 #[test]
 fn k2_invalid_configurations_are_policy_errors() {
     let base = || BreakerPolicy::builder(open_backoff());
@@ -532,6 +550,22 @@ fn k5_a_permit_recorded_twice_or_never_issued_is_refused_and_changes_nothing() {
         Err(BreakerError::NotOutstanding { .. })
     ));
     assert_eq!(b, before);
+}
+
+/// Found by the `breaker` fuzz target: a slow-call threshold of `u64::MAX` ns or more was
+/// handed back by the builder conversion as "no threshold", so the policy no longer rebuilt
+/// (nor deserialized): a slow-call rate needs its threshold.
+#[test]
+fn k2_a_slow_call_threshold_beyond_u64_nanoseconds_rebuilds_to_the_same_policy() {
+    for threshold in [Duration::MAX, Duration::from_nanos(u64::MAX), Duration::from_secs(u64::MAX)] {
+        let p = policy(|b| b.slow_call_rate(0.5, threshold));
+        assert_eq!(BreakerPolicyBuilder::from(p).build(), Ok(p));
+        #[cfg(feature = "serde")]
+        {
+            let text = serde_json::to_string(&p).unwrap();
+            assert_eq!(serde_json::from_str::<BreakerPolicy>(&text).unwrap(), p);
+        }
+    }
 }
 
 #[cfg(feature = "serde")]

@@ -145,6 +145,28 @@ fn u2_a_ratio_budget_grants_ratio_times_requests_plus_the_floor_over_its_window(
     assert_eq!(granted, 9);
 }
 
+/// Found by the `budget` fuzz target: with a bucket width that divides 2^64 − 1 (1 ns here),
+/// every call at the last representable instant opened a new bucket, so requests still in the
+/// window were forgotten and retries refused.
+#[test]
+fn u2_requests_at_the_last_instant_stay_in_the_window() {
+    let p = RatioBudgetPolicy::builder(0.25)
+        .ttl(Duration::from_nanos(16))
+        .buckets(10)
+        .min_retries_per_sec(0)
+        .build()
+        .unwrap();
+    let mut b = RatioBudget::new();
+    for _ in 0..4 {
+        b.record_request(&p, Instant::MAX);
+    }
+    for _ in 0..20 {
+        let _ = b.try_acquire(&p, Instant::MAX);
+        assert_eq!(b.requests(), 4, "the requests left the window");
+    }
+    assert_eq!(b.retries(), 1, "0.25 × 4 requests allow one retry");
+}
+
 #[test]
 fn u2_the_finagle_preset_has_finagles_defaults() {
     let p = RatioBudgetPolicy::finagle();

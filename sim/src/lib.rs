@@ -27,6 +27,7 @@ pub mod delivery;
 pub mod driven;
 pub mod executor;
 pub mod flow;
+pub mod fuzzing;
 pub mod plot;
 pub mod retry;
 pub mod supervision;

@@ -1,0 +1,446 @@
+//! The retry budgets (U1–U3, G9): a token bucket against an exact balance, and a ratio budget
+//! against a window kept as a plain list of requests and retries.
+
+use std::collections::VecDeque;
+
+use arbitrary::Arbitrary;
+use persevere::{
+    Grant, Instant, MAX_BUDGET_BUCKETS, RatioBudget, RatioBudgetPolicy, RatioBudgetPolicyBuilder, RetryClass,
+    TokenBucket, TokenBucketPolicy, TokenBucketPolicyBuilder,
+};
+
+use super::{At, Clock, Count, Ctx, ErrorKind, Fraction, SETUP, Span, ensure, nanos, parse, verdict};
+
+const PPM: u64 = 1_000_000;
+const MILLI: u64 = 1_000;
+
+/// An amount of milli-tokens.
+#[derive(Arbitrary, Clone, Copy, Debug, PartialEq, Eq)]
+enum Milli {
+    Tokens(u8),
+    Raw(u16),
+    Big(u64),
+}
+
+impl Milli {
+    fn get(self) -> u64 {
+        match self {
+            Milli::Tokens(n) => u64::from(n) * MILLI,
+            Milli::Raw(n) => u64::from(n),
+            Milli::Big(n) => n,
+        }
+    }
+}
+
+#[derive(Arbitrary, Clone, Copy, Debug, PartialEq)]
+enum BucketIn {
+    Custom {
+        capacity: Milli,
+        throttling: Milli,
+        transient: Milli,
+        timeout: Milli,
+        refund: Milli,
+        refund_retry_cost: bool,
+        threshold: Option<Milli>,
+        charge_refused: bool,
+    },
+    Grpc(Count, Fraction),
+    Aws,
+}
+
+#[derive(Arbitrary, Clone, Copy, Debug, PartialEq)]
+struct RatioIn {
+    ratio: Fraction,
+    ttl: Option<Span>,
+    buckets: Option<Count>,
+    per_sec: Option<Count>,
+}
+
+#[derive(Arbitrary, Debug)]
+struct Config {
+    bucket: BucketIn,
+    ratio: RatioIn,
+}
+
+fn bucket_reasons(b: &TokenBucketPolicyBuilder) -> Vec<ErrorKind> {
+    let mut reasons = Vec::new();
+    if b.capacity_milli == 0 {
+        reasons.push(ErrorKind::Zero);
+    }
+    for cost in [b.throttling_cost_milli, b.transient_cost_milli, b.timeout_cost_milli] {
+        if cost == 0 {
+            reasons.push(ErrorKind::Zero);
+        }
+        if cost > b.capacity_milli {
+            reasons.push(ErrorKind::LimitTooLarge);
+        }
+    }
+    if b.threshold_milli.is_some_and(|t| t >= b.capacity_milli) {
+        reasons.push(ErrorKind::LimitTooLarge);
+    }
+    reasons
+}
+
+fn build_bucket(input: &BucketIn) -> Option<TokenBucketPolicy> {
+    match *input {
+        BucketIn::Custom {
+            capacity,
+            throttling,
+            transient,
+            timeout,
+            refund,
+            refund_retry_cost,
+            threshold,
+            charge_refused,
+        } => {
+            let builder = TokenBucketPolicyBuilder {
+                capacity_milli: capacity.get(),
+                throttling_cost_milli: throttling.get(),
+                transient_cost_milli: transient.get(),
+                timeout_cost_milli: timeout.get(),
+                success_refund_milli: refund.get(),
+                refund_retry_cost,
+                threshold_milli: threshold.map(Milli::get),
+                charge_refused,
+            };
+            let policy = verdict("token bucket", builder.build(), &bucket_reasons(&builder))?;
+            ensure!(SETUP, *policy.settings() == builder, "U1", "settings {:?}, given {builder:?}", policy.settings());
+            Some(policy)
+        }
+        BucketIn::Grpc(max_tokens, ratio) => {
+            let (max_tokens, ratio) = (max_tokens.get(), ratio.get());
+            let mut reasons = Vec::new();
+            if max_tokens == 0 {
+                reasons.push(ErrorKind::Zero);
+            }
+            if max_tokens > 1000 {
+                reasons.push(ErrorKind::LimitTooLarge);
+            }
+            let ratio_milli = if !ratio.is_finite() {
+                reasons.push(ErrorKind::NotFinite);
+                1
+            } else if ratio < 0.0 {
+                reasons.push(ErrorKind::FractionOutOfRange);
+                1
+            } else {
+                // Three decimals, rounded to the nearest ppm first (as documented).
+                ((ratio * PPM as f64).round() as u64) / MILLI
+            };
+            if ratio_milli == 0 {
+                reasons.push(ErrorKind::Zero);
+            }
+            let policy = verdict("gRPC bucket", TokenBucketPolicy::grpc(max_tokens, ratio), &reasons)?;
+            let max = u64::from(max_tokens) * MILLI;
+            let expected = TokenBucketPolicyBuilder {
+                capacity_milli: max,
+                throttling_cost_milli: MILLI,
+                transient_cost_milli: MILLI,
+                timeout_cost_milli: MILLI,
+                success_refund_milli: ratio_milli,
+                refund_retry_cost: false,
+                threshold_milli: Some(max / 2),
+                charge_refused: true,
+            };
+            ensure!(
+                SETUP,
+                *policy.settings() == expected,
+                "U1",
+                "gRPC settings {:?}, expected {expected:?}",
+                policy.settings()
+            );
+            Some(policy)
+        }
+        BucketIn::Aws => {
+            let policy = TokenBucketPolicy::aws();
+            let settings = *policy.settings();
+            ensure!(SETUP, settings.build() == Ok(policy), "U1", "the AWS preset does not validate: {settings:?}");
+            Some(policy)
+        }
+    }
+}
+
+/// The model's reading of a ratio budget's configuration.
+#[derive(Clone, Copy, Debug)]
+struct Ratio {
+    ratio_ppm: u64,
+    floor_ppm: u64,
+    width_ns: u64,
+    buckets: u32,
+}
+
+fn build_ratio(input: &RatioIn) -> Option<(RatioBudgetPolicy, Ratio)> {
+    let mut builder = RatioBudgetPolicy::builder(input.ratio.get());
+    if let Some(ttl) = input.ttl {
+        builder = builder.ttl(ttl.get());
+    }
+    if let Some(buckets) = input.buckets {
+        builder = builder.buckets(buckets.get());
+    }
+    if let Some(per_sec) = input.per_sec {
+        builder = builder.min_retries_per_sec(per_sec.get());
+    }
+    let mut reasons = Vec::new();
+    if !builder.ratio.is_finite() {
+        reasons.push(ErrorKind::NotFinite);
+    } else if !(0.0..=1.0).contains(&builder.ratio) {
+        reasons.push(ErrorKind::FractionOutOfRange);
+    }
+    let ttl_ns = nanos(builder.ttl);
+    match ttl_ns {
+        None => reasons.push(ErrorKind::DurationOverflow),
+        Some(0) => reasons.push(ErrorKind::Zero),
+        _ => {}
+    }
+    if builder.buckets == 0 {
+        reasons.push(ErrorKind::Zero);
+    }
+    if builder.buckets > MAX_BUDGET_BUCKETS {
+        reasons.push(ErrorKind::LimitTooLarge);
+    }
+    let ttl_ns = ttl_ns.unwrap_or(0);
+    let width_ns = ttl_ns / u64::from(builder.buckets.max(1));
+    if width_ns == 0 && ttl_ns != 0 {
+        reasons.push(ErrorKind::Zero);
+    }
+    let policy = verdict("ratio budget", builder.build(), &reasons)?;
+    let floor = u128::from(builder.min_retries_per_sec) * u128::from(ttl_ns) / 1_000;
+    let ratio = Ratio {
+        ratio_ppm: (builder.ratio * PPM as f64).round() as u64,
+        floor_ppm: u64::try_from(floor).unwrap_or(u64::MAX),
+        width_ns,
+        buckets: builder.buckets,
+    };
+    ensure!(
+        SETUP,
+        policy.ratio_ppm() == ratio.ratio_ppm,
+        "U3",
+        "ratio {} ppm, expected {}",
+        policy.ratio_ppm(),
+        ratio.ratio_ppm
+    );
+    ensure!(SETUP, policy.floor_retries() == ratio.floor_ppm / PPM, "U2", "floor {} retries", policy.floor_retries());
+    ensure!(
+        SETUP,
+        policy.bucket_width().as_nanos() == u128::from(width_ns),
+        "U2",
+        "bucket width {:?}",
+        policy.bucket_width()
+    );
+    ensure!(
+        SETUP,
+        RatioBudgetPolicyBuilder::from(policy).build() == Ok(policy),
+        "U2",
+        "the policy does not rebuild to itself"
+    );
+    Some((policy, ratio))
+}
+
+/// A ratio budget's window as a plain list: `(epoch, is_request)`.
+#[derive(Clone, Debug, Default)]
+struct Window {
+    entries: VecDeque<(u64, bool)>,
+    latest: u64,
+}
+
+impl Window {
+    /// A call counts in the bucket of its time, or of the latest time seen when it comes
+    /// earlier; a bucket leaves the window whole.
+    fn advance(&mut self, ratio: &Ratio, now: Instant) {
+        self.latest = self.latest.max(now.as_nanos() / ratio.width_ns);
+        let latest = self.latest;
+        self.entries.retain(|&(epoch, _)| latest - epoch < u64::from(ratio.buckets));
+    }
+
+    fn requests(&self) -> u64 {
+        self.entries.iter().filter(|e| e.1).count() as u64
+    }
+
+    fn retries(&self) -> u64 {
+        self.entries.iter().filter(|e| !e.1).count() as u64
+    }
+}
+
+#[derive(Arbitrary, Clone, Copy, Debug, PartialEq, Eq)]
+enum ClassIn {
+    Throttling,
+    Transient,
+    Timeout,
+}
+
+#[derive(Arbitrary, Clone, Copy, Debug, PartialEq, Eq)]
+enum GrantPick {
+    None,
+    Latest,
+    Back(u8),
+}
+
+#[derive(Arbitrary, Debug)]
+enum Op {
+    Acquire(ClassIn),
+    Acquire2(ClassIn),
+    Success(GrantPick),
+    Request(At),
+    Request2(At),
+    Retry(At),
+}
+
+pub(crate) fn run(data: &[u8]) {
+    let Some((config, ops)) = parse::<Config, Op>(data) else { return };
+    let finagle = RatioBudgetPolicy::builder(0.2).build();
+    ensure!(SETUP, finagle == Ok(RatioBudgetPolicy::finagle()), "U2", "the Finagle preset differs from its settings");
+    let bucket_policy = build_bucket(&config.bucket);
+    let ratio_policy = build_ratio(&config.ratio);
+    let mut bucket = bucket_policy.as_ref().map(TokenBucket::new);
+    let mut balance = bucket_policy.as_ref().map_or(0, TokenBucketPolicy::capacity_milli);
+    let (mut charged, mut refunded) = (0u128, 0u128);
+    let mut grants: Vec<Grant> = Vec::new();
+    let mut ratio = RatioBudget::new();
+    let mut window = Window::default();
+    let mut clock = Clock::default();
+    for (step, op) in ops.iter().enumerate() {
+        let ctx = Ctx { step, op };
+        match *op {
+            Op::Acquire(class) | Op::Acquire2(class) => {
+                let (Some(policy), Some(bucket)) = (&bucket_policy, bucket.as_mut()) else { continue };
+                let class = match class {
+                    ClassIn::Throttling => RetryClass::Throttling,
+                    ClassIn::Transient => RetryClass::Transient,
+                    ClassIn::Timeout => RetryClass::Timeout,
+                };
+                let settings = policy.settings();
+                let cost = policy.cost_milli(class);
+                let after = balance.checked_sub(cost);
+                let granted = after.is_some_and(|a| settings.threshold_milli.is_none_or(|t| a > t));
+                let got = bucket.try_acquire(policy, class);
+                ensure!(
+                    ctx,
+                    got.is_ok() == granted,
+                    "U1",
+                    "balance {balance}, cost {cost}, threshold {:?}: granted {}, expected {granted}",
+                    settings.threshold_milli,
+                    got.is_ok()
+                );
+                match got {
+                    Ok(grant) => {
+                        ensure!(
+                            ctx,
+                            grant.cost_milli() == cost,
+                            "U1",
+                            "a grant of {} for a cost of {cost}",
+                            grant.cost_milli()
+                        );
+                        balance = after.unwrap_or(0);
+                        charged += u128::from(cost);
+                        grants.push(grant);
+                        if grants.len() > 64 {
+                            let _ = grants.remove(0);
+                        }
+                    }
+                    Err(_) if settings.charge_refused => {
+                        charged += u128::from(balance - after.unwrap_or(0));
+                        balance = after.unwrap_or(0);
+                    }
+                    Err(_) => {}
+                }
+            }
+            Op::Success(pick) => {
+                let (Some(policy), Some(bucket)) = (&bucket_policy, bucket.as_mut()) else { continue };
+                let grant = match pick {
+                    GrantPick::None => None,
+                    GrantPick::Latest => grants.last().copied(),
+                    GrantPick::Back(k) => grants.len().checked_sub(1 + usize::from(k)).map(|i| grants[i]),
+                };
+                let settings = policy.settings();
+                let refund = match grant {
+                    Some(grant) if settings.refund_retry_cost => grant.cost_milli(),
+                    _ => settings.success_refund_milli,
+                };
+                let capped = balance.saturating_add(refund).min(settings.capacity_milli);
+                refunded += u128::from(capped - balance);
+                balance = capped;
+                bucket.record_success(policy, grant);
+            }
+            Op::Request(at) | Op::Request2(at) => {
+                let Some((policy, model)) = &ratio_policy else { continue };
+                let now = clock.at(at, None);
+                window.advance(model, now);
+                window.entries.push_back((window.latest, true));
+                ratio.record_request(policy, now);
+            }
+            Op::Retry(at) => {
+                let Some((policy, model)) = &ratio_policy else { continue };
+                let now = clock.at(at, None);
+                window.advance(model, now);
+                let (requests, retries) = (window.requests(), window.retries());
+                let allowed = model.ratio_ppm.saturating_mul(requests).saturating_add(model.floor_ppm);
+                let granted = (retries + 1) * PPM <= allowed;
+                let got = ratio.try_acquire(policy, now);
+                ensure!(
+                    ctx,
+                    got.is_ok() == granted,
+                    "G9",
+                    "{retries} retries and {requests} requests in the window: granted {}, expected {granted}",
+                    got.is_ok()
+                );
+                if got.is_ok() {
+                    window.entries.push_back((window.latest, false));
+                    // G9, U3: the retries of the window, this one included, within ratio × requests + floor.
+                    let bound = policy.allowance(requests);
+                    ensure!(
+                        ctx,
+                        retries < bound,
+                        "G9",
+                        "{} retries granted against {requests} requests (allowance {bound})",
+                        retries + 1
+                    );
+                }
+            }
+        }
+        if let (Some(policy), Some(bucket)) = (&bucket_policy, &bucket) {
+            let capacity = policy.capacity_milli();
+            ensure!(
+                ctx,
+                bucket.balance_milli() == balance,
+                "U1",
+                "balance {}, the model holds {balance}",
+                bucket.balance_milli()
+            );
+            ensure!(ctx, balance <= capacity, "G9", "balance {balance} above the capacity {capacity}");
+            ensure!(
+                ctx,
+                charged <= u128::from(capacity) + refunded,
+                "G9",
+                "{charged} charged out of {capacity} plus {refunded} refunded"
+            );
+            ensure!(
+                ctx,
+                u128::from(capacity) + refunded - charged == u128::from(balance),
+                "U3",
+                "tokens were created or lost"
+            );
+        }
+        if ratio_policy.is_some() {
+            ensure!(
+                ctx,
+                u64::from(ratio.requests()) == window.requests(),
+                "U2",
+                "{} requests in the window, the model counts {}",
+                ratio.requests(),
+                window.requests()
+            );
+            ensure!(
+                ctx,
+                u64::from(ratio.retries()) == window.retries(),
+                "U2",
+                "{} retries in the window, the model counts {}",
+                ratio.retries(),
+                window.retries()
+            );
+        }
+    }
+}
+
+/// The configuration and operations `data` decodes to.
+pub(crate) fn describe(data: &[u8]) -> String {
+    format!("{:#?}", parse::<Config, Op>(data))
+}
