@@ -377,200 +377,183 @@ where
     G: RetryGate,
     S: Future<Output = ()>,
 {
-    {
-        let policy: &RetryPolicy = (*this.policy).borrow();
-        loop {
-            // A failure or cancel the fast path saw is handled before anything else.
-            if failed.is_none() && !canceled {
-                match *this.phase {
-                    Phase::Fresh => {
-                        if policy.needs_clock() || *this.measure_elapsed {
-                            let now = this.rt.now();
-                            this.gate.on_request(Some(now));
-                            *this.slow = Some(Slow::started(policy, now, true));
-                            *this.phase = Phase::Draining;
-                        } else {
-                            // The fast path: no clock and no machine until something fails.
-                            this.gate.on_request(None);
-                            event!(attempt = 1u32, "attempt starting");
+    let policy: &RetryPolicy = (*this.policy).borrow();
+    loop {
+        // A failure or cancel the fast path saw is handled before anything else.
+        if failed.is_none() && !canceled {
+            match *this.phase {
+                Phase::Fresh => {
+                    // Only a policy that needs the clock gets here fresh; `poll` started the
+                    // clock-free fast path itself.
+                    let now = this.rt.now();
+                    this.gate.on_request(Some(now));
+                    *this.slow = Some(Slow::started(policy, now, true));
+                    *this.phase = Phase::Draining;
+                }
+                Phase::Draining => {
+                    let Some(slow) = this.slow.as_mut() else { unreachable!("a draining operation has started") };
+                    match slow.machine.poll_action() {
+                        Some(Action::Start { attempt, deadline }) => {
+                            slow.attempt = attempt;
+                            event!(attempt, "attempt starting");
                             match create(this.op) {
                                 Some(fut) => {
                                     this.running.set(Some(fut));
+                                    this.timer.set(deadline.map(|d| this.rt.sleep_until(d)));
                                     *this.phase = Phase::Running;
                                 }
                                 None => failed = Some((FailureKind::Panicked, None)),
                             }
                         }
-                    }
-                    Phase::Draining => {
-                        let Some(slow) = this.slow.as_mut() else { unreachable!("a draining operation has started") };
-                        match slow.machine.poll_action() {
-                            Some(Action::Start { attempt, deadline }) => {
-                                slow.attempt = attempt;
-                                event!(attempt, "attempt starting");
-                                match create(this.op) {
-                                    Some(fut) => {
-                                        this.running.set(Some(fut));
-                                        this.timer.set(deadline.map(|d| this.rt.sleep_until(d)));
-                                        *this.phase = Phase::Running;
-                                    }
-                                    None => failed = Some((FailureKind::Panicked, None)),
-                                }
-                            }
-                            Some(Action::Abandon { attempt }) => {
-                                event!(attempt, "attempt abandoned at its deadline");
-                                let _ = attempt;
-                                this.running.set(None);
-                                this.timer.set(None);
-                                slow.last_error = None;
-                            }
-                            Some(Action::Sleep { next_attempt, delay, until }) => {
-                                let class = slow.machine.last_failure().map_or(FailureClass::Retryable, |f| f.class);
-                                if !this.gate.allow_retry(slow.now, class) {
-                                    event!(next_attempt, "retry refused by the gate");
-                                    // The machine is sleeping, so it accepts the refusal.
-                                    let _ = slow.machine.handle_rejected(slow.now);
-                                    continue;
-                                }
-                                event!(next_attempt, delay_ns = delay.as_nanos() as u64, "retry scheduled");
-                                this.notify.notify(&RetryEvent {
-                                    error: slow.last_error.as_ref(),
-                                    class,
-                                    next_attempt,
-                                    delay,
-                                });
-                                if until <= slow.now {
-                                    // A zero delay: straight to the next attempt, no timer.
-                                    let rng = rng_of(&mut slow.rng, *this.seed, this.rt);
-                                    slow.machine.handle_timeout(policy, slow.now, rng);
-                                } else {
-                                    this.timer.set(Some(this.rt.sleep_until(until)));
-                                    *this.phase = Phase::Sleeping { until };
-                                }
-                            }
-                            Some(Action::Finish { outcome, stats }) => {
-                                *this.phase = Phase::Done;
-                                this.running.set(None);
-                                this.timer.set(None);
-                                event!(outcome = ?outcome.kind(), attempts = stats.attempts, "operation finished");
-                                let stats = Stats {
-                                    attempts: stats.attempts,
-                                    slept: stats.slept,
-                                    elapsed: slow.clock_at_start.then_some(stats.elapsed),
-                                };
-                                let gave_up = GaveUp {
-                                    outcome: outcome.kind(),
-                                    class: outcome.last_failure().map(|f| f.class),
-                                    error: slow.last_error.take(),
-                                };
-                                return Poll::Ready(Retried { result: Err(gave_up), stats });
-                            }
-                            None => unreachable!("a drained retry machine always ends with Start, Sleep or Finish"),
-                        }
-                    }
-                    Phase::Running => {
-                        if this.cancel.as_mut().poll(cx).is_ready() {
-                            canceled = true;
-                        } else {
-                            let Some(fut) = this.running.as_mut().as_pin_mut() else {
-                                unreachable!("an attempt is running in the Running phase")
-                            };
-                            match catch_unwind(AssertUnwindSafe(|| fut.poll(cx))) {
-                                Ok(Poll::Ready(Ok(value))) => {
-                                    this.running.set(None);
-                                    this.timer.set(None);
-                                    this.gate.on_success();
-                                    *this.phase = Phase::Done;
-                                    let stats = match this.slow.as_mut() {
-                                        Some(slow) => {
-                                            let now = this.rt.now();
-                                            // The attempt is the running one, so the machine accepts it.
-                                            let _ = slow.machine.handle_success(now, slow.attempt);
-                                            let s = slow.machine.stats();
-                                            Stats {
-                                                attempts: s.attempts,
-                                                slept: s.slept,
-                                                elapsed: slow.clock_at_start.then_some(s.elapsed),
-                                            }
-                                        }
-                                        None => Stats { attempts: 1, slept: Duration::ZERO, elapsed: None },
-                                    };
-                                    event!(attempts = stats.attempts, "operation succeeded");
-                                    return Poll::Ready(Retried { result: Ok(value), stats });
-                                }
-                                Ok(Poll::Ready(Err(error))) => {
-                                    failed = Some((this.classifier.classify(&error), Some(error)));
-                                }
-                                Err(_panic) => failed = Some((FailureKind::Panicked, None)),
-                                Ok(Poll::Pending) => {
-                                    let Some(timer) = this.timer.as_mut().as_pin_mut() else { return Poll::Pending };
-                                    if timer.poll(cx).is_pending() {
-                                        return Poll::Pending;
-                                    }
-                                    // Only a started machine sets an attempt deadline.
-                                    let Some(slow) = this.slow.as_mut() else {
-                                        unreachable!("a deadline needs a machine")
-                                    };
-                                    this.timer.set(None);
-                                    let deadline = slow.machine.poll_timeout().unwrap_or(Instant::ZERO);
-                                    slow.now = this.rt.now().later(deadline);
-                                    let rng = rng_of(&mut slow.rng, *this.seed, this.rt);
-                                    slow.machine.handle_timeout(policy, slow.now, rng);
-                                    *this.phase = Phase::Draining;
-                                }
-                            }
-                        }
-                    }
-                    Phase::Sleeping { until } => {
-                        if this.cancel.as_mut().poll(cx).is_ready() {
-                            canceled = true;
-                        } else {
-                            let Some(timer) = this.timer.as_mut().as_pin_mut() else {
-                                unreachable!("a timer runs in the Sleeping phase")
-                            };
-                            if timer.poll(cx).is_pending() {
-                                return Poll::Pending;
-                            }
-                            let Some(slow) = this.slow.as_mut() else {
-                                unreachable!("a sleeping operation has started")
-                            };
+                        Some(Action::Abandon { attempt }) => {
+                            event!(attempt, "attempt abandoned at its deadline");
+                            let _ = attempt;
+                            this.running.set(None);
                             this.timer.set(None);
-                            slow.now = this.rt.now().later(until);
-                            let rng = rng_of(&mut slow.rng, *this.seed, this.rt);
-                            slow.machine.handle_timeout(policy, slow.now, rng);
-                            *this.phase = Phase::Draining;
+                            slow.last_error = None;
+                        }
+                        Some(Action::Sleep { next_attempt, delay, until }) => {
+                            let class = slow.machine.last_failure().map_or(FailureClass::Retryable, |f| f.class);
+                            if !this.gate.allow_retry(slow.now, class) {
+                                event!(next_attempt, "retry refused by the gate");
+                                // The machine is sleeping, so it accepts the refusal.
+                                let _ = slow.machine.handle_rejected(slow.now);
+                                continue;
+                            }
+                            event!(next_attempt, delay_ns = delay.as_nanos() as u64, "retry scheduled");
+                            this.notify.notify(&RetryEvent {
+                                error: slow.last_error.as_ref(),
+                                class,
+                                next_attempt,
+                                delay,
+                            });
+                            if until <= slow.now {
+                                // A zero delay: straight to the next attempt, no timer.
+                                let rng = rng_of(&mut slow.rng, *this.seed, this.rt);
+                                slow.machine.handle_timeout(policy, slow.now, rng);
+                            } else {
+                                this.timer.set(Some(this.rt.sleep_until(until)));
+                                *this.phase = Phase::Sleeping { until };
+                            }
+                        }
+                        Some(Action::Finish { outcome, stats }) => {
+                            *this.phase = Phase::Done;
+                            this.running.set(None);
+                            this.timer.set(None);
+                            event!(outcome = ?outcome.kind(), attempts = stats.attempts, "operation finished");
+                            let stats = Stats {
+                                attempts: stats.attempts,
+                                slept: stats.slept,
+                                elapsed: slow.clock_at_start.then_some(stats.elapsed),
+                            };
+                            let gave_up = GaveUp {
+                                outcome: outcome.kind(),
+                                class: outcome.last_failure().map(|f| f.class),
+                                error: slow.last_error.take(),
+                            };
+                            return Poll::Ready(Retried { result: Err(gave_up), stats });
+                        }
+                        None => unreachable!("a drained retry machine always ends with Start, Sleep or Finish"),
+                    }
+                }
+                Phase::Running => {
+                    if this.cancel.as_mut().poll(cx).is_ready() {
+                        canceled = true;
+                    } else {
+                        let Some(fut) = this.running.as_mut().as_pin_mut() else {
+                            unreachable!("an attempt is running in the Running phase")
+                        };
+                        match catch_unwind(AssertUnwindSafe(|| fut.poll(cx))) {
+                            Ok(Poll::Ready(Ok(value))) => {
+                                this.running.set(None);
+                                this.timer.set(None);
+                                this.gate.on_success();
+                                *this.phase = Phase::Done;
+                                let stats = match this.slow.as_mut() {
+                                    Some(slow) => {
+                                        let now = this.rt.now();
+                                        // The attempt is the running one, so the machine accepts it.
+                                        let _ = slow.machine.handle_success(now, slow.attempt);
+                                        let s = slow.machine.stats();
+                                        Stats {
+                                            attempts: s.attempts,
+                                            slept: s.slept,
+                                            elapsed: slow.clock_at_start.then_some(s.elapsed),
+                                        }
+                                    }
+                                    None => Stats { attempts: 1, slept: Duration::ZERO, elapsed: None },
+                                };
+                                event!(attempts = stats.attempts, "operation succeeded");
+                                return Poll::Ready(Retried { result: Ok(value), stats });
+                            }
+                            Ok(Poll::Ready(Err(error))) => {
+                                failed = Some((this.classifier.classify(&error), Some(error)));
+                            }
+                            Err(_panic) => failed = Some((FailureKind::Panicked, None)),
+                            Ok(Poll::Pending) => {
+                                let Some(timer) = this.timer.as_mut().as_pin_mut() else { return Poll::Pending };
+                                if timer.poll(cx).is_pending() {
+                                    return Poll::Pending;
+                                }
+                                // Only a started machine sets an attempt deadline.
+                                let Some(slow) = this.slow.as_mut() else { unreachable!("a deadline needs a machine") };
+                                this.timer.set(None);
+                                let deadline = slow.machine.poll_timeout().unwrap_or(Instant::ZERO);
+                                slow.now = this.rt.now().later(deadline);
+                                let rng = rng_of(&mut slow.rng, *this.seed, this.rt);
+                                slow.machine.handle_timeout(policy, slow.now, rng);
+                                *this.phase = Phase::Draining;
+                            }
                         }
                     }
-                    Phase::Done => panic!("`RetryFuture` polled after it completed"),
                 }
+                Phase::Sleeping { until } => {
+                    if this.cancel.as_mut().poll(cx).is_ready() {
+                        canceled = true;
+                    } else {
+                        let Some(timer) = this.timer.as_mut().as_pin_mut() else {
+                            unreachable!("a timer runs in the Sleeping phase")
+                        };
+                        if timer.poll(cx).is_pending() {
+                            return Poll::Pending;
+                        }
+                        let Some(slow) = this.slow.as_mut() else { unreachable!("a sleeping operation has started") };
+                        this.timer.set(None);
+                        slow.now = this.rt.now().later(until);
+                        let rng = rng_of(&mut slow.rng, *this.seed, this.rt);
+                        slow.machine.handle_timeout(policy, slow.now, rng);
+                        *this.phase = Phase::Draining;
+                    }
+                }
+                Phase::Done => panic!("`RetryFuture` polled after it completed"),
             }
-            if failed.is_none() && !canceled {
-                continue;
-            }
-            // The attempt (if any) is over: drop it, read the clock, and start the machine if
-            // the fast path had not.
-            this.running.set(None);
-            this.timer.set(None);
-            let now = this.rt.now();
-            let slow = this.slow.get_or_insert_with(|| {
-                let mut slow = Slow::started(policy, now, false);
-                let _ = slow.machine.poll_action();
-                slow
-            });
-            slow.now = now;
-            *this.phase = Phase::Draining;
-            if canceled {
-                event!(attempt = slow.attempt, "operation canceled");
-                // A started, unfinished machine accepts a cancel.
-                let _ = slow.machine.handle_cancel(now);
-            } else if let Some((kind, error)) = failed.take() {
-                event!(attempt = slow.attempt, class = ?kind.class(), "attempt failed");
-                slow.last_error = error;
-                let rng = rng_of(&mut slow.rng, *this.seed, this.rt);
-                // The failed attempt is the running one, so the machine accepts its result.
-                let _ = slow.machine.handle_failure(policy, now, slow.attempt, Failure::new(kind, ()), rng);
-            }
-            canceled = false;
         }
+        if failed.is_none() && !canceled {
+            continue;
+        }
+        // The attempt (if any) is over: drop it, read the clock, and start the machine if
+        // the fast path had not.
+        this.running.set(None);
+        this.timer.set(None);
+        let now = this.rt.now();
+        let slow = this.slow.get_or_insert_with(|| {
+            let mut slow = Slow::started(policy, now, false);
+            let _ = slow.machine.poll_action();
+            slow
+        });
+        slow.now = now;
+        *this.phase = Phase::Draining;
+        if canceled {
+            event!(attempt = slow.attempt, "operation canceled");
+            // A started, unfinished machine accepts a cancel.
+            let _ = slow.machine.handle_cancel(now);
+        } else if let Some((kind, error)) = failed.take() {
+            event!(attempt = slow.attempt, class = ?kind.class(), "attempt failed");
+            slow.last_error = error;
+            let rng = rng_of(&mut slow.rng, *this.seed, this.rt);
+            // The failed attempt is the running one, so the machine accepts its result.
+            let _ = slow.machine.handle_failure(policy, now, slow.attempt, Failure::new(kind, ()), rng);
+        }
+        canceled = false;
     }
 }
