@@ -5,6 +5,8 @@
 //! - `success/direct_call`: awaiting the operation itself (the floor).
 //! - `success/hand_written_loop`: a hand-written `loop { match op().await { .. } }` retry.
 //! - `success/retry`: `persevere_tokio::retry` when the first attempt succeeds.
+//! - `success/tower_retry`: a peer in the same run: `tower::retry::Retry` with an attempts
+//!   policy around a `service_fn`, called with `oneshot` (poll_ready + call).
 //! - `fail_three_times/*`: three failures then a success, with zero delays (no timer is touched).
 //! - `breaker_closed/*`: the shared `Breaker` admitting and recording a successful call.
 
@@ -14,6 +16,7 @@ use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use persevere::{Backoff, RetryPolicy};
+use tower::ServiceExt;
 
 async fn op(fail_until: &Cell<u32>) -> Result<u64, &'static str> {
     if fail_until.get() > 0 {
@@ -21,6 +24,32 @@ async fn op(fail_until: &Cell<u32>) -> Result<u64, &'static str> {
         Err("busy")
     } else {
         Ok(black_box(42))
+    }
+}
+
+async fn op_ok() -> Result<u64, &'static str> {
+    Ok(black_box(42))
+}
+
+/// tower's retry policy for the peer measurement: retry any error, at most `n` times.
+#[derive(Clone)]
+struct Attempts(u32);
+
+impl<Req: Clone, Res, E> tower::retry::Policy<Req, Res, E> for Attempts {
+    type Future = std::future::Ready<()>;
+
+    fn retry(&mut self, _: &mut Req, result: &mut Result<Res, E>) -> Option<Self::Future> {
+        match result {
+            Err(_) if self.0 > 0 => {
+                self.0 -= 1;
+                Some(std::future::ready(()))
+            }
+            _ => None,
+        }
+    }
+
+    fn clone_request(&mut self, req: &Req) -> Option<Req> {
+        Some(req.clone())
     }
 }
 
@@ -56,6 +85,12 @@ fn bench(c: &mut Criterion) {
                 }
             })
         });
+        if failures == 0 {
+            let service = tower::retry::Retry::new(Attempts(4), tower::service_fn(|()| op_ok()));
+            g.bench_function("tower_retry", |b| {
+                b.to_async(&rt).iter(|| async { black_box(service.clone().oneshot(()).await) })
+            });
+        }
         g.bench_function("retry", |b| {
             b.to_async(&rt).iter(|| async {
                 let left = Cell::new(failures);

@@ -17,7 +17,9 @@ pub enum PolicyError {
     },
     /// An exponential multiplier was below 1 (the delays would shrink), or so close to 1 that
     /// it cannot be told apart from 1 in `f64` arithmetic.
-    #[error("multiplier must be exactly 1.0 or at least 1 + 1e-12 (the delays must not shrink), got {value}")]
+    #[error(
+        "multiplier must be exactly 1.0 or at least 1 + 1e-6 (the delays must grow measurably or not at all), got {value}"
+    )]
     MultiplierOutOfRange {
         /// The value given.
         value: f64,

@@ -142,7 +142,7 @@ fn b4_extreme_inputs_give_the_cap_never_zero_and_never_a_panic() {
     let huge = Backoff::exponential(ms(1), 1e300).max_delay(cap).build().unwrap();
     assert_eq!(huge.envelope(2), cap);
     assert_eq!(huge.envelope(u32::MAX), cap);
-    let slow = Backoff::exponential(ms(1), 1.000_001).max_delay(cap).build().unwrap();
+    let slow = Backoff::exponential(ms(1), 1.000_01).max_delay(cap).build().unwrap();
     assert_eq!(slow.envelope(u32::MAX), cap);
     let uncapped = Backoff::exponential(ms(1), 2.0).max_delay(Duration::MAX).build().unwrap();
     assert_eq!(uncapped.envelope(u32::MAX), Duration::from_nanos(u64::MAX));
@@ -193,6 +193,7 @@ fn policy_errors_name_the_bad_setting() {
     assert!(matches!(e(Backoff::exponential(ms(1), f64::INFINITY)), PolicyError::NotFinite { .. }));
     assert!(matches!(e(Backoff::exponential(ms(1), 0.5)), PolicyError::MultiplierOutOfRange { .. }));
     assert!(matches!(e(Backoff::exponential(ms(1), 1.0 + 1e-15)), PolicyError::MultiplierOutOfRange { .. }));
+    assert!(matches!(e(Backoff::exponential(ms(1), 1.0 + 1e-7)), PolicyError::MultiplierOutOfRange { .. }));
     assert!(matches!(e(Backoff::exponential(Duration::ZERO, 2.0)), PolicyError::Zero { .. }));
     assert!(matches!(e(Backoff::decorrelated(Duration::ZERO)), PolicyError::Zero { .. }));
     assert!(matches!(
@@ -239,7 +240,7 @@ fn any_backoff() -> impl Strategy<Value = Backoff> {
         (0..10_000_000_000u64).prop_map(|n| Schedule::Constant(Duration::from_nanos(n))),
         (0..10_000_000_000u64, 0..10_000_000_000u64)
             .prop_map(|(i, s)| Schedule::Linear { initial: Duration::from_nanos(i), step: Duration::from_nanos(s) }),
-        (1..10_000_000_000u64, prop_oneof![Just(1.0), 1.000_000_000_01..1e6f64, 1.0..4.0f64])
+        (1..10_000_000_000u64, prop_oneof![Just(1.0), 1.000_001..1e6f64, 1.000_001..4.0f64])
             .prop_map(|(i, m)| { Schedule::Exponential { initial: Duration::from_nanos(i), multiplier: m } }),
         (1..10_000_000_000u64).prop_map(|b| Schedule::Decorrelated { base: Duration::from_nanos(b) }),
     ];
@@ -301,4 +302,22 @@ proptest! {
     fn b4_consecutive_envelopes_never_shrink(backoff in any_backoff(), n in any::<u32>()) {
         prop_assert!(backoff.envelope(n) <= backoff.envelope(n.saturating_add(1)));
     }
+}
+
+#[test]
+fn b4_the_slowest_accepted_multiplier_stays_monotone_up_to_the_largest_cap() {
+    // Repeated squaring's rounding error grows with the failure count; the minimum multiplier
+    // (1 + 1e-6) keeps it below one step of growth all the way to 2^64 ns (about 4.4e7
+    // failures from 1 ns). A fuzzer found the envelope drifting at 4.3e9 failures with
+    // ×(1 + 1.5e-11), which is now refused.
+    let b = Backoff::exponential(Duration::from_nanos(1), 1.0 + 1e-6).max_delay(Duration::MAX).build().unwrap();
+    let mut n = 1u32;
+    while n < 50_000_000 {
+        for k in n..n + 64 {
+            assert!(b.envelope(k) <= b.envelope(k + 1), "envelope({k}) > envelope({})", k + 1);
+        }
+        n = n.saturating_mul(3).saturating_add(7);
+    }
+    assert_eq!(b.envelope(u32::MAX), Duration::from_nanos(u64::MAX));
+    assert!(Backoff::exponential(Duration::from_nanos(1), 1.0 + 1.52e-11).build().is_err());
 }

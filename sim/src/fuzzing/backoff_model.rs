@@ -15,7 +15,7 @@ pub(crate) enum Multiplier {
     Two,
     /// `1 + n/100`.
     Hundredths(u16),
-    /// `1 + n·1e-13`: below the accepted minimum of `1 + 1e-12` for `n < 10`.
+    /// `1 + n·1e-8`: below the accepted minimum of `1 + 1e-6` for `n < 100`.
     Tiny(u8),
     Raw(f64),
     Huge,
@@ -31,7 +31,7 @@ impl Multiplier {
             Multiplier::One => 1.0,
             Multiplier::Two => 2.0,
             Multiplier::Hundredths(n) => 1.0 + f64::from(n) / 100.0,
-            Multiplier::Tiny(n) => 1.0 + f64::from(n) * 1e-13,
+            Multiplier::Tiny(n) => 1.0 + f64::from(n) * 1e-8,
             Multiplier::Raw(x) => x,
             Multiplier::Huge => 1e300,
             Multiplier::Nan => f64::NAN,
@@ -119,7 +119,7 @@ impl BackoffIn {
                 }
                 if !m.is_finite() {
                     reasons.push(ErrorKind::NotFinite);
-                } else if m != 1.0 && m < 1.0 + 1e-12 {
+                } else if m != 1.0 && m < 1.0 + 1e-6 {
                     reasons.push(ErrorKind::MultiplierOutOfRange);
                 }
                 initial
@@ -209,14 +209,16 @@ pub(crate) fn check_envelope(ctx: Ctx<'_>, backoff: &Backoff, n: u32) -> u64 {
         }
         Formula::Approx(raw) => {
             let expected = raw.min(cap as f64);
-            let tolerance = (expected * 1e-9).max(2.0);
+            // Repeated squaring's rounding error grows with the exponent (about n·ε relative).
+            let relative = (1e-9_f64).max(f64::from(n) * 8.0 * f64::EPSILON);
+            let tolerance = expected * relative + 2.0;
             ensure!(
                 ctx,
                 (envelope as f64 - expected).abs() <= tolerance,
                 "B1",
                 "envelope({n}) = {envelope} ns, the formula gives {expected} ns"
             );
-            if raw >= cap as f64 * (1.0 + 1e-9) + 2.0 {
+            if raw >= cap as f64 * (1.0 + relative) + 2.0 {
                 ensure!(
                     ctx,
                     envelope == cap,
