@@ -1,0 +1,71 @@
+//! A counting global allocator for allocation-free proofs in tests.
+//!
+//! A test binary installs it and measures a closure:
+//!
+//! ```
+//! #[global_allocator]
+//! static GLOBAL: alloc_counter::Counting = alloc_counter::Counting;
+//!
+//! assert_eq!(alloc_counter::allocations_in(|| drop(std::hint::black_box(Box::new(1u8)))), 1);
+//! assert_eq!(alloc_counter::allocations_in(|| { std::hint::black_box(1 + 1); }), 0);
+//! ```
+//!
+//! The count is per thread, so a test harness's allocations on other threads do not count.
+//! Without `Counting` installed as the global allocator, every count is zero.
+#![deny(missing_docs)]
+#![allow(unsafe_code)]
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+
+thread_local! {
+    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
+}
+
+/// The system allocator, counting allocations and reallocations on the calling thread.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Counting;
+
+fn count_one() {
+    // `try_with`: a thread that is exiting may allocate after its thread-locals are gone.
+    let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
+}
+
+// SAFETY: every call is forwarded unchanged to the system allocator; counting touches only a
+// const-initialised thread-local `Cell<u64>`, which never allocates and has no destructor.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        count_one();
+        // SAFETY: forwarded with the caller's layout.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        count_one();
+        // SAFETY: forwarded with the caller's layout.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from `System` with this layout.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        count_one();
+        // SAFETY: forwarded unchanged.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+/// Allocations counted on this thread so far.
+pub fn allocations() -> u64 {
+    ALLOCATIONS.try_with(Cell::get).unwrap_or(0)
+}
+
+/// How many allocations `f` makes on this thread.
+pub fn allocations_in(f: impl FnOnce()) -> u64 {
+    let before = allocations();
+    f();
+    allocations() - before
+}
