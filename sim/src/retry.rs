@@ -150,6 +150,8 @@ struct Model {
     /// The retry budget's grant was refused for this operation.
     refused: bool,
     canceled: bool,
+    /// The last attempt's result fed to the machine was a success.
+    succeeded: bool,
     /// When the machine asked to be woken.
     wake: Option<Instant>,
 }
@@ -205,7 +207,7 @@ pub fn run(seed: u64, bug: Option<RetryBug>) -> Result<Summary, Violation> {
             world.now
         };
         if world.chance(scenario.misuse_rate) {
-            misuse(&mut world, &policy, &mut machines[i], &models[i], reported)?;
+            misuse(&mut world, i as u32, &policy, &mut machines[i], &models[i], reported)?;
         }
         let (machine, model) = (&mut machines[i], &mut models[i]);
         if !model.started {
@@ -228,6 +230,7 @@ pub fn run(seed: u64, bug: Option<RetryBug>) -> Result<Summary, Violation> {
             model.running = None;
             let past_horizon = world.now >= scenario.horizon;
             if past_horizon || !world.chance(scenario.failure_rate) {
+                model.succeeded = true;
                 machine
                     .handle_success(reported, attempt)
                     .map_err(|e| world.violation("G12", format!("success refused: {e}")))?;
@@ -309,6 +312,7 @@ fn draw_failure(world: &mut World, scenario: &RetryScenario, now: Instant) -> (F
 /// Feeds a wrong input and checks it is refused without any change (G12).
 fn misuse(
     world: &mut World,
+    subject: u32,
     policy: &RetryPolicy,
     machine: &mut Retry<u32>,
     model: &Model,
@@ -322,9 +326,10 @@ fn misuse(
         1 => machine.handle_failure(policy, now, wrong, Failure::retryable(0), world.rng()).is_err(),
         2 if model.started => machine.handle_start(policy, now).is_err(),
         _ if running.is_some() || model.finished => machine.handle_rejected(now).is_err(),
-        _ => true,
+        // Nothing wrong to feed in this state (a sleeping machine may be rejected).
+        _ => return Ok(()),
     };
-    world.record(0, "misuse fed", u64::from(wrong), 0);
+    world.record(subject, "misuse fed", u64::from(wrong), 0);
     world.check("G12", refused, || "a wrong input was accepted".into())?;
     world.check("G12", *machine == before, || "a refused input changed the state".into())
 }
@@ -522,7 +527,9 @@ fn check_outcome(
 ) -> Result<(), Violation> {
     let last = model.last.map(|l| l.0);
     match outcome.kind() {
-        OutcomeKind::Succeeded => world.check("G11", model.running.is_none(), || "success while running".into()),
+        OutcomeKind::Succeeded => {
+            world.check("G11", model.succeeded, || format!("succeeded after {last:?}, no success was fed"))
+        }
         OutcomeKind::Exhausted => {
             world.check("G2", model.attempts == limit, || format!("exhausted after {} of {limit}", model.attempts))?;
             world.check("G4", last.is_some_and(FailureClass::is_retryable), || format!("exhausted by {last:?}"))
