@@ -5,14 +5,15 @@
 //! - `baseline/handwritten_full_jitter`: what a hand-written capped exponential with a full-jitter
 //!   draw costs (`min(cap, base << n)`, then one multiply-shift draw), with the same RNG.
 //! - `next_delay/*`: one failure → next delay decision, for each jitter, through
-//!   [`BackoffState::next_delay`] (failure count cycling 1..=8, so both growth and cap are hit).
+//!   [`BackoffState::next_delay`] (failure count cycling 1..=8, so both growth and cap are hit),
+//!   with a ChaCha8 RNG; `next_delay_splitmix/*`: the same with the [`SplitMix64`] the adapters use.
 //! - `retry/cycle`: a whole operation: start → fail → sleep → start → success, drained.
 
 use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use persevere::{Action, Backoff, BackoffState, Failure, Instant, Jitter, Retry, RetryPolicy};
+use persevere::{Action, Backoff, BackoffState, Failure, Instant, Jitter, Retry, RetryPolicy, SplitMix64};
 use rand_chacha::ChaCha8Rng;
 use rand_core::{Rng, SeedableRng};
 
@@ -25,8 +26,14 @@ fn backoff(jitter: Jitter) -> Backoff {
 }
 
 fn next_delay(c: &mut Criterion) {
-    let mut group = c.benchmark_group("next_delay");
-    let mut rng = ChaCha8Rng::seed_from_u64(1);
+    next_delay_with(c, "next_delay", ChaCha8Rng::seed_from_u64(1));
+    next_delay_with(c, "next_delay_splitmix", SplitMix64::new(1));
+}
+
+/// The same decisions with two RNGs: ChaCha8 (a draw costs a few ns of its own) and the
+/// [`SplitMix64`] the adapters own per operation (a draw costs about one).
+fn next_delay_with<R: Rng>(c: &mut Criterion, group: &str, mut rng: R) {
+    let mut group = c.benchmark_group(group);
     group.bench_function("baseline/handwritten_full_jitter", |b| {
         let mut n = 0u32;
         b.iter(|| {

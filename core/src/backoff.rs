@@ -364,26 +364,27 @@ impl Backoff {
         Duration::from_nanos(self.delay_ns(failures, saturating_nanos(previous), rng))
     }
 
-    #[inline]
+    #[inline(always)]
     pub(crate) fn delay_ns<R: Rng + ?Sized>(&self, failures: u32, previous_ns: u64, rng: &mut R) -> u64 {
-        let drawn = match self.shape {
-            Shape::Decorrelated { base } => {
-                let previous = previous_ns.max(base);
-                uniform_inclusive(rng, base, previous.saturating_mul(3))
-            }
+        // The jitter's closed range first, then one shared draw: one dispatch, one call site.
+        let (lo, hi) = match self.shape {
+            Shape::Decorrelated { base } => (base, previous_ns.max(base).saturating_mul(3)),
             _ => {
                 let envelope = self.envelope_ns(failures);
                 match self.jitter {
-                    Jitter::None => envelope,
-                    Jitter::Full => uniform_inclusive(rng, 0, envelope),
-                    Jitter::Equal => uniform_inclusive(rng, envelope / 2, envelope),
+                    Jitter::None => (envelope, envelope),
+                    Jitter::Full => (0, envelope),
+                    Jitter::Equal => (envelope / 2, envelope),
                     Jitter::Proportional(_) => {
+                        // `spread_q32 <= 2^32`, so `spread <= envelope` and only the top end can saturate.
                         let spread = ((u128::from(envelope) * u128::from(self.spread_q32)) >> 32) as u64;
-                        uniform_inclusive(rng, envelope.saturating_sub(spread), envelope.saturating_add(spread))
+                        (envelope - spread, envelope.saturating_add(spread))
                     }
                 }
             }
         };
+        // A one-point range needs no draw (B3: no jitter takes nothing from the RNG).
+        let drawn = if lo == hi { lo } else { uniform_inclusive(rng, lo, hi) };
         drawn.max(self.min_ns).min(self.max_ns)
     }
 

@@ -698,8 +698,11 @@ impl Probes {
     }
 }
 
+/// `repr(u8)`: an explicit tag byte, so telling closed from the rest is one compare (without
+/// it the tag hides in `Ring`'s niche and every call decodes it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[repr(u8)]
 enum Phase {
     Closed(Window),
     Open { until: Instant },
@@ -770,8 +773,10 @@ pub struct Breaker {
     generation: u32,
     /// The next permit id (probe ids are drawn from the same counter, with [`PROBE_BIT`]).
     next_id: u32,
-    /// Closed or disabled: permits of this generation not yet recorded.
-    in_flight: u32,
+    /// Closed or disabled: `next_id` when this generation began, plus the permits recorded
+    /// since (mod 2^31), so `next_id − settled` permits are outstanding. Only `record` writes
+    /// it and only `try_acquire` writes `next_id`: one store each per call on the closed path.
+    settled: u32,
     last_now: Instant,
     openings: BackoffState,
     phase: Phase,
@@ -785,7 +790,7 @@ impl Breaker {
             id,
             generation: 0,
             next_id: 0,
-            in_flight: 0,
+            settled: 0,
             last_now: Instant::ZERO,
             openings: BackoffState::new(),
             phase: Phase::Closed(Window::new(policy)),
@@ -816,7 +821,11 @@ impl Breaker {
             Phase::Open { until } if now < until && self.last_now < until => {
                 Err(Rejected { retry_after: Some(until.saturating_duration_since(self.last_now.later(now))) })
             }
-            _ => self.acquire_slow(policy, now, rng),
+            _ => {
+                let id = self.acquire_slow(policy, now, rng)?;
+                let acquired_at = if id & PROBE_BIT != 0 { self.last_now } else { now };
+                Ok(Permit { breaker: self.id, generation: self.generation, id, acquired_at })
+            }
         }
     }
 
@@ -825,20 +834,22 @@ impl Breaker {
     fn issue(&mut self, now: Instant) -> Permit {
         let id = self.next_id;
         self.next_id = (id + 1) & !PROBE_BIT;
-        // Wraps only after 2^32 permits outstanding at once.
-        self.in_flight = self.in_flight.wrapping_add(1);
         Permit { breaker: self.id, generation: self.generation, id, acquired_at: now }
     }
 
+    /// Every state but closed. Returns the permit's id only (a probe's was acquired at
+    /// `last_now`, a disabled breaker's at `now`): 16 bytes come back in registers, where a
+    /// whole `Result<Permit, _>` would come back through memory and make the caller's closed
+    /// path build its permit in memory too.
     #[cold]
     fn acquire_slow<R: Rng + ?Sized>(
         &mut self,
         policy: &BreakerPolicy,
         now: Instant,
         rng: &mut R,
-    ) -> Result<Permit, Rejected> {
+    ) -> Result<u32, Rejected> {
         if let Phase::Disabled = self.phase {
-            return Ok(self.issue(now));
+            return Ok(self.issue(now).id);
         }
         let now = self.last_now.later(now);
         self.settle(policy, now, rng);
@@ -855,7 +866,7 @@ impl Breaker {
                 probes.ids[slot] = id;
                 probes.deadlines[slot] = now.saturating_add(Duration::from_nanos(policy.probe_timeout_ns));
                 self.last_now = now;
-                Ok(Permit { breaker: self.id, generation: self.generation, id, acquired_at: now })
+                Ok(id)
             }
             Phase::Open { until } => Err(Rejected { retry_after: Some(until.saturating_duration_since(now)) }),
             Phase::Isolated => Err(Rejected { retry_after: None }),
@@ -916,14 +927,11 @@ impl Breaker {
         rng: &mut R,
     ) -> Result<(), BreakerError> {
         if permit.breaker != self.id || permit.generation != self.generation {
-            return Err(self.misfit(permit));
+            return Err(self.misfit(permit.breaker, permit.generation));
         }
         if let Phase::Closed(window) = &mut self.phase {
             // Closed permits are counted, not tracked one by one (that would take a table).
-            if self.in_flight == 0 {
-                return Err(BreakerError::NotOutstanding { id: permit.id });
-            }
-            self.in_flight -= 1;
+            settle_closed_permit(self.next_id, &mut self.settled, permit.id)?;
             if outcome == CallOutcome::Ignored {
                 return Ok(());
             }
@@ -932,16 +940,16 @@ impl Breaker {
             }
             return Ok(());
         }
-        self.record_slow(policy, now, permit, outcome, elapsed_ns, rng)
+        self.record_slow(policy, now, permit.id, outcome, elapsed_ns, rng)
     }
 
     /// Why a permit from another breaker or generation is refused.
     #[cold]
-    fn misfit(&self, permit: Permit) -> BreakerError {
-        if permit.breaker != self.id {
-            BreakerError::Foreign { this: self.id, got: permit.breaker }
+    fn misfit(&self, breaker: u32, generation: u32) -> BreakerError {
+        if breaker != self.id {
+            BreakerError::Foreign { this: self.id, got: breaker }
         } else {
-            BreakerError::Stale { current: self.generation, got: permit.generation }
+            BreakerError::Stale { current: self.generation, got: generation }
         }
     }
 
@@ -951,22 +959,16 @@ impl Breaker {
         &mut self,
         policy: &BreakerPolicy,
         now: Instant,
-        permit: Permit,
+        id: u32,
         outcome: CallOutcome,
         elapsed_ns: u64,
         rng: &mut R,
     ) -> Result<(), BreakerError> {
         match &mut self.phase {
-            Phase::Disabled => {
-                if self.in_flight == 0 {
-                    return Err(BreakerError::NotOutstanding { id: permit.id });
-                }
-                self.in_flight -= 1;
-                Ok(())
-            }
+            Phase::Disabled => settle_closed_permit(self.next_id, &mut self.settled, id),
             Phase::HalfOpen(probes) => {
-                let Some(slot) = probes.slot_of(permit.id) else {
-                    return Err(BreakerError::NotOutstanding { id: permit.id });
+                let Some(slot) = probes.slot_of(id) else {
+                    return Err(BreakerError::NotOutstanding { id });
                 };
                 let now = self.last_now.later(now);
                 // A lease that ended before its result came is the failure it already was; the
@@ -997,9 +999,7 @@ impl Breaker {
             }
             // No permit is issued in these states, and entering them changed the generation;
             // closed is handled by `record_ns`.
-            Phase::Open { .. } | Phase::Isolated | Phase::Closed(_) => {
-                Err(BreakerError::NotOutstanding { id: permit.id })
-            }
+            Phase::Open { .. } | Phase::Isolated | Phase::Closed(_) => Err(BreakerError::NotOutstanding { id }),
         }
     }
 
@@ -1135,8 +1135,20 @@ impl Breaker {
     fn enter(&mut self, phase: Phase) {
         self.phase = phase;
         self.generation = self.generation.wrapping_add(1);
-        self.in_flight = 0;
+        self.settled = self.next_id;
     }
+}
+
+/// Counts a closed or disabled permit as recorded, if one is outstanding (`next_id − settled`,
+/// mod 2^31). Wraps (and then refuses a valid permit) only with 2^31 permits of one state
+/// outstanding at once.
+#[inline]
+fn settle_closed_permit(next_id: u32, settled: &mut u32, id: u32) -> Result<(), BreakerError> {
+    if next_id.wrapping_sub(*settled) & !PROBE_BIT == 0 {
+        return Err(BreakerError::NotOutstanding { id });
+    }
+    *settled = (*settled + 1) & !PROBE_BIT;
+    Ok(())
 }
 
 /// The counts of a closed breaker's window; see [`Breaker::window_counts`].

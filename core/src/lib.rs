@@ -85,6 +85,7 @@ mod delivery;
 mod error;
 mod failure;
 mod flow;
+mod jitter_rng;
 pub mod presets;
 mod random;
 mod retry;
@@ -115,6 +116,7 @@ pub use flow::{
     Flow, FlowAction, FlowError, FlowFailureRefused, FlowInfo, FlowPolicy, FlowPolicyBuilder, FlowSchedule, FlowStatus,
     FlowStatusKind, SkipReason,
 };
+pub use jitter_rng::SplitMix64;
 pub use retry::{
     Action, FailureRefused, Outcome, OutcomeKind, Retry, RetryError, RetryPolicy, RetryPolicyBuilder, RetryStatus,
     Stats,

@@ -19,16 +19,23 @@ pub(crate) fn uniform_inclusive<R: Rng + ?Sized>(rng: &mut R, lo: u64, hi: u64) 
         // The whole of u64.
         return rng.next_u64();
     }
-    let mut product = u128::from(rng.next_u64()) * u128::from(range);
-    if (product as u64) < range {
-        let threshold = range.wrapping_neg() % range;
-        let mut rejections = 0;
-        while (product as u64) < threshold && rejections < MAX_REJECTIONS {
-            product = u128::from(rng.next_u64()) * u128::from(range);
-            rejections += 1;
-        }
+    let product = u128::from(rng.next_u64()) * u128::from(range);
+    let offset = if (product as u64) < range { redraw_if_biased(rng, range, product) } else { (product >> 64) as u64 };
+    lo.wrapping_add(offset)
+}
+
+/// The rare end of Lemire's method, kept out of line so the common path stays a few instructions:
+/// the first draw landed below `range`, so it may lie in the biased zone (one division decides).
+#[cold]
+#[inline(never)]
+fn redraw_if_biased<R: Rng + ?Sized>(rng: &mut R, range: u64, mut product: u128) -> u64 {
+    let threshold = range.wrapping_neg() % range;
+    let mut rejections = 0;
+    while (product as u64) < threshold && rejections < MAX_REJECTIONS {
+        product = u128::from(rng.next_u64()) * u128::from(range);
+        rejections += 1;
     }
-    lo.wrapping_add((product >> 64) as u64)
+    (product >> 64) as u64
 }
 
 #[cfg(test)]

@@ -9,8 +9,8 @@ use std::time::Duration;
 use persevere::{BreakerPolicy, BreakerStatus, CallOutcome, FailureClass, Instant, Permit};
 
 use crate::classify::RetryGate;
-use crate::jitter_rng::SplitMix64;
 use crate::runtime::Runtime;
+use persevere::SplitMix64;
 
 /// Why [`Breaker::call`] did not return the call's value.
 #[derive(Debug, PartialEq, Eq)]

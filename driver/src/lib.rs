@@ -26,7 +26,6 @@
 mod breaker;
 mod budget;
 mod classify;
-mod jitter_rng;
 mod job;
 mod retry;
 mod retry_after;

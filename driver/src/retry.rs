@@ -12,8 +12,8 @@ use persevere::{Action, Failure, FailureClass, FailureKind, Instant, OutcomeKind
 use pin_project_lite::pin_project;
 
 use crate::classify::{ByTrait, Classifier, Classify, Notify, RetryAll, RetryEvent, RetryGate};
-use crate::jitter_rng::SplitMix64;
 use crate::runtime::Runtime;
+use persevere::SplitMix64;
 
 /// What an operation took (rule R5).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]

@@ -21,11 +21,11 @@ use croner::Cron;
 use event_listener::Event;
 use persevere::{Flow, FlowAction, FlowError, FlowInfo, FlowPolicy, Flows, Instant, PolicyError};
 
-use crate::jitter_rng::SplitMix64;
 use crate::job::{JobError, catch_create, poll_caught};
 use crate::runtime::Runtime;
 use crate::spawn::Spawn;
 use crate::sync::{Nudge, lock};
+use persevere::SplitMix64;
 
 /// A caller mistake; nothing changed.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]

@@ -21,11 +21,11 @@ use persevere::{
 use pin_project_lite::pin_project;
 
 use crate::classify::{Classifier, RetryAll};
-use crate::jitter_rng::SplitMix64;
 use crate::job::{JobError, catch_create, drop_caught, poll_caught};
 use crate::runtime::Runtime;
 use crate::spawn::Spawn;
 use crate::sync::{OneshotReceiver, OneshotSender, Signal, lock, oneshot};
+use persevere::SplitMix64;
 
 /// Control levels of a task (they only rise).
 const STOP: u8 = 1;
