@@ -36,6 +36,7 @@
 //! # Ok::<(), persevere::PolicyError>(())
 //! ```
 
+use core::hint::select_unpredictable;
 use core::time::Duration;
 
 use rand_core::Rng;
@@ -127,8 +128,11 @@ pub struct Backoff {
     spread_q32: u64,
     /// The first failure count whose envelope is the cap (`u64::MAX` if no `u32` count reaches it).
     cap_from: u64,
-    /// The envelopes of failures 1..=TABLE_LEN, precomputed by the same arithmetic.
-    table: [u64; TABLE_LEN],
+    /// The jitter's closed range `(lo, hi)` for failures 1..=TABLE_LEN, precomputed by the
+    /// same arithmetic, so the common decision is a lookup and one draw.
+    table: [(u64, u64); TABLE_LEN],
+    /// The jitter's closed range once the envelope is the cap.
+    capped: (u64, u64),
 }
 
 /// How many envelopes a [`Backoff`] precomputes: the common case of a handful of retries is a
@@ -307,10 +311,20 @@ impl Backoff {
             Jitter::Proportional(f) => (f * 4_294_967_296.0 + 0.5) as u64,
             _ => 0,
         };
-        let mut backoff = Backoff { shape, jitter, min_ns, max_ns, spread_q32, cap_from: 1, table: [0; TABLE_LEN] };
+        let mut backoff = Backoff {
+            shape,
+            jitter,
+            min_ns,
+            max_ns,
+            spread_q32,
+            cap_from: 1,
+            table: [(0, 0); TABLE_LEN],
+            capped: (0, 0),
+        };
         backoff.cap_from = backoff.first_capped();
-        for (i, slot) in backoff.table.iter_mut().enumerate() {
-            *slot = raw_envelope(shape, max_ns, i as u32 + 1);
+        backoff.capped = backoff.jitter_range(max_ns);
+        for i in 0..TABLE_LEN {
+            backoff.table[i] = backoff.jitter_range(raw_envelope(shape, max_ns, i as u32 + 1));
         }
         backoff
     }
@@ -366,38 +380,50 @@ impl Backoff {
 
     #[inline(always)]
     pub(crate) fn delay_ns<R: Rng + ?Sized>(&self, failures: u32, previous_ns: u64, rng: &mut R) -> u64 {
-        // The jitter's closed range first, then one shared draw: one dispatch, one call site.
         let (lo, hi) = match self.shape {
             Shape::Decorrelated { base } => (base, previous_ns.max(base).saturating_mul(3)),
-            _ => {
-                let envelope = self.envelope_ns(failures);
-                match self.jitter {
-                    Jitter::None => (envelope, envelope),
-                    Jitter::Full => (0, envelope),
-                    Jitter::Equal => (envelope / 2, envelope),
-                    Jitter::Proportional(_) => {
-                        // `spread_q32 <= 2^32`, so `spread <= envelope` and only the top end can saturate.
-                        let spread = ((u128::from(envelope) * u128::from(self.spread_q32)) >> 32) as u64;
-                        (envelope - spread, envelope.saturating_add(spread))
-                    }
-                }
-            }
+            _ => self.range_ns(failures),
         };
         // A one-point range needs no draw (B3: no jitter takes nothing from the RNG).
         let drawn = if lo == hi { lo } else { uniform_inclusive(rng, lo, hi) };
-        drawn.max(self.min_ns).min(self.max_ns)
+        // Whether a draw lands beyond the floor or the cap is a coin toss (proportional jitter
+        // at the cap overshoots half the time): selects, not branches that mispredict.
+        let floored = select_unpredictable(drawn < self.min_ns, self.min_ns, drawn);
+        select_unpredictable(floored > self.max_ns, self.max_ns, floored)
+    }
+
+    /// The closed range the jitter draws from after the `failures`-th failure (not for
+    /// [`Schedule::Decorrelated`]): a lookup for the first [`TABLE_LEN`] failures and once capped.
+    #[inline]
+    fn range_ns(&self, failures: u32) -> (u64, u64) {
+        let n = failures.max(1);
+        if u64::from(n) >= self.cap_from {
+            self.capped
+        } else if let Some(&range) = self.table.get(n as usize - 1) {
+            range
+        } else {
+            self.jitter_range(raw_envelope(self.shape, self.max_ns, n))
+        }
+    }
+
+    /// The closed range the jitter draws from around `envelope` (B3), before floor and cap.
+    fn jitter_range(&self, envelope: u64) -> (u64, u64) {
+        match self.jitter {
+            Jitter::None => (envelope, envelope),
+            Jitter::Full => (0, envelope),
+            Jitter::Equal => (envelope / 2, envelope),
+            Jitter::Proportional(_) => {
+                // `spread_q32 <= 2^32`, so `spread <= envelope` and only the top end can saturate.
+                let spread = ((u128::from(envelope) * u128::from(self.spread_q32)) >> 32) as u64;
+                (envelope - spread, envelope.saturating_add(spread))
+            }
+        }
     }
 
     #[inline]
     pub(crate) fn envelope_ns(&self, failures: u32) -> u64 {
         let n = failures.max(1);
-        if u64::from(n) >= self.cap_from {
-            self.max_ns
-        } else if let Some(&envelope) = self.table.get(n as usize - 1) {
-            envelope
-        } else {
-            raw_envelope(self.shape, self.max_ns, n)
-        }
+        if u64::from(n) >= self.cap_from { self.max_ns } else { raw_envelope(self.shape, self.max_ns, n) }
     }
 
     /// The first `n` whose envelope is the cap, by binary search (the envelope is monotone).
@@ -530,14 +556,22 @@ mod tests {
             initial in 1..5_000_000_000u64,
             multiplier in prop_oneof![Just(1.0), 1.000_001..1.01f64, 1.01..100.0f64],
             cap in prop::option::of(1..u64::MAX),
+            jitter in prop_oneof![
+                Just(Jitter::None),
+                Just(Jitter::Full),
+                Just(Jitter::Equal),
+                (0.0..=1.0f64).prop_map(Jitter::Proportional),
+            ],
             n in prop_oneof![1..40u32, any::<u32>()],
         ) {
-            let mut builder = Backoff::exponential(Duration::from_nanos(initial), multiplier);
+            let mut builder = Backoff::exponential(Duration::from_nanos(initial), multiplier).jitter(jitter);
             if let Some(cap) = cap {
                 builder = builder.max_delay(Duration::from_nanos(cap.max(initial)));
             }
             let backoff = builder.build().unwrap();
-            prop_assert_eq!(backoff.envelope_ns(n), raw_envelope(backoff.shape, backoff.max_ns, n));
+            let envelope = raw_envelope(backoff.shape, backoff.max_ns, n);
+            prop_assert_eq!(backoff.envelope_ns(n), envelope);
+            prop_assert_eq!(backoff.range_ns(n), backoff.jitter_range(envelope));
         }
     }
 }
