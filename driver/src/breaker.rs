@@ -2,9 +2,13 @@
 
 use std::fmt;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll};
 use std::time::Duration;
+
+use pin_project_lite::pin_project;
 
 use persevere::{BreakerPolicy, BreakerStatus, CallOutcome, FailureClass, Instant, Permit};
 
@@ -97,17 +101,90 @@ impl<Rt> Shared<Rt> {
     }
 }
 
-/// Holds a permit while its call runs; releases it uncounted if the call is dropped.
-struct PermitGuard<'a, Rt: Runtime> {
-    shared: &'a Shared<Rt>,
-    permit: Option<Permit>,
+/// What [`Breaker::call`] classifies by: every `Ok` is a success and every `Err` a failure.
+pub type ByResult<T, E> = fn(&Result<T, E>) -> CallOutcome;
+
+fn outcome_of_result<T, E>(result: &Result<T, E>) -> CallOutcome {
+    if result.is_ok() { CallOutcome::Success } else { CallOutcome::Failure }
 }
 
-impl<Rt: Runtime> Drop for PermitGuard<'_, Rt> {
-    fn drop(&mut self) {
-        if let Some(permit) = self.permit.take() {
-            record(self.shared, permit, CallOutcome::Ignored);
+/// Where a [`BreakerCall`] stands with the breaker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Admission {
+    /// Not yet asked (before the first poll).
+    Asking,
+    /// Admitted on the clean path: no permit, only a failure is reported.
+    Clean,
+    /// Admitted with a permit, to be recorded with the outcome (or released if dropped).
+    Permit(Permit),
+    /// Finished: rejected, or the outcome is recorded.
+    Done,
+}
+
+pin_project! {
+    /// A call through a [`Breaker`], created by [`Breaker::call`] and
+    /// [`Breaker::call_classified`]: asks for admission at its first poll, runs the call, and
+    /// records the outcome.
+    ///
+    /// Dropping it before the call completes releases its permit without counting anything
+    /// ([`CallOutcome::Ignored`]), so a canceled probe cannot wedge the breaker. The call
+    /// future is pinned in place from the start: nothing is moved between polls.
+    #[must_use = "futures do nothing unless awaited"]
+    pub struct BreakerCall<'a, Rt: Runtime, F, C> {
+        shared: &'a Shared<Rt>,
+        classify: Option<C>,
+        admission: Admission,
+        #[pin]
+        call: F,
+    }
+
+    impl<'a, Rt: Runtime, F, C> PinnedDrop for BreakerCall<'a, Rt, F, C> {
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            if let Admission::Permit(permit) = *this.admission {
+                record(this.shared, permit, CallOutcome::Ignored);
+            }
         }
+    }
+}
+
+impl<Rt, F, C, T, E> Future for BreakerCall<'_, Rt, F, C>
+where
+    Rt: Runtime,
+    F: Future<Output = Result<T, E>>,
+    C: FnOnce(&Result<T, E>) -> CallOutcome,
+{
+    type Output = Result<T, CallError<E>>;
+
+    #[inline]
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let shared: &Shared<Rt> = this.shared;
+        if *this.admission == Admission::Asking {
+            *this.admission = if shared.clean.load(Ordering::Acquire) {
+                Admission::Clean
+            } else {
+                match shared.acquire() {
+                    Ok(permit) => Admission::Permit(permit),
+                    Err(rejected) => {
+                        *this.admission = Admission::Done;
+                        return Poll::Ready(Err(rejected));
+                    }
+                }
+            };
+        }
+        let result = match this.call.poll(cx) {
+            Poll::Ready(result) => result,
+            Poll::Pending => return Poll::Pending,
+        };
+        let Some(classify) = this.classify.take() else { panic!("`BreakerCall` polled after it completed") };
+        let outcome = classify(&result);
+        match std::mem::replace(this.admission, Admission::Done) {
+            Admission::Permit(permit) => record(shared, permit, outcome),
+            _ if outcome == CallOutcome::Failure => shared.record_failure_now(),
+            _ => {}
+        }
+        Poll::Ready(result.map_err(CallError::Failed))
     }
 }
 
@@ -119,6 +196,19 @@ fn record<Rt: Runtime>(shared: &Shared<Rt>, permit: Permit, outcome: CallOutcome
     // stale; that is the documented race, and nothing is lost by ignoring it.
     let _ = breaker.record(&shared.policy, now, permit, outcome, rng);
     shared.refresh(&state);
+}
+
+impl<Rt: Runtime> Shared<Rt> {
+    /// Admission through the core machine, under the lock.
+    #[cold]
+    fn acquire<E>(&self) -> Result<Permit, CallError<E>> {
+        let mut state = self.lock();
+        let now = self.runtime.now();
+        let State { breaker, rng } = &mut *state;
+        let admitted = breaker.try_acquire(&self.policy, now, rng);
+        self.refresh(&state);
+        admitted.map_err(|r| CallError::Rejected { retry_after: r.retry_after })
+    }
 }
 
 impl<Rt: Runtime + Default> Breaker<Rt> {
@@ -140,54 +230,32 @@ impl<Rt: Runtime> Breaker<Rt> {
     /// Runs `call` if the breaker admits it; an `Err` counts as a failure, an `Ok` as a success
     /// (slow if it took at least the policy's slow-call threshold).
     ///
-    /// # Errors
-    /// [`CallError::Rejected`] while open or isolated (the call is not made);
-    /// [`CallError::Failed`] with the call's own error.
-    pub async fn call<T, E, F>(&self, call: F) -> Result<T, CallError<E>>
+    /// The returned future resolves to [`CallError::Rejected`] while the breaker is open or
+    /// isolated (the call is not made, only dropped), and to [`CallError::Failed`] with the
+    /// call's own error.
+    pub fn call<T, E, F>(&self, call: F) -> BreakerCall<'_, Rt, F, ByResult<T, E>>
     where
         F: Future<Output = Result<T, E>>,
     {
-        self.call_classified(call, |result| if result.is_ok() { CallOutcome::Success } else { CallOutcome::Failure })
-            .await
+        self.call_classified(call, outcome_of_result)
     }
 
     /// Like [`call`](Self::call), with `classify` deciding what the result says about the
     /// dependency (for example, an invalid-request error is [`CallOutcome::Ignored`]).
-    ///
-    /// # Errors
-    /// As [`call`](Self::call).
-    pub async fn call_classified<T, E, F, C>(&self, call: F, classify: C) -> Result<T, CallError<E>>
+    pub fn call_classified<T, E, F, C>(&self, call: F, classify: C) -> BreakerCall<'_, Rt, F, C>
     where
         F: Future<Output = Result<T, E>>,
         C: FnOnce(&Result<T, E>) -> CallOutcome,
     {
-        let shared = &*self.shared;
-        if shared.clean.load(Ordering::Acquire) {
-            let result = call.await;
-            if classify(&result) == CallOutcome::Failure {
-                self.record_failure_now();
-            }
-            return result.map_err(CallError::Failed);
-        }
-        let permit = {
-            let mut state = shared.lock();
-            let now = shared.runtime.now();
-            let State { breaker, rng } = &mut *state;
-            let admitted = breaker.try_acquire(&shared.policy, now, rng);
-            shared.refresh(&state);
-            admitted.map_err(|r| CallError::Rejected { retry_after: r.retry_after })?
-        };
-        let mut guard = PermitGuard { shared, permit: Some(permit) };
-        let result = call.await;
-        if let Some(permit) = guard.permit.take() {
-            record(shared, permit, classify(&result));
-        }
-        result.map_err(CallError::Failed)
+        BreakerCall { shared: &self.shared, classify: Some(classify), admission: Admission::Asking, call }
     }
+}
 
+impl<Rt: Runtime> Shared<Rt> {
     /// A failure seen on the clean fast path: counted as a call that started and failed now.
+    #[cold]
     fn record_failure_now(&self) {
-        let shared = &*self.shared;
+        let shared = self;
         let mut state = shared.lock();
         let now = shared.runtime.now();
         let State { breaker, rng } = &mut *state;
@@ -196,7 +264,9 @@ impl<Rt: Runtime> Breaker<Rt> {
         }
         shared.refresh(&state);
     }
+}
 
+impl<Rt: Runtime> Breaker<Rt> {
     /// The breaker's state now.
     pub fn status(&self) -> BreakerStatus {
         let shared = &*self.shared;
