@@ -864,7 +864,7 @@ impl Breaker {
                 self.next_id = (self.next_id + 1) & !PROBE_BIT;
                 probes.busy |= 1 << slot;
                 probes.ids[slot] = id;
-                probes.deadlines[slot] = now.saturating_add(Duration::from_nanos(policy.probe_timeout_ns));
+                probes.deadlines[slot] = now.saturating_add_nanos(policy.probe_timeout_ns);
                 self.last_now = now;
                 Ok(id)
             }
@@ -1127,7 +1127,7 @@ impl Breaker {
     fn open<R: Rng + ?Sized>(&mut self, policy: &BreakerPolicy, at: Instant, rng: &mut R) {
         let at = self.last_now.later(at);
         let delay = self.openings.next_delay_ns(&policy.open, rng);
-        let until = at.saturating_add(Duration::from_nanos(delay));
+        let until = at.saturating_add_nanos(delay);
         self.last_now = at;
         self.enter(Phase::Open { until });
     }

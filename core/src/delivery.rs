@@ -740,7 +740,7 @@ impl<K, W, C, E, R> Delivery<K, W, C, E, R> {
         self.state = DeliveryState::HandedOut {
             attempt,
             worker,
-            deadline: now.saturating_add(Duration::from_nanos(policy.start_timeout_ns)),
+            deadline: now.saturating_add_nanos(policy.start_timeout_ns),
             durable: policy.durability == Durability::Sync,
         };
         self.pending |= HAND_OUT;
@@ -1217,7 +1217,7 @@ impl<K, W, C, E, R> Delivery<K, W, C, E, R> {
 
     /// HandedOut → Running, or a heartbeat on Running: the deadline moves.
     fn start(&mut self, policy: &DeliveryPolicy<R>, now: Instant) {
-        let heartbeat_deadline = now.saturating_add(Duration::from_nanos(policy.heartbeat_timeout_ns));
+        let heartbeat_deadline = now.saturating_add_nanos(policy.heartbeat_timeout_ns);
         self.progress = AttemptProgress::NotCompleted;
         let state = core::mem::replace(&mut self.state, DeliveryState::Pending { attempt: 0, not_before: None });
         self.state = match state {

@@ -751,7 +751,7 @@ impl<E> Retry<E> {
         if self.attempt == 0 {
             self.attempt = 1;
         }
-        let deadline = now.saturating_add(Duration::from_nanos(policy.attempt_timeout_ns));
+        let deadline = now.saturating_add_nanos(policy.attempt_timeout_ns);
         self.phase = Phase::Running { deadline };
         self.pending = START;
     }
@@ -801,7 +801,7 @@ impl<E> Retry<E> {
         kind: FailureKind,
         rng: &mut R,
     ) -> Result<Instant, OutcomeKind> {
-        let budget_end = self.first_start.saturating_add(Duration::from_nanos(policy.total_ns));
+        let budget_end = self.first_start.saturating_add_nanos(policy.total_ns);
         if now > budget_end {
             return Err(OutcomeKind::OutOfTime);
         }
@@ -818,11 +818,11 @@ impl<E> Retry<E> {
                 } else {
                     self.backoff.record_external(delay);
                 }
-                Ok(now.saturating_add(Duration::from_nanos(delay)).earlier(budget_end))
+                Ok(now.saturating_add_nanos(delay).earlier(budget_end))
             }
             None => {
                 let delay = self.backoff.next_delay_ns(&policy.backoff, rng);
-                let until = now.saturating_add(Duration::from_nanos(delay));
+                let until = now.saturating_add_nanos(delay);
                 if until > budget_end { Err(OutcomeKind::OutOfTime) } else { Ok(until) }
             }
         }

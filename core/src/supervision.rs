@@ -673,7 +673,7 @@ impl<E> Supervision<E> {
     ///
     /// # Errors
     /// When `attempt` is not the running attempt; nothing changes and the failure is handed back.
-    #[inline]
+    #[inline(always)]
     pub fn handle_failure<R: Rng + ?Sized>(
         &mut self,
         policy: &SupervisionPolicy,
@@ -882,14 +882,14 @@ impl<E> Supervision<E> {
             self.attempt = 1;
         }
         self.last_start = now;
-        let deadline = now.saturating_add(Duration::from_nanos(policy.attempt_timeout_ns));
+        let deadline = now.saturating_add_nanos(policy.attempt_timeout_ns);
         self.phase = Phase::Running { deadline };
         self.pending = STARTING;
     }
 
     /// After a retryable failure: counts it, then waits for the next attempt or finishes with
     /// `not_retried`. `self.pending` may already hold `ENDED`.
-    #[inline]
+    #[inline(always)]
     fn retry_or_finish<R: Rng + ?Sized>(
         &mut self,
         policy: &SupervisionPolicy,
@@ -917,9 +917,8 @@ impl<E> Supervision<E> {
     /// Waits `delay_ns` from `now`, and at least `min_spacing` from the last start (S5).
     #[inline]
     fn wait(&mut self, policy: &SupervisionPolicy, now: Instant, delay_ns: u64) {
-        let until = now
-            .saturating_add(Duration::from_nanos(delay_ns))
-            .later(self.last_start.saturating_add(Duration::from_nanos(policy.min_spacing_ns)));
+        let until =
+            now.saturating_add_nanos(delay_ns).later(self.last_start.saturating_add_nanos(policy.min_spacing_ns));
         self.phase = Phase::Waiting { until };
         self.pending |= BACKOFF;
     }

@@ -82,6 +82,13 @@ impl Instant {
         Instant(self.0.saturating_add(saturating_nanos(span)))
     }
 
+    /// `self + nanos` nanoseconds, saturating at [`Instant::MAX`]: the machines' own delays are
+    /// whole nanoseconds already, and going through a `Duration` would cost a division.
+    #[inline]
+    pub(crate) const fn saturating_add_nanos(self, nanos: u64) -> Instant {
+        Instant(self.0.saturating_add(nanos))
+    }
+
     /// `self - span`, or `None` if the result is earlier than the epoch.
     pub const fn checked_sub(self, span: Duration) -> Option<Instant> {
         match nanos_of(span) {
