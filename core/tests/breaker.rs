@@ -552,6 +552,44 @@ fn k5_a_permit_recorded_twice_or_never_issued_is_refused_and_changes_nothing() {
     assert_eq!(b, before);
 }
 
+#[test]
+fn k5_closed_and_disabled_permits_are_counted_out_and_back_across_states() {
+    let p = policy(|b| b.consecutive_failures(1).half_open_permits(1));
+    let mut b = Breaker::new(&p, 1);
+    let permits: Vec<_> = (0..3).map(|_| b.try_acquire(&p, at(0), &mut rng()).unwrap()).collect();
+    for permit in &permits {
+        b.record(&p, at(0), *permit, CallOutcome::Success, &mut rng()).unwrap();
+    }
+    let before = b;
+    assert!(matches!(
+        b.record(&p, at(0), permits[1], CallOutcome::Success, &mut rng()),
+        Err(BreakerError::NotOutstanding { .. })
+    ));
+    assert_eq!(b, before, "three out, three back: a fourth record changes nothing");
+
+    // Open, half-open, closed again: the new closed state starts with none outstanding,
+    // although the permit counter went on through the probe.
+    fail(&mut b, &p, at(0));
+    succeed(&mut b, &p, at(1_000));
+    assert_eq!(b.status(), BreakerStatus::Closed);
+    let stale = b.try_acquire(&p, at(1_000), &mut rng()).unwrap();
+    b.record(&p, at(1_000), stale, CallOutcome::Ignored, &mut rng()).unwrap();
+    assert!(matches!(
+        b.record(&p, at(1_000), stale, CallOutcome::Ignored, &mut rng()),
+        Err(BreakerError::NotOutstanding { .. })
+    ));
+
+    // Disabled counts the same way.
+    b.handle_disable(at(1_000));
+    let permit = b.try_acquire(&p, at(1_000), &mut rng()).unwrap();
+    b.record(&p, at(1_000), permit, CallOutcome::Failure, &mut rng()).unwrap();
+    assert!(matches!(
+        b.record(&p, at(1_000), permit, CallOutcome::Failure, &mut rng()),
+        Err(BreakerError::NotOutstanding { .. })
+    ));
+    assert_eq!(b.status(), BreakerStatus::Disabled);
+}
+
 /// Found by the `breaker` fuzz target: a slow-call threshold of `u64::MAX` ns or more was
 /// handed back by the builder conversion as "no threshold", so the policy no longer rebuilt
 /// (nor deserialized): a slow-call rate needs its threshold.

@@ -160,6 +160,7 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         let shared: &Shared<Rt> = this.shared;
+        assert!(this.classify.is_some(), "`BreakerCall` polled after it completed");
         if *this.admission == Admission::Asking {
             *this.admission = if shared.clean.load(Ordering::Acquire) {
                 Admission::Clean
@@ -168,6 +169,7 @@ where
                     Ok(permit) => Admission::Permit(permit),
                     Err(rejected) => {
                         *this.admission = Admission::Done;
+                        *this.classify = None;
                         return Poll::Ready(Err(rejected));
                     }
                 }
@@ -177,7 +179,7 @@ where
             Poll::Ready(result) => result,
             Poll::Pending => return Poll::Pending,
         };
-        let Some(classify) = this.classify.take() else { panic!("`BreakerCall` polled after it completed") };
+        let Some(classify) = this.classify.take() else { unreachable!("checked on entry") };
         let outcome = classify(&result);
         match std::mem::replace(this.admission, Admission::Done) {
             Admission::Permit(permit) => record(shared, permit, outcome),

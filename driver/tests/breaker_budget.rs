@@ -78,6 +78,26 @@ fn k4_a_dropped_probe_releases_its_permit() {
 }
 
 #[test]
+fn k5_a_rejected_call_is_never_polled_and_a_finished_call_cannot_be_polled_again() {
+    let breaker = Breaker::with_runtime(Virtual::default(), policy(1));
+    let _ = block_on(breaker.call(async { Err::<(), _>(()) }));
+    let mut ran = false;
+    let rejected = block_on(breaker.call(async {
+        ran = true;
+        Ok::<_, ()>(())
+    }));
+    assert!(matches!(rejected, Err(CallError::Rejected { .. })));
+    assert!(!ran, "an open breaker drops the call unpolled");
+
+    let mut call = pin!(breaker.call(async { Ok::<_, ()>(()) }));
+    let mut cx = Context::from_waker(Waker::noop());
+    assert!(call.as_mut().poll(&mut cx).is_ready());
+    let again = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| call.as_mut().poll(&mut cx)));
+    let message = again.unwrap_err().downcast::<&str>().map(|m| *m).unwrap_or_default();
+    assert_eq!(message, "`BreakerCall` polled after it completed");
+}
+
+#[test]
 fn k1_isolate_disable_and_reset_by_hand() {
     let rt = Virtual::default();
     let breaker = Breaker::with_runtime(rt, policy(1));
