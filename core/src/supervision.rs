@@ -207,7 +207,11 @@ impl SupervisionPolicyBuilder {
             None => u64::MAX,
         };
         let min_spacing_ns = self.min_spacing.resolve(Some(defaults.min_spacing)).map_or(0, saturating_nanos);
-        Ok(SupervisionPolicy { restart, backoff, attempt_timeout_ns, max_retries, min_spacing_ns })
+        let retries_allowed = match restart {
+            Restart::Once => 0,
+            _ => max_retries.unwrap_or(u32::MAX),
+        };
+        Ok(SupervisionPolicy { restart, backoff, attempt_timeout_ns, max_retries, min_spacing_ns, retries_allowed })
     }
 }
 
@@ -241,6 +245,9 @@ pub struct SupervisionPolicy {
     attempt_timeout_ns: u64,
     max_retries: Option<u32>,
     min_spacing_ns: u64,
+    /// Derived: how many failures of a streak are retried (0 for `once`, `max_retries`, or
+    /// `u32::MAX` for unlimited), so the decision is one compare.
+    retries_allowed: u32,
 }
 
 impl SupervisionPolicy {
@@ -898,9 +905,9 @@ impl<E> Supervision<E> {
         not_retried: TaskOutcomeKind,
         rng: &mut R,
     ) {
+        // Saturates at `u32::MAX`, which an unlimited policy allows.
         self.failures = self.failures.saturating_add(1);
-        let limit_reached = policy.max_retries.is_some_and(|max| self.failures > max);
-        if matches!(policy.restart, Restart::Once) || limit_reached {
+        if self.failures > policy.retries_allowed {
             self.finish(not_retried);
             return;
         }
