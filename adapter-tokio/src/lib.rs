@@ -34,8 +34,8 @@ use std::time::Duration;
 use persevere::{Instant, RetryPolicy};
 use persevere_driver::LazyEpoch;
 pub use persevere_driver::{
-    BreakerCall, ByResult, ByTrait, CallError, Classifier, Classify, GaveUp, Notify, Retried, RetryAll, RetryEvent,
-    RetryGate, Stats, retry_after,
+    BreakerCall, ByResult, ByTrait, CallClassifier, CallError, Classifier, Classify, GaveUp, Notify, Retried, RetryAll,
+    RetryEvent, RetryGate, Stats, retry_after,
 };
 pub use persevere_driver::{
     DEFAULT_EVENT_CAPACITY, Events, JobError, Runtime, SchedulerError, ShutdownReport, Spawn, SupervisorError,

@@ -101,11 +101,29 @@ impl<Rt> Shared<Rt> {
     }
 }
 
-/// What [`Breaker::call`] classifies by: every `Ok` is a success and every `Err` a failure.
-pub type ByResult<T, E> = fn(&Result<T, E>) -> CallOutcome;
+/// What a call's result says about the dependency behind a [`Breaker`]: a closure
+/// `FnOnce(&Result<T, E>) -> CallOutcome`, or [`ByResult`].
+pub trait CallClassifier<T, E> {
+    /// The outcome to record for `result`.
+    fn outcome(self, result: &Result<T, E>) -> CallOutcome;
+}
 
-fn outcome_of_result<T, E>(result: &Result<T, E>) -> CallOutcome {
-    if result.is_ok() { CallOutcome::Success } else { CallOutcome::Failure }
+impl<T, E, F: FnOnce(&Result<T, E>) -> CallOutcome> CallClassifier<T, E> for F {
+    #[inline]
+    fn outcome(self, result: &Result<T, E>) -> CallOutcome {
+        self(result)
+    }
+}
+
+/// What [`Breaker::call`] classifies by: every `Ok` is a success and every `Err` a failure.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ByResult;
+
+impl<T, E> CallClassifier<T, E> for ByResult {
+    #[inline]
+    fn outcome(self, result: &Result<T, E>) -> CallOutcome {
+        if result.is_ok() { CallOutcome::Success } else { CallOutcome::Failure }
+    }
 }
 
 /// Where a [`BreakerCall`] stands with the breaker.
@@ -152,7 +170,7 @@ impl<Rt, F, C, T, E> Future for BreakerCall<'_, Rt, F, C>
 where
     Rt: Runtime,
     F: Future<Output = Result<T, E>>,
-    C: FnOnce(&Result<T, E>) -> CallOutcome,
+    C: CallClassifier<T, E>,
 {
     type Output = Result<T, CallError<E>>;
 
@@ -180,7 +198,7 @@ where
             Poll::Pending => return Poll::Pending,
         };
         let Some(classify) = this.classify.take() else { unreachable!("checked on entry") };
-        let outcome = classify(&result);
+        let outcome = classify.outcome(&result);
         match std::mem::replace(this.admission, Admission::Done) {
             Admission::Permit(permit) => record(shared, permit, outcome),
             _ if outcome == CallOutcome::Failure => shared.record_failure_now(),
@@ -235,11 +253,11 @@ impl<Rt: Runtime> Breaker<Rt> {
     /// The returned future resolves to [`CallError::Rejected`] while the breaker is open or
     /// isolated (the call is not made, only dropped), and to [`CallError::Failed`] with the
     /// call's own error.
-    pub fn call<T, E, F>(&self, call: F) -> BreakerCall<'_, Rt, F, ByResult<T, E>>
+    pub fn call<T, E, F>(&self, call: F) -> BreakerCall<'_, Rt, F, ByResult>
     where
         F: Future<Output = Result<T, E>>,
     {
-        self.call_classified(call, outcome_of_result)
+        BreakerCall { shared: &self.shared, classify: Some(ByResult), admission: Admission::Asking, call }
     }
 
     /// Like [`call`](Self::call), with `classify` deciding what the result says about the

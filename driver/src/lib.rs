@@ -35,7 +35,7 @@ mod spawn;
 mod supervisor;
 mod sync;
 
-pub use breaker::{Breaker, BreakerCall, ByResult, CallError};
+pub use breaker::{Breaker, BreakerCall, ByResult, CallClassifier, CallError};
 pub use budget::Budget;
 pub use classify::{ByTrait, Classifier, Classify, Notify, RetryAll, RetryEvent, RetryGate};
 pub use job::JobError;
