@@ -10,7 +10,8 @@
 //!   nanoseconds from an epoch your driver chooses;
 //! - **input** comes in through `handle_*` verbs, **output** goes out through
 //!   `poll_action()` (drain until `None`) and `poll_timeout()` (when to call `handle_timeout`);
-//! - **randomness** (jitter) comes from your RNG through the [`rand_core::Rng`] trait;
+//! - **randomness** (jitter) comes from your RNG through the [`rand_core::Rng`] trait; if you
+//!   have none, [`SplitMix64`] is a fast 8-byte one (you pick its seed: the core owns no entropy);
 //! - **policies** ([`Backoff`], [`RetryPolicy`]) are validated once, immutable and shared;
 //!   **state** ([`Retry`]) is small plain data you can clone, compare and persist (`serde`);
 //! - **domain outcomes** (exhausted, out of time, …) are outputs; only caller mistakes are `Err`,
