@@ -85,4 +85,13 @@ mod tests {
         rng.fill_bytes(&mut bytes);
         assert_ne!(bytes, [0u8; 11]);
     }
+
+    #[test]
+    fn every_way_of_seeding_gives_the_same_generator() {
+        let seed = 0x0123_4567_89ab_cdef_u64;
+        let by_bytes = SplitMix64::from_seed(seed.to_le_bytes());
+        assert_eq!(by_bytes, SplitMix64::new(seed));
+        assert_eq!(SplitMix64::seed_from_u64(seed), SplitMix64::new(seed));
+        assert_ne!(SplitMix64::new(seed), SplitMix64::new(seed + 1));
+    }
 }
