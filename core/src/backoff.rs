@@ -84,6 +84,12 @@ pub enum Schedule {
 
 /// How the envelope `d` is randomised (rule B3). All draws are uniform over whole nanoseconds,
 /// both ends included.
+///
+/// **RNG use.** A decision takes one value from the RNG (rarely more: Lemire's method redraws
+/// with probability below `range / 2^64`) when its range holds more than one value, and none
+/// when it holds exactly one: always for `None`, and for any jitter whose range is a single
+/// point (a zero envelope, `Proportional(0.0)`, a spread that rounds to zero). Replays are
+/// exact either way; this only says how far each decision advances a shared RNG.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum Jitter {
@@ -111,6 +117,10 @@ enum Shape {
 /// A validated backoff schedule: shape, cap, floor and jitter. Immutable and `Copy`; share one
 /// among any number of machines.
 ///
+/// It is a few hundred bytes (352 on 64-bit targets): it precomputes the jitter's range for
+/// the first 16 failures and for the cap, so that a decision is a lookup and one draw. Pass it
+/// (and the policies that hold it) by reference on hot paths.
+///
 /// Build one with [`Backoff::constant`], [`Backoff::linear`], [`Backoff::exponential`] or
 /// [`Backoff::decorrelated`], then [`BackoffBuilder::build`].
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -135,8 +145,8 @@ pub struct Backoff {
     capped: (u64, u64),
 }
 
-/// How many envelopes a [`Backoff`] precomputes: the common case of a handful of retries is a
-/// lookup.
+/// For how many failure counts a [`Backoff`] precomputes the jitter's range: the common case
+/// of a handful of retries is a lookup.
 const TABLE_LEN: usize = 16;
 
 /// The settings of a [`Backoff`] before validation.
@@ -305,7 +315,7 @@ impl Backoff {
         Backoff::assemble(Shape::Exponential { initial: initial_ns, multiplier, cap_ratio }, jitter, 0, max_ns)
     }
 
-    /// The validated parts, with the derived fields (jitter spread, cap index, envelope table).
+    /// The validated parts, with the derived fields (jitter spread, cap index, range table).
     fn assemble(shape: Shape, jitter: Jitter, min_ns: u64, max_ns: u64) -> Backoff {
         let spread_q32 = match jitter {
             Jitter::Proportional(f) => (f * 4_294_967_296.0 + 0.5) as u64,
@@ -384,7 +394,7 @@ impl Backoff {
             Shape::Decorrelated { base } => (base, previous_ns.max(base).saturating_mul(3)),
             _ => self.range_ns(failures),
         };
-        // A one-point range needs no draw (B3: no jitter takes nothing from the RNG).
+        // A one-point range takes nothing from the RNG (see "RNG use" on `Jitter`).
         let drawn = if lo == hi { lo } else { uniform_inclusive(rng, lo, hi) };
         // Whether a draw lands beyond the floor or the cap is a coin toss (proportional jitter
         // at the cap overshoots half the time): selects, not branches that mispredict.

@@ -833,7 +833,7 @@ impl Breaker {
     #[inline]
     fn issue(&mut self, now: Instant) -> Permit {
         let id = self.next_id;
-        self.next_id = (id + 1) & !PROBE_BIT;
+        self.next_id = id.wrapping_add(1) & !PROBE_BIT;
         Permit { breaker: self.id, generation: self.generation, id, acquired_at: now }
     }
 
@@ -861,7 +861,7 @@ impl Breaker {
                 }
                 let slot = (!probes.busy).trailing_zeros() as usize % LEASES;
                 let id = self.next_id | PROBE_BIT;
-                self.next_id = (self.next_id + 1) & !PROBE_BIT;
+                self.next_id = self.next_id.wrapping_add(1) & !PROBE_BIT;
                 probes.busy |= 1 << slot;
                 probes.ids[slot] = id;
                 probes.deadlines[slot] = now.saturating_add_nanos(policy.probe_timeout_ns);
@@ -1147,7 +1147,7 @@ fn settle_closed_permit(next_id: u32, settled: &mut u32, id: u32) -> Result<(), 
     if next_id.wrapping_sub(*settled) & !PROBE_BIT == 0 {
         return Err(BreakerError::NotOutstanding { id });
     }
-    *settled = (*settled + 1) & !PROBE_BIT;
+    *settled = settled.wrapping_add(1) & !PROBE_BIT;
     Ok(())
 }
 

@@ -66,6 +66,42 @@ mod tests {
         assert!(uniform_inclusive(&mut rng, u64::MAX - 1, u64::MAX) >= u64::MAX - 1);
     }
 
+    /// Hands out a fixed sequence, to reach the rare branches on purpose.
+    struct Script {
+        values: &'static [u64],
+        next: usize,
+    }
+
+    impl rand_core::TryRng for Script {
+        type Error = core::convert::Infallible;
+
+        fn try_next_u32(&mut self) -> Result<u32, Self::Error> {
+            Ok(self.try_next_u64()? as u32)
+        }
+
+        fn try_next_u64(&mut self) -> Result<u64, Self::Error> {
+            self.next += 1;
+            Ok(self.values[self.next - 1])
+        }
+
+        fn try_fill_bytes(&mut self, dst: &mut [u8]) -> Result<(), Self::Error> {
+            dst.fill(0);
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_draw_in_the_biased_zone_is_redrawn_and_one_just_above_it_is_kept() {
+        // Range 3: 2^64 mod 3 = 1, so a low product of 0 is biased and 1 or 2 are not.
+        let mut biased = Script { values: &[0, u64::MAX], next: 0 };
+        assert_eq!(uniform_inclusive(&mut biased, 0, 2), 2, "the second value decides");
+        assert_eq!(biased.next, 2);
+        // 3 · 6148914691236517206 = 2^64 + 2: a low product of 2, checked and kept.
+        let mut kept = Script { values: &[6_148_914_691_236_517_206], next: 0 };
+        assert_eq!(uniform_inclusive(&mut kept, 0, 2), 1);
+        assert_eq!(kept.next, 1);
+    }
+
     #[test]
     fn a_small_range_is_close_to_uniform() {
         let mut rng = ChaCha8Rng::seed_from_u64(3);

@@ -5,7 +5,7 @@ use core::time::Duration;
 use persevere::{Backoff, BackoffState, Jitter, PolicyError, Schedule};
 use proptest::prelude::*;
 use rand_chacha::ChaCha8Rng;
-use rand_core::SeedableRng;
+use rand_core::{Rng, SeedableRng};
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -134,6 +134,29 @@ fn b3_no_jitter_draws_nothing_and_returns_the_envelope() {
     let before = r.clone();
     assert_eq!(b.delay(3, Duration::ZERO, &mut r), ms(15));
     assert_eq!(r, before, "no randomness consumed");
+}
+
+#[test]
+fn b3_a_single_point_range_takes_nothing_from_the_rng_and_a_wider_one_takes_one_draw() {
+    let zero = Duration::ZERO;
+    let single_point = [
+        Backoff::constant(zero).jitter(Jitter::Full).build().unwrap(),
+        Backoff::linear(zero, ms(5)).jitter(Jitter::Equal).build().unwrap(),
+        Backoff::constant(ms(7)).jitter(Jitter::Proportional(0.0)).build().unwrap(),
+        // A spread of ⌊3 ns · 0.1⌋ = 0 ns.
+        Backoff::constant(Duration::from_nanos(3)).jitter(Jitter::Proportional(0.1)).build().unwrap(),
+    ];
+    for b in single_point {
+        let mut r = rng(6);
+        let before = r.clone();
+        assert_eq!(b.delay(1, zero, &mut r), b.envelope(1), "{b:?}");
+        assert_eq!(r, before, "{b:?}: no randomness consumed");
+    }
+    let wide = Backoff::constant(ms(7)).jitter(Jitter::Full).build().unwrap();
+    let (mut r, mut one_draw) = (rng(6), rng(6));
+    let _ = wide.delay(1, zero, &mut r);
+    let _ = one_draw.next_u64();
+    assert_eq!(r, one_draw, "a range of more than one value takes one draw");
 }
 
 #[test]

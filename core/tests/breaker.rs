@@ -572,10 +572,10 @@ fn k5_closed_and_disabled_permits_are_counted_out_and_back_across_states() {
     fail(&mut b, &p, at(0));
     succeed(&mut b, &p, at(1_000));
     assert_eq!(b.status(), BreakerStatus::Closed);
-    let stale = b.try_acquire(&p, at(1_000), &mut rng()).unwrap();
-    b.record(&p, at(1_000), stale, CallOutcome::Ignored, &mut rng()).unwrap();
+    let fresh = b.try_acquire(&p, at(1_000), &mut rng()).unwrap();
+    b.record(&p, at(1_000), fresh, CallOutcome::Ignored, &mut rng()).unwrap();
     assert!(matches!(
-        b.record(&p, at(1_000), stale, CallOutcome::Ignored, &mut rng()),
+        b.record(&p, at(1_000), fresh, CallOutcome::Ignored, &mut rng()),
         Err(BreakerError::NotOutstanding { .. })
     ));
 

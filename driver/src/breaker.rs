@@ -101,8 +101,9 @@ impl<Rt> Shared<Rt> {
     }
 }
 
-/// What a call's result says about the dependency behind a [`Breaker`]: a closure
-/// `FnOnce(&Result<T, E>) -> CallOutcome`, or [`ByResult`].
+/// What a call's result says about the dependency behind a [`Breaker`]: the classifier
+/// parameter of [`BreakerCall`]. [`Breaker::call`] uses [`ByResult`]; [`Breaker::call_classified`]
+/// takes any closure `FnOnce(&Result<T, E>) -> CallOutcome`, which implements this trait.
 pub trait CallClassifier<T, E> {
     /// The outcome to record for `result`.
     fn outcome(self, result: &Result<T, E>) -> CallOutcome;
@@ -219,8 +220,8 @@ fn record<Rt: Runtime>(shared: &Shared<Rt>, permit: Permit, outcome: CallOutcome
 }
 
 impl<Rt: Runtime> Shared<Rt> {
-    /// Admission through the core machine, under the lock.
-    #[cold]
+    /// Admission through the core machine, under the lock (every call while the breaker is
+    /// not clean, e.g. with a rate rule).
     fn acquire<E>(&self) -> Result<Permit, CallError<E>> {
         let mut state = self.lock();
         let now = self.runtime.now();
@@ -251,8 +252,8 @@ impl<Rt: Runtime> Breaker<Rt> {
     /// (slow if it took at least the policy's slow-call threshold).
     ///
     /// The returned future resolves to [`CallError::Rejected`] while the breaker is open or
-    /// isolated (the call is not made, only dropped), and to [`CallError::Failed`] with the
-    /// call's own error.
+    /// isolated (the call is never polled; it is dropped with the returned future), and to
+    /// [`CallError::Failed`] with the call's own error.
     pub fn call<T, E, F>(&self, call: F) -> BreakerCall<'_, Rt, F, ByResult>
     where
         F: Future<Output = Result<T, E>>,

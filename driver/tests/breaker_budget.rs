@@ -98,6 +98,23 @@ fn k5_a_rejected_call_is_never_polled_and_a_finished_call_cannot_be_polled_again
 }
 
 #[test]
+fn k4_a_probe_whose_classifier_panics_releases_its_permit_and_an_unpolled_call_takes_none() {
+    let rt = Virtual::default();
+    let breaker = Breaker::with_runtime(rt.clone(), policy(1));
+    let _ = block_on(breaker.call(async { Err::<(), _>(()) }));
+    rt.advance(ms(100));
+    // Created and dropped without a poll: no admission was asked for.
+    drop(breaker.call(async { Ok::<_, ()>(()) }));
+    assert_eq!(breaker.status(), BreakerStatus::HalfOpen { permits: 0 });
+
+    let probe = breaker.call_classified(async { Ok::<_, ()>(()) }, |_| -> CallOutcome { panic!("classifier bug") });
+    let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| block_on(probe)));
+    assert!(caught.is_err());
+    assert_eq!(breaker.status(), BreakerStatus::HalfOpen { permits: 0 }, "the probe's permit came back");
+    assert_eq!(block_on(breaker.call(async { Ok::<_, ()>(7) })), Ok(7), "and the next probe is admitted");
+}
+
+#[test]
 fn k1_isolate_disable_and_reset_by_hand() {
     let rt = Virtual::default();
     let breaker = Breaker::with_runtime(rt, policy(1));
