@@ -7,6 +7,8 @@
 //! - `next_delay/*`: one failure → next delay decision, for each jitter, through
 //!   [`BackoffState::next_delay`] (failure count cycling 1..=8, so both growth and cap are hit),
 //!   with a ChaCha8 RNG; `next_delay_splitmix/*`: the same with the [`SplitMix64`] the adapters use.
+//! - `*/decorrelated_independent`: decorrelated decisions each from one of eight saved states,
+//!   not chained on one state (each decorrelated delay depends on the previous one).
 //! - `retry/cycle`: a whole operation: start → fail → sleep → start → success, drained.
 
 use std::hint::black_box;
@@ -71,6 +73,23 @@ fn next_delay_with<R: Rng>(c: &mut Criterion, group: &str, mut rng: R) {
             if state.failures() == 8 {
                 state.reset();
             }
+            state.next_delay(decorrelated, &mut rng)
+        })
+    });
+    // Each decorrelated delay depends on the previous one, so back to back on one state the
+    // decisions form a serial chain. Here each decision starts from one of eight states
+    // (streaks 0..8), as decisions of independent operations do.
+    let mut states = [BackoffState::new(); 8];
+    for i in 1..8 {
+        states[i] = states[i - 1];
+        states[i].next_delay(&decorrelated, &mut rng);
+    }
+    group.bench_function("decorrelated_independent", |b| {
+        let decorrelated = black_box(&decorrelated);
+        let mut i = 0;
+        b.iter(|| {
+            i = (i + 1) & 7;
+            let mut state = states[i];
             state.next_delay(decorrelated, &mut rng)
         })
     });
