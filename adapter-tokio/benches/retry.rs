@@ -7,6 +7,8 @@
 //! - `success/retry`: `persevere_tokio::retry` when the first attempt succeeds.
 //! - `success/tower_retry`: a peer in the same run: `tower::retry::Retry` with an attempts
 //!   policy around a `service_fn`, called with `oneshot` (poll_ready + call).
+//! - `success/backon_retry`: another peer: backon's `Retryable::retry` with its exponential
+//!   builder (100 ms, 4 retries) on tokio's sleep.
 //! - `fail_three_times/*`: three failures then a success, with zero delays (no timer is touched).
 //! - `breaker_closed/*`: the shared `Breaker` admitting and recording a successful call.
 
@@ -14,6 +16,7 @@ use std::cell::Cell;
 use std::hint::black_box;
 use std::time::Duration;
 
+use backon::{ExponentialBuilder, Retryable};
 use criterion::{Criterion, criterion_group, criterion_main};
 use persevere::{Backoff, RetryPolicy};
 use tower::ServiceExt;
@@ -89,6 +92,10 @@ fn bench(c: &mut Criterion) {
             let service = tower::retry::Retry::new(Attempts(4), tower::service_fn(|()| op_ok()));
             g.bench_function("tower_retry", |b| {
                 b.to_async(&rt).iter(|| async { black_box(service.clone().oneshot(()).await) })
+            });
+            let backoff = ExponentialBuilder::default().with_min_delay(Duration::from_millis(100)).with_max_times(4);
+            g.bench_function("backon_retry", |b| {
+                b.to_async(&rt).iter(|| async { black_box(op_ok.retry(backoff).await) })
             });
         }
         g.bench_function("retry", |b| {
