@@ -213,12 +213,8 @@ where
         let (key, entry) = self.tasks.iter_mut().find(|(_, entry)| {
             !declined.is_some_and(|types| types.contains(&entry.task_type)) && entry.delivery.can_hand_out(now, worker)
         })?;
-        let was_dirty = entry.delivery.has_actions();
         // `can_hand_out` said yes, so the hand-out is accepted.
-        let _ = entry.delivery.handle_hand_out(policy, now, worker.clone());
-        if !was_dirty && entry.delivery.has_actions() {
-            self.dirty.push_back(key.clone());
-        }
+        let _ = tracked(&mut self.dirty, key, &mut entry.delivery, |d| d.handle_hand_out(policy, now, worker.clone()));
         Some(key.clone())
     }
 
@@ -254,10 +250,9 @@ where
         let Some(entry) = self.tasks.get_mut(task) else {
             return Err(Refused { error: DeliveryError::UnknownTask, input: checkpoint });
         };
-        let was_dirty = entry.delivery.has_actions();
-        let result = entry.delivery.handle_heartbeat(policy, now, attempt, worker, checkpoint);
-        mark(&mut self.dirty, task, was_dirty, &entry.delivery);
-        result
+        tracked(&mut self.dirty, task, &mut entry.delivery, |d| {
+            d.handle_heartbeat(policy, now, attempt, worker, checkpoint)
+        })
     }
 
     /// See [`Delivery::handle_persisted`].
@@ -295,10 +290,9 @@ where
         let Some(entry) = self.tasks.get_mut(task) else {
             return Err(Refused { error: DeliveryError::UnknownTask, input: failure });
         };
-        let was_dirty = entry.delivery.has_actions();
-        let result = entry.delivery.handle_failed(policy, now, attempt, worker, failure, rng);
-        mark(&mut self.dirty, task, was_dirty, &entry.delivery);
-        result
+        tracked(&mut self.dirty, task, &mut entry.delivery, |d| {
+            d.handle_failed(policy, now, attempt, worker, failure, rng)
+        })
     }
 
     /// See [`Delivery::handle_interrupted`].
@@ -362,12 +356,12 @@ where
                 }
                 _ => continue,
             };
-            let was_dirty = d.has_actions();
-            if d.handle_interrupted(policy, now, attempt, worker, interruption, rng).is_ok() {
+            if tracked(&mut self.dirty, key, d, |d| {
+                d.handle_interrupted(policy, now, attempt, worker, interruption, rng)
+            })
+            .is_ok()
+            {
                 lost += 1;
-            }
-            if !was_dirty && d.has_actions() {
-                self.dirty.push_back(key.clone());
             }
         }
         lost
@@ -376,11 +370,7 @@ where
     /// The server failed over: see [`Delivery::handle_failover`], for every task.
     pub fn handle_failover<G: Rng + ?Sized>(&mut self, policy: &DeliveryPolicy<R>, now: Instant, rng: &mut G) {
         for (key, entry) in self.tasks.iter_mut() {
-            let was_dirty = entry.delivery.has_actions();
-            entry.delivery.handle_failover(policy, now, rng);
-            if !was_dirty && entry.delivery.has_actions() {
-                self.dirty.push_back(key.clone());
-            }
+            tracked(&mut self.dirty, key, &mut entry.delivery, |d| d.handle_failover(policy, now, rng));
         }
     }
 
@@ -391,11 +381,7 @@ where
             if entry.delivery.poll_timeout().is_none_or(|t| t > now) {
                 continue;
             }
-            let was_dirty = entry.delivery.has_actions();
-            entry.delivery.handle_timeout(policy, now, rng);
-            if !was_dirty && entry.delivery.has_actions() {
-                self.dirty.push_back(key.clone());
-            }
+            tracked(&mut self.dirty, key, &mut entry.delivery, |d| d.handle_timeout(policy, now, rng));
         }
     }
 
@@ -414,16 +400,22 @@ where
     /// Runs `f` on one task and records it as dirty if it now has actions.
     fn with<X>(&mut self, task: &K, f: impl FnOnce(&mut Delivery<K, W, C, E, R>) -> X) -> Result<X, DeliveryError> {
         let entry = self.tasks.get_mut(task).ok_or(DeliveryError::UnknownTask)?;
-        let was_dirty = entry.delivery.has_actions();
-        let out = f(&mut entry.delivery);
-        mark(&mut self.dirty, task, was_dirty, &entry.delivery);
-        Ok(out)
+        Ok(tracked(&mut self.dirty, task, &mut entry.delivery, f))
     }
 }
 
-/// Queues `task` for draining if it has just gained actions (so it is queued at most once).
-fn mark<K: Clone, W, C, E, R>(dirty: &mut VecDeque<K>, task: &K, was_dirty: bool, delivery: &Delivery<K, W, C, E, R>) {
+/// Runs `f` on `task`'s delivery, then queues `task` for draining if it has just gained
+/// actions (so it is queued at most once).
+fn tracked<K: Clone, W, C, E, R, X>(
+    dirty: &mut VecDeque<K>,
+    task: &K,
+    delivery: &mut Delivery<K, W, C, E, R>,
+    f: impl FnOnce(&mut Delivery<K, W, C, E, R>) -> X,
+) -> X {
+    let was_dirty = delivery.has_actions();
+    let out = f(delivery);
     if !was_dirty && delivery.has_actions() {
         dirty.push_back(task.clone());
     }
+    out
 }

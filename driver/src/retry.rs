@@ -29,6 +29,11 @@ pub struct Stats {
     pub elapsed: Option<Duration>,
 }
 
+impl Stats {
+    /// A first attempt that succeeded without the clock being read.
+    const FIRST_ATTEMPT: Stats = Stats { attempts: 1, slept: Duration::ZERO, elapsed: None };
+}
+
 /// The result of a retried operation, with its statistics whatever the outcome.
 // `repr(C)`, result first: a layout that differs from `Finished`'s for certain (see there).
 #[derive(Debug)]
@@ -344,10 +349,7 @@ where
                 this.gate.on_success();
                 *this.phase = Phase::Done;
                 event!(attempts = 1u32, "operation succeeded");
-                Poll::Ready(Retried {
-                    result: Ok(value),
-                    stats: Stats { attempts: 1, slept: Duration::ZERO, elapsed: None },
-                })
+                Poll::Ready(Retried { result: Ok(value), stats: Stats::FIRST_ATTEMPT })
             }
             // No machine and no deadline yet: nothing else can wake this attempt.
             Ok(Poll::Pending) => Poll::Pending,
@@ -506,7 +508,7 @@ where
                                             elapsed: slow.clock_at_start.then_some(s.elapsed),
                                         }
                                     }
-                                    None => Stats { attempts: 1, slept: Duration::ZERO, elapsed: None },
+                                    None => Stats::FIRST_ATTEMPT,
                                 };
                                 event!(attempts = stats.attempts, "operation succeeded");
                                 return Poll::Ready(Finished { stats, result: Ok(value) });

@@ -283,15 +283,9 @@ pub fn run(seed: u64, bug: Option<BreakerBug>) -> Result<Summary, Violation> {
         let Some((due, what)) = next else {
             return Ok(world.summary());
         };
-        world.now = world.now.later(due);
-        world.steps += 1;
         // Stalled clocks are faults too: past the horizon the clock is read on time, so that
         // no call is measured slower than it was.
-        let reported = if world.now < scenario.horizon && world.chance(scenario.stall_rate) {
-            world.now.saturating_sub(ms(world.between(0, 50)))
-        } else {
-            world.now
-        };
+        let reported = world.step_to(due, scenario.stall_rate, scenario.horizon);
         if world.chance(scenario.misuse_rate) {
             misuse(&mut world, policy, &mut breaker, &mut other, &model, reported)?;
         }

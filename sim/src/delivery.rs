@@ -292,14 +292,8 @@ pub fn run(seed: u64, bug: Option<DeliveryBug>) -> Result<Summary, Violation> {
         let Some((due, what)) = next else {
             return Err(world.violation("G13", "tasks are unfinished and nothing is due".into()));
         };
-        world.now = world.now.later(due);
-        world.steps += 1;
         // Stalled clocks are faults too: past the horizon the clock is read on time.
-        let reported = if world.now < scenario.horizon && world.chance(scenario.stall_rate) {
-            world.now.saturating_sub(ms(world.between(0, 50)))
-        } else {
-            world.now
-        };
+        let reported = world.step_to(due, scenario.stall_rate, scenario.horizon);
         before.fill(None);
         for (id, _, task) in table.iter() {
             before[*id as usize] = Some(Fp::of(task));

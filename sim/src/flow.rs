@@ -213,13 +213,7 @@ pub fn run(seed: u64, bug: Option<FlowBug>) -> Result<Summary, Violation> {
             }
             return Ok(world.summary());
         };
-        world.now = world.now.later(due);
-        world.steps += 1;
-        let reported = if world.chance(scenario.stall_rate) {
-            world.now.saturating_sub(ms(world.between(0, 50)))
-        } else {
-            world.now
-        };
+        let reported = world.step_to(due, scenario.stall_rate, Instant::MAX);
         if world.chance(scenario.misuse_rate) {
             misuse(&mut world, policy, &mut flows, &models, reported)?;
         }

@@ -5,11 +5,11 @@
 use std::time::Duration;
 
 use persevere::{
-    Action, Backoff, Failure, FailureClass, FailureKind, Hint, Instant, Jitter, Outcome, OutcomeKind, Retry,
-    RetryPolicy, Schedule, TokenBucket, TokenBucketPolicy,
+    Action, Failure, FailureClass, FailureKind, Instant, Jitter, Outcome, OutcomeKind, Retry, RetryPolicy, Schedule,
+    TokenBucket, TokenBucketPolicy,
 };
 
-use crate::world::{Summary, Violation, World};
+use crate::world::{Summary, Violation, World, draw_backoff, draw_failure, draw_fault_weights};
 
 /// A deliberate defect, to prove the checks can fail.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -29,7 +29,7 @@ pub struct RetryScenario {
     pub policy: RetryPolicy,
     /// How many operations run at once.
     pub operations: u32,
-    /// Per-mille chances of each failure class, in `CLASSES` order.
+    /// Per-mille chances of each failure class, for [`draw_failure`].
     pub fault_weights: [u64; 7],
     /// Per-mille chance that an attempt fails at all (before the fault horizon).
     pub failure_rate: u64,
@@ -51,16 +51,6 @@ pub struct RetryScenario {
     pub budget: Option<TokenBucketPolicy>,
 }
 
-const CLASSES: [FailureClass; 7] = [
-    FailureClass::Retryable,
-    FailureClass::Timeout,
-    FailureClass::Panicked,
-    FailureClass::Fatal,
-    FailureClass::Canceled,
-    FailureClass::RetryAfter,
-    FailureClass::DoNotRetry,
-];
-
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
@@ -68,24 +58,7 @@ fn ms(n: u64) -> Duration {
 impl RetryScenario {
     /// Draws a scenario from the world's RNG.
     pub fn draw(world: &mut World) -> Self {
-        let jitter = match world.between(0, 3) {
-            0 => Jitter::None,
-            1 => Jitter::Full,
-            2 => Jitter::Equal,
-            _ => Jitter::Proportional(world.between(0, 1000) as f64 / 1000.0),
-        };
-        let initial = ms(world.between(0, 200));
-        let cap = initial + ms(world.between(0, 5_000));
-        let builder = match world.between(0, 3) {
-            0 => Backoff::constant(initial).jitter(jitter),
-            1 => Backoff::linear(initial, ms(world.between(0, 300))).jitter(jitter),
-            2 => Backoff::exponential(initial.max(ms(1)), 1.0 + world.between(0, 3_000) as f64 / 1000.0).jitter(jitter),
-            _ => Backoff::decorrelated(initial.max(ms(1))),
-        };
-        let builder = builder.max_delay(cap.max(ms(1)));
-        let builder =
-            if world.chance(300) { builder.min_delay(ms(world.between(0, 50)).min(initial)) } else { builder };
-        let backoff = builder.build().expect("drawn backoffs are valid");
+        let backoff = draw_backoff(world, 200, 5_000);
         let mut policy = RetryPolicy::builder(backoff);
         policy = match world.between(0, 2) {
             0 => policy.max_attempts(world.between(1, 8) as u32),
@@ -103,11 +76,7 @@ impl RetryScenario {
         }
         policy = policy.restart_after_hint(world.chance(500));
         let policy = policy.build().expect("drawn policies are valid");
-        let mut fault_weights = [0u64; 7];
-        for w in &mut fault_weights {
-            *w = world.between(0, 10);
-        }
-        fault_weights[0] += 5; // mostly transient
+        let fault_weights = draw_fault_weights(world);
         let budget = world.chance(300).then(|| {
             // Costs never exceed the capacity (a policy error otherwise).
             TokenBucketPolicy::builder(world.between(10, 50) as u32)
@@ -198,14 +167,7 @@ pub fn run(seed: u64, bug: Option<RetryBug>) -> Result<Summary, Violation> {
             }
             return Ok(world.summary());
         };
-        world.now = world.now.later(due);
-        world.steps += 1;
-        let reported = if world.chance(scenario.stall_rate) {
-            // A stalled clock: the driver reports a time up to 50 ms in the past.
-            world.now.saturating_sub(ms(world.between(0, 50)))
-        } else {
-            world.now
-        };
+        let reported = world.step_to(due, scenario.stall_rate, Instant::MAX);
         if world.chance(scenario.misuse_rate) {
             misuse(&mut world, i as u32, &policy, &mut machines[i], &models[i], reported)?;
         }
@@ -237,7 +199,7 @@ pub fn run(seed: u64, bug: Option<RetryBug>) -> Result<Summary, Violation> {
                 model.streak = 0;
                 world.record(i as u32, "attempt succeeds", u64::from(attempt), report_at.as_nanos());
             } else {
-                let (kind, hint_ns) = draw_failure(&mut world, &scenario, eff);
+                let (kind, hint_ns) = draw_failure(&mut world, &scenario.fault_weights, scenario.hint_ns, eff);
                 let class = kind.class();
                 let fed = if bug == Some(RetryBug::RetryFatal) && class == FailureClass::Fatal {
                     FailureKind::Retryable
@@ -275,38 +237,6 @@ pub fn run(seed: u64, bug: Option<RetryBug>) -> Result<Summary, Violation> {
         )?;
     }
     Err(world.violation("G13", "the scenario did not finish within 200000 steps".into()))
-}
-
-/// Draws a failure kind; hinted delays are drawn here (returned in ns).
-fn draw_failure(world: &mut World, scenario: &RetryScenario, now: Instant) -> (FailureKind, Option<u64>) {
-    let total: u64 = scenario.fault_weights.iter().sum();
-    let mut ticket = world.between(0, total.max(1) - 1);
-    let mut class = FailureClass::Retryable;
-    for (c, w) in CLASSES.iter().zip(scenario.fault_weights) {
-        if ticket < w {
-            class = *c;
-            break;
-        }
-        ticket -= w;
-    }
-    match class {
-        FailureClass::Timeout => (FailureKind::Timeout, None),
-        FailureClass::Panicked => (FailureKind::Panicked, None),
-        FailureClass::Fatal => (FailureKind::Fatal, None),
-        FailureClass::Canceled => (FailureKind::Canceled, None),
-        FailureClass::DoNotRetry => (FailureKind::Hinted(Hint::DoNotRetry), None),
-        FailureClass::RetryAfter => {
-            let d = world.between(0, scenario.hint_ns);
-            if world.chance(500) {
-                (FailureKind::Hinted(Hint::After(Duration::from_nanos(d))), Some(d))
-            } else {
-                // An absolute hint, possibly in the past.
-                let at = now.saturating_add(Duration::from_nanos(d)).saturating_sub(ms(world.between(0, 100)));
-                (FailureKind::Hinted(Hint::At(at)), Some(at.saturating_duration_since(now).as_nanos() as u64))
-            }
-        }
-        _ => (FailureKind::Retryable, None),
-    }
 }
 
 /// Feeds a wrong input and checks it is refused without any change (G12).

@@ -8,11 +8,11 @@
 use std::time::Duration;
 
 use persevere::{
-    Backoff, Failure, FailureClass, FailureKind, Hint, Instant, Restart, Setting, Supervision, SupervisionPolicy,
+    Backoff, Failure, FailureClass, FailureKind, Instant, Restart, Setting, Supervision, SupervisionPolicy,
     SupervisionPolicyBuilder, TaskDefaults, TaskEvent, TaskOutcome, TaskOutcomeKind,
 };
 
-use crate::world::{Summary, Violation, World, delay_bounds, draw_backoff};
+use crate::world::{Summary, Violation, World, delay_bounds, draw_backoff, draw_failure, draw_fault_weights};
 
 /// A deliberate defect, to prove the checks can fail.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,7 +32,7 @@ pub struct SupervisionScenario {
     pub defaults: TaskDefaults,
     /// Each task's own settings, and the policy they resolve to.
     pub tasks: Vec<(SupervisionPolicyBuilder, SupervisionPolicy)>,
-    /// Relative weights of each failure class, in `CLASSES` order.
+    /// Relative weights of each failure class, for [`draw_failure`].
     pub fault_weights: [u64; 7],
     /// Per-mille chance that an attempt fails (before the fault horizon).
     pub failure_rate: u64,
@@ -57,16 +57,6 @@ pub struct SupervisionScenario {
     /// Successful repeats after the horizon before the driver cancels a periodic task.
     pub periodic_runs: u32,
 }
-
-const CLASSES: [FailureClass; 7] = [
-    FailureClass::Retryable,
-    FailureClass::Timeout,
-    FailureClass::Panicked,
-    FailureClass::Fatal,
-    FailureClass::Canceled,
-    FailureClass::RetryAfter,
-    FailureClass::DoNotRetry,
-];
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -123,11 +113,7 @@ impl SupervisionScenario {
                 (builder, policy)
             })
             .collect();
-        let mut fault_weights = [0u64; 7];
-        for w in &mut fault_weights {
-            *w = world.between(0, 10);
-        }
-        fault_weights[0] += 5;
+        let fault_weights = draw_fault_weights(world);
         SupervisionScenario {
             defaults,
             tasks,
@@ -248,13 +234,7 @@ pub fn run(seed: u64, bug: Option<SupervisionBug>) -> Result<Summary, Violation>
             }
             return Ok(world.summary());
         };
-        world.now = world.now.later(due);
-        world.steps += 1;
-        let reported = if world.chance(scenario.stall_rate) {
-            world.now.saturating_sub(ms(world.between(0, 50)))
-        } else {
-            world.now
-        };
+        let reported = world.step_to(due, scenario.stall_rate, Instant::MAX);
         let policy = &scenario.tasks[i].1;
         if world.chance(scenario.misuse_rate) {
             // Any started task, finished ones included, refuses a wrong input.
@@ -289,7 +269,7 @@ pub fn run(seed: u64, bug: Option<SupervisionBug>) -> Result<Summary, Violation>
                     .handle_success(policy, reported, attempt)
                     .map_err(|e| world.violation("G12", format!("success refused: {e}")))?;
             } else {
-                let (kind, hint) = draw_failure(&mut world, &scenario, eff);
+                let (kind, hint) = draw_failure(&mut world, &scenario.fault_weights, scenario.hint_ns, eff);
                 let class = kind.class();
                 world.record(i as u32, "attempt fails", attempt, class as u64);
                 model.end = Some(End::Failed(class, hint));
@@ -367,37 +347,6 @@ fn check_resolution(
         && policy.min_spacing() == spacing
         && *policy.backoff() == backoff;
     world.check("S1", ok, || format!("task {i}: {builder:?} resolved against {defaults:?} to {policy:?}"))
-}
-
-/// Draws a failure kind; a hinted delay is returned in ns, as the machine must read it.
-fn draw_failure(world: &mut World, scenario: &SupervisionScenario, now: Instant) -> (FailureKind, Option<u64>) {
-    let total: u64 = scenario.fault_weights.iter().sum();
-    let mut ticket = world.between(0, total.max(1) - 1);
-    let mut class = FailureClass::Retryable;
-    for (c, w) in CLASSES.iter().zip(scenario.fault_weights) {
-        if ticket < w {
-            class = *c;
-            break;
-        }
-        ticket -= w;
-    }
-    match class {
-        FailureClass::Timeout => (FailureKind::Timeout, None),
-        FailureClass::Panicked => (FailureKind::Panicked, None),
-        FailureClass::Fatal => (FailureKind::Fatal, None),
-        FailureClass::Canceled => (FailureKind::Canceled, None),
-        FailureClass::DoNotRetry => (FailureKind::Hinted(Hint::DoNotRetry), None),
-        FailureClass::RetryAfter => {
-            let d = world.between(0, scenario.hint_ns);
-            if world.chance(500) {
-                (FailureKind::Hinted(Hint::After(Duration::from_nanos(d))), Some(d))
-            } else {
-                let at = now.saturating_add(Duration::from_nanos(d)).saturating_sub(ms(world.between(0, 100)));
-                (FailureKind::Hinted(Hint::At(at)), Some(at.saturating_duration_since(now).as_nanos() as u64))
-            }
-        }
-        _ => (FailureKind::Retryable, None),
-    }
 }
 
 /// Feeds a wrong input and checks it is refused without any change (G12).

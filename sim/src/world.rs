@@ -4,7 +4,7 @@ use std::fmt;
 
 use std::time::Duration;
 
-use persevere::{Backoff, Instant, Jitter, Schedule};
+use persevere::{Backoff, FailureClass, FailureKind, Hint, Instant, Jitter, Schedule};
 use rand_chacha::ChaCha8Rng;
 use rand_core::{Rng, SeedableRng};
 
@@ -76,6 +76,62 @@ pub fn draw_backoff(world: &mut World, initial_ms: u64, cap_ms: u64) -> Backoff 
     let builder = builder.max_delay(cap.max(ms(1)));
     let builder = if world.chance(300) { builder.min_delay(ms(world.between(0, 50)).min(initial)) } else { builder };
     builder.build().expect("drawn backoffs are valid")
+}
+
+/// The failure classes a scenario injects, in the order of its fault weights.
+const FAILURE_CLASSES: [FailureClass; 7] = [
+    FailureClass::Retryable,
+    FailureClass::Timeout,
+    FailureClass::Panicked,
+    FailureClass::Fatal,
+    FailureClass::Canceled,
+    FailureClass::RetryAfter,
+    FailureClass::DoNotRetry,
+];
+
+/// Draws relative weights for the failure classes of [`draw_failure`]: each 0–10, the
+/// transient class 5 more (mostly transient failures).
+pub fn draw_fault_weights(world: &mut World) -> [u64; 7] {
+    let mut weights = [0u64; 7];
+    for w in &mut weights {
+        *w = world.between(0, 10);
+    }
+    weights[0] += 5;
+    weights
+}
+
+/// Draws a failure kind by `weights` (see [`draw_fault_weights`]). A `Retry-After` hint is up
+/// to `hint_ns` long, as a delay or as an instant (possibly in the past); its delay from `now`
+/// is returned too, in ns, as the machine must read it.
+pub fn draw_failure(world: &mut World, weights: &[u64; 7], hint_ns: u64, now: Instant) -> (FailureKind, Option<u64>) {
+    let total: u64 = weights.iter().sum();
+    let mut ticket = world.between(0, total.max(1) - 1);
+    let mut class = FailureClass::Retryable;
+    for (c, w) in FAILURE_CLASSES.iter().zip(weights) {
+        if ticket < *w {
+            class = *c;
+            break;
+        }
+        ticket -= w;
+    }
+    match class {
+        FailureClass::Timeout => (FailureKind::Timeout, None),
+        FailureClass::Panicked => (FailureKind::Panicked, None),
+        FailureClass::Fatal => (FailureKind::Fatal, None),
+        FailureClass::Canceled => (FailureKind::Canceled, None),
+        FailureClass::DoNotRetry => (FailureKind::Hinted(Hint::DoNotRetry), None),
+        FailureClass::RetryAfter => {
+            let d = world.between(0, hint_ns);
+            if world.chance(500) {
+                (FailureKind::Hinted(Hint::After(Duration::from_nanos(d))), Some(d))
+            } else {
+                let back = Duration::from_millis(world.between(0, 100));
+                let at = now.saturating_add(Duration::from_nanos(d)).saturating_sub(back);
+                (FailureKind::Hinted(Hint::At(at)), Some(at.saturating_duration_since(now).as_nanos() as u64))
+            }
+        }
+        _ => (FailureKind::Retryable, None),
+    }
 }
 
 /// One thing that happened, compact and `Copy` so that tracing costs no allocation. Formatted
@@ -197,6 +253,20 @@ impl World {
     /// One of `items`, uniformly.
     pub fn pick<T: Copy>(&mut self, items: &[T]) -> T {
         items[self.between(0, items.len() as u64 - 1) as usize]
+    }
+
+    /// Moves virtual time to `due` (never back) and counts a step. Returns the time the driver
+    /// reports: before `stalls_until`, with a chance of `stall_per_mille`‰, a stalled clock up
+    /// to 50 ms in the past; otherwise the time itself.
+    pub fn step_to(&mut self, due: Instant, stall_per_mille: u64, stalls_until: Instant) -> Instant {
+        self.now = self.now.later(due);
+        self.steps += 1;
+        if self.now < stalls_until && self.chance(stall_per_mille) {
+            let back = Duration::from_millis(self.between(0, 50));
+            self.now.saturating_sub(back)
+        } else {
+            self.now
+        }
     }
 
     /// Records an event in the trace and its hash.

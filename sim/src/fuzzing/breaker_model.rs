@@ -468,7 +468,10 @@ enum OutcomeIn {
     Ignored,
 }
 
-#[derive(Arbitrary, Debug)]
+/// One step. `Acquire2` and `Record2` only make acquiring and recording twice as likely a
+/// choice for the fuzzer; [`Op::meaning`] reads them as `Acquire` and a `Record` without a
+/// measured duration.
+#[derive(Arbitrary, Clone, Copy, Debug)]
 enum Op {
     Acquire(At),
     Acquire2(At),
@@ -478,6 +481,17 @@ enum Op {
     Isolate(At),
     Disable(At),
     Reset(At),
+}
+
+impl Op {
+    /// The step with the weighting twins folded into the variants they stand for.
+    fn meaning(self) -> Op {
+        match self {
+            Op::Acquire2(at) => Op::Acquire(at),
+            Op::Record2 { at, pick, outcome } => Op::Record { at, pick, outcome, duration: None },
+            op => op,
+        }
+    }
 }
 
 /// How many permits the driver remembers (newest kept).
@@ -507,8 +521,8 @@ pub(crate) fn run(data: &[u8]) {
         let before = machine;
         let was = model.clone();
         let mut draws = rng.clone();
-        match *op {
-            Op::Acquire(at) | Op::Acquire2(at) => {
+        match op.meaning() {
+            Op::Acquire(at) => {
                 let now = clock.at(at, machine.poll_timeout());
                 let expected = model.acquire(&policy, &rules, now, &mut draws);
                 let got = machine.try_acquire(&policy, now, &mut rng);
@@ -564,22 +578,6 @@ pub(crate) fn run(data: &[u8]) {
                     before,
                 );
             }
-            Op::Record2 { at, pick, outcome } => {
-                record(
-                    ctx,
-                    &policy,
-                    &rules,
-                    &mut machine,
-                    &mut model,
-                    &mut foreign,
-                    &mut permits,
-                    &mut clock,
-                    (at, pick, outcome, None),
-                    &mut rng,
-                    &mut draws,
-                    before,
-                );
-            }
             Op::Timeout(at) => {
                 let now = clock.at(at, machine.poll_timeout());
                 model.timeout(&policy, now, &mut draws);
@@ -609,6 +607,7 @@ pub(crate) fn run(data: &[u8]) {
                 model.enter(Phase::Closed(Window::default()));
                 machine.handle_reset(&policy, now);
             }
+            Op::Acquire2(_) | Op::Record2 { .. } => unreachable!("`meaning` folds the twins"),
         }
         if matches!(model.phase, Phase::Open { .. }) && model.generation != was.generation {
             // K3: a new opening lasts the open backoff's next delay.
