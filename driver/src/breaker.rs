@@ -4,17 +4,17 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use pin_project_lite::pin_project;
 
-use persevere::{BreakerPolicy, BreakerStatus, CallOutcome, FailureClass, Instant, Permit};
+use persevere::{BreakerPolicy, BreakerStatus, CallOutcome, FailureClass, Instant, Permit, SplitMix64};
 
 use crate::classify::RetryGate;
 use crate::runtime::Runtime;
-use persevere::SplitMix64;
+use crate::sync::lock;
 
 /// Why [`Breaker::call`] did not return the call's value.
 #[derive(Debug, PartialEq, Eq)]
@@ -88,7 +88,7 @@ impl<Rt> fmt::Debug for Breaker<Rt> {
 
 impl<Rt> Shared<Rt> {
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.state)
     }
 
     fn refresh(&self, state: &State) {
@@ -161,7 +161,7 @@ pin_project! {
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
             if let Admission::Permit(permit) = *this.admission {
-                record(this.shared, permit, CallOutcome::Ignored);
+                this.shared.record(permit, CallOutcome::Ignored);
             }
         }
     }
@@ -201,7 +201,7 @@ where
         let Some(classify) = this.classify.take() else { unreachable!("checked on entry") };
         let outcome = classify.outcome(&result);
         match std::mem::replace(this.admission, Admission::Done) {
-            Admission::Permit(permit) => record(shared, permit, outcome),
+            Admission::Permit(permit) => shared.record(permit, outcome),
             _ if outcome == CallOutcome::Failure => shared.record_failure_now(),
             _ => {}
         }
@@ -209,26 +209,45 @@ where
     }
 }
 
-fn record<Rt: Runtime>(shared: &Shared<Rt>, permit: Permit, outcome: CallOutcome) {
-    let mut state = shared.lock();
-    let now = shared.runtime.now();
-    let State { breaker, rng } = &mut *state;
-    // A permit from an earlier state (the breaker moved on while the call ran) is refused as
-    // stale; that is the documented race, and nothing is lost by ignoring it.
-    let _ = breaker.record(&shared.policy, now, permit, outcome, rng);
-    shared.refresh(&state);
-}
-
 impl<Rt: Runtime> Shared<Rt> {
-    /// Admission through the core machine, under the lock (every call while the breaker is
-    /// not clean, e.g. with a rate rule).
-    fn acquire<E>(&self) -> Result<Permit, CallError<E>> {
+    /// Runs `change` on the core machine under the lock, at the clock's `now`, then refreshes
+    /// the lock-free flag. Every input to the machine goes through here.
+    fn update<X>(
+        &self,
+        change: impl FnOnce(&mut persevere::Breaker, &BreakerPolicy, Instant, &mut SplitMix64) -> X,
+    ) -> X {
         let mut state = self.lock();
         let now = self.runtime.now();
         let State { breaker, rng } = &mut *state;
-        let admitted = breaker.try_acquire(&self.policy, now, rng);
+        let out = change(breaker, &self.policy, now, rng);
         self.refresh(&state);
-        admitted.map_err(|r| CallError::Rejected { retry_after: r.retry_after })
+        out
+    }
+
+    /// Admission through the core machine (every call while the breaker is not clean, e.g.
+    /// with a rate rule).
+    fn acquire<E>(&self) -> Result<Permit, CallError<E>> {
+        self.update(|breaker, policy, now, rng| breaker.try_acquire(policy, now, rng))
+            .map_err(|r| CallError::Rejected { retry_after: r.retry_after })
+    }
+
+    /// Records the outcome of the call made with `permit`.
+    fn record(&self, permit: Permit, outcome: CallOutcome) {
+        // A permit from an earlier state (the breaker moved on while the call ran) is refused
+        // as stale; that is the documented race, and nothing is lost by ignoring it.
+        self.update(|breaker, policy, now, rng| {
+            let _ = breaker.record(policy, now, permit, outcome, rng);
+        });
+    }
+
+    /// A failure seen on the clean fast path: counted as a call that started and failed now.
+    #[cold]
+    fn record_failure_now(&self) {
+        self.update(|breaker, policy, now, rng| {
+            if let Ok(permit) = breaker.try_acquire(policy, now, rng) {
+                let _ = breaker.record(policy, now, permit, CallOutcome::Failure, rng);
+            }
+        });
     }
 }
 
@@ -270,57 +289,28 @@ impl<Rt: Runtime> Breaker<Rt> {
     {
         BreakerCall { shared: &self.shared, classify: Some(classify), admission: Admission::Asking, call }
     }
-}
 
-impl<Rt: Runtime> Shared<Rt> {
-    /// A failure seen on the clean fast path: counted as a call that started and failed now.
-    #[cold]
-    fn record_failure_now(&self) {
-        let shared = self;
-        let mut state = shared.lock();
-        let now = shared.runtime.now();
-        let State { breaker, rng } = &mut *state;
-        if let Ok(permit) = breaker.try_acquire(&shared.policy, now, rng) {
-            let _ = breaker.record(&shared.policy, now, permit, CallOutcome::Failure, rng);
-        }
-        shared.refresh(&state);
-    }
-}
-
-impl<Rt: Runtime> Breaker<Rt> {
     /// The breaker's state now.
     pub fn status(&self) -> BreakerStatus {
-        let shared = &*self.shared;
-        let mut state = shared.lock();
-        let now = shared.runtime.now();
-        let State { breaker, rng } = &mut *state;
-        breaker.handle_timeout(&shared.policy, now, rng);
-        shared.refresh(&state);
-        state.breaker.status()
+        self.shared.update(|breaker, policy, now, rng| {
+            breaker.handle_timeout(policy, now, rng);
+            breaker.status()
+        })
     }
 
     /// Forces the breaker open until [`reset`](Self::reset).
     pub fn isolate(&self) {
-        self.manual(|breaker, _, now, _| breaker.handle_isolate(now));
+        self.shared.update(|breaker, _, now, _| breaker.handle_isolate(now));
     }
 
     /// Forces the breaker closed, counting nothing, until [`reset`](Self::reset).
     pub fn disable(&self) {
-        self.manual(|breaker, _, now, _| breaker.handle_disable(now));
+        self.shared.update(|breaker, _, now, _| breaker.handle_disable(now));
     }
 
     /// Returns to automatic operation, closed, with empty counts.
     pub fn reset(&self) {
-        self.manual(|breaker, policy, now, _| breaker.handle_reset(policy, now));
-    }
-
-    fn manual(&self, change: impl FnOnce(&mut persevere::Breaker, &BreakerPolicy, Instant, &mut SplitMix64)) {
-        let shared = &*self.shared;
-        let mut state = shared.lock();
-        let now = shared.runtime.now();
-        let State { breaker, rng } = &mut *state;
-        change(breaker, &shared.policy, now, rng);
-        shared.refresh(&state);
+        self.shared.update(|breaker, policy, now, _| breaker.handle_reset(policy, now));
     }
 }
 

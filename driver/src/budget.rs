@@ -1,20 +1,17 @@
 //! A retry budget shared by many retried operations (rules U1–U4).
 
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use persevere::{FailureClass, Instant, RatioBudget, RatioBudgetPolicy, RetryClass, TokenBucket, TokenBucketPolicy};
 
 use crate::classify::RetryGate;
 use crate::runtime::Runtime;
+use crate::sync::lock;
 
 enum Kind {
     Tokens { policy: TokenBucketPolicy, bucket: Mutex<TokenBucket> },
     Ratio { policy: RatioBudgetPolicy, budget: Mutex<RatioBudget> },
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// A retry budget shared by every operation that [`gate`](crate::RetryFuture::gate)s on it:

@@ -5,7 +5,7 @@ mod common;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, UNIX_EPOCH};
 
 use common::{Exec, ms, sleep, until};
 use persevere::{Backoff, FlowInfo, FlowPolicy, FlowStatus, FlowStatusKind, Instant, Jitter, PolicyError};
@@ -475,6 +475,8 @@ fn f3_status_is_never_observed_in_an_intermediate_state_under_concurrent_calls_o
     smol::block_on(handle.wait());
 }
 
+/// A compile-time check: this file builds only while both adapters export these names with
+/// these signatures (the body has nothing left to check at run time).
 #[test]
 fn the_adapters_expose_the_same_names() {
     let _: fn() -> persevere_tokio::Scheduler<u32, ()> = persevere_tokio::Scheduler::new;
@@ -482,5 +484,4 @@ fn the_adapters_expose_the_same_names() {
     let _: fn(persevere::TaskDefaults) -> persevere_tokio::Supervisor<u32, ()> = persevere_tokio::Supervisor::new;
     let _: fn(persevere::TaskDefaults) -> persevere_smol::Supervisor<u32, ()> = persevere_smol::Supervisor::new;
     let _ = (persevere_tokio::TaskSpec::once(), persevere_smol::TaskSpec::periodic(ms(1)));
-    let _ = SystemTime::now();
 }
