@@ -5,10 +5,13 @@
 //! - `success/direct_call`: awaiting the operation itself (the floor).
 //! - `success/hand_written_loop`: a hand-written `loop { match op().await { .. } }` retry.
 //! - `success/retry`: `persevere_tokio::retry` when the first attempt succeeds.
-//! - `success/tower_retry`: a peer in the same run: `tower::retry::Retry` with an attempts
-//!   policy around a `service_fn`, called with `oneshot` (poll_ready + call).
-//! - `success/backon_retry`: another peer: backon's `Retryable::retry` with its exponential
-//!   builder (100 ms, 4 retries) on tokio's sleep.
+//! - `*/tower_retry`: a peer in the same run: `tower::retry::Retry` with an attempts policy
+//!   whose "sleep" is a ready future (tower's machinery with a no-op sleep) around a
+//!   `service_fn`, cloned and called with `oneshot` (poll_ready + call) per operation.
+//! - `*/tower_retry_held`: the same service held by `&mut` and called as
+//!   `svc.ready().await?.call(req)`, no clone per call.
+//! - `*/backon_retry`: another peer: backon's `Retryable::retry` with its exponential builder
+//!   (100 ms, 4 retries); on the failure path with a no-op sleeper (`.sleep(|_| ready(()))`).
 //! - `fail_three_times/*`: three failures then a success, with zero delays (no timer is touched).
 //! - `breaker_closed/*`: the shared `Breaker` admitting and recording a successful call.
 
@@ -19,19 +22,23 @@ use std::time::Duration;
 use backon::{ExponentialBuilder, Retryable};
 use criterion::{Criterion, criterion_group, criterion_main};
 use persevere::{Backoff, RetryPolicy};
-use tower::ServiceExt;
+use tower::{Service, ServiceExt};
 
-async fn op(fail_until: &Cell<u32>) -> Result<u64, &'static str> {
-    if fail_until.get() > 0 {
-        fail_until.set(fail_until.get() - 1);
+thread_local! {
+    /// Failures left before the operation succeeds. A thread-local, so that every variant
+    /// (tower's services included, which take owned requests) calls the very same operation.
+    static LEFT: Cell<u32> = const { Cell::new(0) };
+}
+
+/// The operation: fails while `LEFT` is above zero, then returns 42.
+async fn op() -> Result<u64, &'static str> {
+    let left = LEFT.get();
+    if left > 0 {
+        LEFT.set(left - 1);
         Err("busy")
     } else {
         Ok(black_box(42))
     }
-}
-
-async fn op_ok() -> Result<u64, &'static str> {
-    Ok(black_box(42))
 }
 
 /// tower's retry policy for the peer measurement: retry any error, at most `n` times.
@@ -70,17 +77,17 @@ fn bench(c: &mut Criterion) {
         let mut g = c.benchmark_group(group);
         g.bench_function("direct_call", |b| {
             b.to_async(&rt).iter(|| async {
-                let left = Cell::new(0);
-                black_box(op(&left).await)
+                LEFT.set(0);
+                black_box(op().await)
             })
         });
         g.bench_function("hand_written_loop", |b| {
             b.to_async(&rt).iter(|| async {
-                let left = Cell::new(failures);
+                LEFT.set(failures);
                 let mut attempts = 0;
                 loop {
                     attempts += 1;
-                    match op(&left).await {
+                    match op().await {
                         Ok(v) => break black_box(Ok::<_, &str>(v)),
                         Err(e) if attempts >= 5 => break Err(e),
                         Err(_) => tokio::task::yield_now().await,
@@ -88,20 +95,49 @@ fn bench(c: &mut Criterion) {
                 }
             })
         });
+        let service = tower::retry::Retry::new(Attempts(4), tower::service_fn(|()| op()));
+        g.bench_function("tower_retry", |b| {
+            b.to_async(&rt).iter(|| async {
+                LEFT.set(failures);
+                black_box(service.clone().oneshot(()).await)
+            })
+        });
+        g.bench_function("tower_retry_held", |b| {
+            // The service is held by `&mut` across calls; `iter_custom` because a closure that
+            // returns futures cannot lend them its captured `&mut`.
+            b.to_async(&rt).iter_custom(|iters| {
+                let mut service = service.clone();
+                async move {
+                    let start = std::time::Instant::now();
+                    for _ in 0..iters {
+                        LEFT.set(failures);
+                        let ready = service.ready().await.unwrap();
+                        let _ = black_box(ready.call(()).await);
+                    }
+                    start.elapsed()
+                }
+            })
+        });
+        let backoff = ExponentialBuilder::default().with_min_delay(Duration::from_millis(100)).with_max_times(4);
         if failures == 0 {
-            let service = tower::retry::Retry::new(Attempts(4), tower::service_fn(|()| op_ok()));
-            g.bench_function("tower_retry", |b| {
-                b.to_async(&rt).iter(|| async { black_box(service.clone().oneshot(()).await) })
-            });
-            let backoff = ExponentialBuilder::default().with_min_delay(Duration::from_millis(100)).with_max_times(4);
             g.bench_function("backon_retry", |b| {
-                b.to_async(&rt).iter(|| async { black_box(op_ok.retry(backoff).await) })
+                b.to_async(&rt).iter(|| async {
+                    LEFT.set(0);
+                    black_box(op.retry(backoff).await)
+                })
+            });
+        } else {
+            g.bench_function("backon_retry", |b| {
+                b.to_async(&rt).iter(|| async {
+                    LEFT.set(failures);
+                    black_box(op.retry(backoff).sleep(|_| std::future::ready(())).await)
+                })
             });
         }
         g.bench_function("retry", |b| {
             b.to_async(&rt).iter(|| async {
-                let left = Cell::new(failures);
-                black_box(persevere_tokio::retry(policy, || op(&left)).await.result)
+                LEFT.set(failures);
+                black_box(persevere_tokio::retry(policy, op).await.result)
             })
         });
         g.finish();
@@ -119,14 +155,14 @@ fn breaker(c: &mut Criterion) {
     let mut g = c.benchmark_group("breaker_closed");
     g.bench_function("direct_call", |b| {
         b.to_async(&rt).iter(|| async {
-            let left = Cell::new(0);
-            black_box(op(&left).await)
+            LEFT.set(0);
+            black_box(op().await)
         })
     });
     g.bench_function("breaker_call", |b| {
         b.to_async(&rt).iter(|| async {
-            let left = Cell::new(0);
-            black_box(breaker.call(op(&left)).await)
+            LEFT.set(0);
+            black_box(breaker.call(op()).await)
         })
     });
     g.finish();

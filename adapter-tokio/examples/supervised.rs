@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use persevere::{Backoff, Jitter, TaskDefaults, TaskEvent};
+use persevere::{Backoff, Jitter, SupervisionAction, TaskDefaults};
 use persevere_tokio::{Supervisor, TaskSpec};
 
 #[tokio::main(flavor = "current_thread")]
@@ -20,25 +20,25 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         while let Some(e) = events.recv().await {
             let at = e.at.since_epoch().as_millis();
             match &e.event {
-                TaskEvent::AttemptStarting { attempt, .. } => {
+                SupervisionAction::AttemptStarting { attempt, .. } => {
                     println!("{at:>5} ms  {:<9} attempt {attempt} starting", e.id)
                 }
-                TaskEvent::AttemptSucceeded { attempt } => {
+                SupervisionAction::AttemptSucceeded { attempt } => {
                     println!("{at:>5} ms  {:<9} attempt {attempt} succeeded", e.id)
                 }
-                TaskEvent::AttemptFailed { attempt, class } => {
+                SupervisionAction::AttemptFailed { attempt, class } => {
                     println!("{at:>5} ms  {:<9} attempt {attempt} failed ({class:?})", e.id)
                 }
-                TaskEvent::AttemptTimedOut { attempt } => {
+                SupervisionAction::AttemptTimedOut { attempt } => {
                     println!("{at:>5} ms  {:<9} attempt {attempt} timed out", e.id)
                 }
-                TaskEvent::AttemptCanceled { attempt } => {
+                SupervisionAction::AttemptCanceled { attempt } => {
                     println!("{at:>5} ms  {:<9} attempt {attempt} canceled", e.id)
                 }
-                TaskEvent::BackoffScheduled { next_attempt, delay, .. } => {
+                SupervisionAction::BackoffScheduled { next_attempt, delay, .. } => {
                     println!("{at:>5} ms  {:<9} attempt {next_attempt} in {} ms", e.id, delay.as_millis())
                 }
-                TaskEvent::TaskFinished { outcome, attempts } => {
+                SupervisionAction::TaskFinished { outcome, attempts } => {
                     println!("{at:>5} ms  {:<9} finished after {attempts} attempts: {outcome:?}", e.id);
                     if e.id == "heartbeat" {
                         break;
@@ -52,8 +52,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let fetch = supervisor.add(
         "fetch",
         TaskSpec::restartable()
-            .with_backoff(Backoff::exponential(Duration::from_millis(100), 2.0).jitter(Jitter::Equal).build()?)
-            .with_max_retries(3),
+            .backoff(Backoff::exponential(Duration::from_millis(100), 2.0).jitter(Jitter::Equal).build()?)
+            .max_retries(3),
         move || {
             let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
             async move {

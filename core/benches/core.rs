@@ -15,7 +15,7 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use persevere::{Action, Backoff, BackoffState, Failure, Instant, Jitter, Retry, RetryPolicy, SplitMix64};
+use persevere::{Backoff, BackoffState, Failure, Instant, Jitter, Retry, RetryAction, RetryPolicy, SplitMix64};
 use rand_chacha::ChaCha8Rng;
 use rand_core::{Rng, SeedableRng};
 
@@ -106,12 +106,12 @@ fn retry_cycle(c: &mut Criterion) {
             let mut retry = Retry::<u32>::new();
             let now = black_box(Instant::from_secs(1));
             retry.handle_start(&policy, now).unwrap();
-            let Some(Action::Start { attempt, .. }) = retry.poll_action() else { unreachable!() };
+            let Some(RetryAction::Start { attempt, .. }) = retry.poll_action() else { unreachable!() };
             retry.handle_failure(&policy, now, attempt, Failure::retryable(7), &mut rng).unwrap();
-            let Some(Action::Sleep { until, .. }) = retry.poll_action() else { unreachable!() };
+            let Some(RetryAction::Sleep { until, .. }) = retry.poll_action() else { unreachable!() };
             retry.handle_timeout(&policy, until, &mut rng);
-            let Some(Action::Start { attempt, .. }) = retry.poll_action() else { unreachable!() };
-            retry.handle_success(until, attempt).unwrap();
+            let Some(RetryAction::Start { attempt, .. }) = retry.poll_action() else { unreachable!() };
+            retry.handle_success(&policy, until, attempt).unwrap();
             black_box(retry.poll_action())
         })
     });
@@ -119,8 +119,8 @@ fn retry_cycle(c: &mut Criterion) {
         b.iter(|| {
             let mut retry = Retry::<u32>::new();
             retry.handle_start(&policy, black_box(Instant::from_secs(1))).unwrap();
-            let Some(Action::Start { attempt, .. }) = retry.poll_action() else { unreachable!() };
-            retry.handle_success(Instant::from_secs(1), attempt).unwrap();
+            let Some(RetryAction::Start { attempt, .. }) = retry.poll_action() else { unreachable!() };
+            retry.handle_success(&policy, Instant::from_secs(1), attempt).unwrap();
             black_box(retry.poll_action())
         })
     });

@@ -11,6 +11,9 @@
 //!   (`AttemptFailed`, `BackoffScheduled`) instead.
 //! - `supervision/periodic_cycle`: a whole periodic round: success, drain, timeout, drain.
 //!
+//! Every measured input starts from a drained task (the drain rule: an input that arrives while
+//! actions wait to be drained is refused).
+//!
 //! Draws come from [`SplitMix64`], the RNG the adapters' drivers own (baseline and machine alike).
 //! States are copied in from a table and policies hidden from the optimiser once per bench, not
 //! through `black_box` per call: that writes them to a stack slot and reads them back, and the
@@ -59,7 +62,7 @@ fn bench(c: &mut Criterion) {
         task.handle_failure(&policy, Instant::ZERO, attempt, Failure::retryable(0), &mut rng).unwrap();
         while task.poll_action().is_some() {}
         let until = task.poll_timeout().unwrap();
-        task.handle_timeout(&policy, until);
+        task.handle_timeout(&policy, until, &mut rng);
     }
     group.bench_function("failure_decision", |b| {
         let policy = black_box(&policy);
@@ -97,7 +100,7 @@ fn bench(c: &mut Criterion) {
             black_box(task.poll_action());
             black_box(task.poll_action());
             now = task.poll_timeout().unwrap_or(now);
-            task.handle_timeout(&periodic, now);
+            task.handle_timeout(&periodic, now, &mut rng);
             black_box(task.poll_action())
         })
     });

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use persevere::{Action, Backoff, Failure, Instant, Jitter, Outcome, Retry, RetryPolicy};
+use persevere::{Backoff, Failure, Instant, Jitter, Outcome, Retry, RetryAction, RetryPolicy};
 use rand_chacha::ChaCha8Rng;
 use rand_core::SeedableRng;
 
@@ -29,10 +29,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let work = Duration::from_millis(40);
     let ms = |t: Instant| t.as_nanos() as f64 / 1e6;
 
+    // Each action is acted on as it is polled: a start is always the last action of its input,
+    // so every input below comes after the machine's actions are drained (the drain rule).
     retry.handle_start(&policy, now)?;
     loop {
         match retry.poll_action() {
-            Some(Action::Start { attempt, deadline }) => {
+            Some(RetryAction::Start { attempt, deadline }) => {
                 let deadline = deadline.map_or("none".to_string(), |d| format!("{:.0} ms", ms(d)));
                 println!("{:>8.1} ms  attempt {attempt} starts (deadline {deadline})", ms(now));
                 match attempt {
@@ -47,14 +49,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     _ => {
                         now = now.saturating_add(work);
                         println!("{:>8.1} ms  attempt {attempt} succeeds", ms(now));
-                        retry.handle_success(now, attempt)?;
+                        retry.handle_success(&policy, now, attempt)?;
                     }
                 }
             }
-            Some(Action::Abandon { attempt }) => {
+            Some(RetryAction::Abandon { attempt }) => {
                 println!("{:>8.1} ms  attempt {attempt} passed its deadline: abandoned", ms(now));
             }
-            Some(Action::Sleep { next_attempt, delay, until }) => {
+            Some(RetryAction::Sleep { next_attempt, delay, until }) => {
                 println!(
                     "{:>8.1} ms  backoff {:.1} ms (streak {}), attempt {next_attempt} at {:.1} ms",
                     ms(now),
@@ -63,14 +65,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     ms(until)
                 );
             }
-            Some(Action::Finish { outcome, stats }) => {
+            Some(RetryAction::Finish { outcome, stats }) => {
                 println!(
                     "{:>8.1} ms  finished: {:?} after {} attempts, {:.1} ms asleep, {:.1} ms in all",
                     ms(now),
                     outcome.kind(),
                     stats.attempts,
                     stats.slept.as_secs_f64() * 1e3,
-                    stats.elapsed.as_secs_f64() * 1e3
+                    stats.elapsed.expect("the core always measures the elapsed time").as_secs_f64() * 1e3
                 );
                 assert_eq!(outcome, Outcome::Succeeded);
                 assert_eq!(stats.attempts, 5);

@@ -17,7 +17,7 @@
 use core::time::Duration;
 
 use persevere::{
-    AttemptProgress, Backoff, Deliveries, DeliveryAction, DeliveryPolicy, DeliveryState, Failure, FailurePolicy,
+    AttemptProgress, Backoff, Deliveries, DeliveryAction, DeliveryPolicy, DeliveryStatus, Failure, FailurePolicy,
     FreeReturn, Instant, Interruption, Jitter, RetryPolicy, Terminal,
 };
 use rand_chacha::ChaCha8Rng;
@@ -36,7 +36,7 @@ enum Script {
     Complete,
 }
 
-fn script(worker: &str, task_type: &str, task: &str, attempt: u32) -> Script {
+fn script(worker: &str, task_type: &str, task: &str, attempt: u64) -> Script {
     match (worker, task_type, task, attempt) {
         ("gamma", "report", ..) => Script::Decline,
         (_, "render", ..) => Script::CloseBeforeStart,
@@ -164,13 +164,13 @@ fn main() {
                     table.handle_started(&policy, t.now, &task, attempt, &worker).expect("started");
                     t.now = t.now.saturating_add(Duration::from_millis(400));
                     t.log(task, format!("{worker} completes attempt {attempt}"));
-                    table.handle_completed(t.now, &task, attempt, &worker)
+                    table.handle_completed(&policy, t.now, &task, attempt, &worker)
                 }
             }
             .expect("the report is accepted");
             t.drain(&mut table);
-            if let Some(DeliveryState::Pending { attempt, not_before: Some(until) }) =
-                table.get(&task).map(|d| d.state())
+            if let Some(DeliveryStatus::Pending { attempt, not_before: Some(until) }) =
+                table.get(&task).map(|d| d.status())
             {
                 let used = table.get(&task).map_or(0, |d| d.retries_used());
                 let event = format!(

@@ -501,21 +501,27 @@ fn growth(multiplier: f64, mut exponent: u32, limit: f64) -> Option<f64> {
     }
 }
 
-/// The incremental form of a [`Backoff`]: the consecutive-failure count and the last delay.
+/// The incremental form of a [`Backoff`]: a streak of consecutive failures, the place in the
+/// schedule it has reached, and the last delay.
 ///
-/// Twelve bytes of plain data that a machine embeds; [`next_delay`](Self::next_delay) gives
-/// exactly what [`Backoff::delay`] gives for the same count, previous delay and draws (B5).
+/// Sixteen bytes of plain data that a machine embeds; [`next_delay`](Self::next_delay) gives
+/// exactly what [`Backoff::delay`] gives for the same place, previous delay and draws (B5).
+/// The streak ([`failures`](Self::failures)) and the schedule's place differ only after a
+/// hinted delay under a policy that restarts the schedule after hints (B6): the streak goes on,
+/// the schedule starts over from its first delay.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct BackoffState {
     failures: u32,
+    /// The streak's length when the schedule last started over (`≤ failures`).
+    restarted_at: u32,
     last_delay_ns: u64,
 }
 
 impl BackoffState {
     /// No failure yet.
     pub const fn new() -> Self {
-        BackoffState { failures: 0, last_delay_ns: 0 }
+        BackoffState { failures: 0, restarted_at: 0, last_delay_ns: 0 }
     }
 
     /// Counts one more failure and returns the delay to wait before the next try.
@@ -524,33 +530,55 @@ impl BackoffState {
         Duration::from_nanos(self.next_delay_ns(backoff, rng))
     }
 
-    #[inline]
+    #[inline(always)]
     pub(crate) fn next_delay_ns<R: Rng + ?Sized>(&mut self, backoff: &Backoff, rng: &mut R) -> u64 {
         self.failures = self.failures.saturating_add(1);
-        self.last_delay_ns = backoff.delay_ns(self.failures, self.last_delay_ns, rng);
+        // `restarted_at ≤ failures` holds for every state this crate makes and every state it
+        // loads (validated); `saturating_sub` keeps even a hand-made one total.
+        let place = self.failures.saturating_sub(self.restarted_at);
+        self.last_delay_ns = backoff.delay_ns(place, self.last_delay_ns, rng);
         self.last_delay_ns
     }
 
-    /// Counts a failure whose delay came from elsewhere (a hint), keeping the schedule's place.
-    pub(crate) fn record_external(&mut self, delay_ns: u64) {
+    /// Counts a failure whose delay came from elsewhere (a hint), keeping the schedule's place
+    /// unless `restart` asks it to start over from its first delay (B6).
+    #[inline]
+    pub(crate) fn record_hinted(&mut self, delay_ns: u64, restart: bool) {
         self.failures = self.failures.saturating_add(1);
-        self.last_delay_ns = delay_ns;
+        if restart {
+            self.restarted_at = self.failures;
+            self.last_delay_ns = 0;
+        } else {
+            self.last_delay_ns = delay_ns;
+        }
     }
 
-    /// Starts over from the first delay (after a success, or a hint with restart).
+    /// Counts a failure that is not followed by a delay (it ends the operation or trips).
+    #[inline]
+    pub(crate) fn record_final(&mut self) {
+        self.failures = self.failures.saturating_add(1);
+    }
+
+    /// Ends the streak: the next failure is the first again (after a success, or a reset).
     #[inline]
     pub fn reset(&mut self) {
         *self = BackoffState::new();
     }
 
-    /// Consecutive failures counted so far.
+    /// Consecutive failures counted so far (the streak).
     pub const fn failures(&self) -> u32 {
         self.failures
     }
 
-    /// The last delay returned (zero before the first failure).
+    /// The last delay returned (zero before the first failure, and after the schedule
+    /// started over).
     pub const fn last_delay(&self) -> Duration {
         Duration::from_nanos(self.last_delay_ns)
+    }
+
+    /// Whether a loaded state is one this crate could have made.
+    pub(crate) const fn is_valid(&self) -> bool {
+        self.restarted_at <= self.failures
     }
 }
 

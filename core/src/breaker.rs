@@ -33,6 +33,19 @@ pub const MAX_PERMITS: u32 = LEASES as u32;
 const WORDS: usize = 16;
 const BUCKETS: usize = 16;
 const LEASES: usize = 16;
+/// The widest time-window bucket: about 18 years, so that a window's key fits in 64 bits.
+const MAX_BUCKET_WIDTH_NS: u64 = (1 << 59) - 1;
+
+/// A window's shape as one number, unique per shape: 0 for no window (consecutive failures
+/// only), `n << 5` for the last `n` calls, `width << 5 | buckets` for a time window (`buckets`
+/// is 1..=16, so the low bits tell the kinds apart).
+const fn window_key(spec: WindowSpec) -> u64 {
+    match spec {
+        WindowSpec::Calls(n) => (n as u64) << 5,
+        WindowSpec::Time { width_ns, buckets } => (width_ns << 5) | buckets as u64,
+    }
+}
+
 /// Rates are parts per million; a rate above one million can never be reached (`failures ≤ calls`).
 const PPM: u64 = 1_000_000;
 const NEVER: u64 = PPM + 1;
@@ -100,6 +113,9 @@ pub struct BreakerPolicy {
     permits: u32,
     close_after: u32,
     probe_timeout_ns: u64,
+    /// What a closed window must look like for this policy (see [`window_key`]): a state
+    /// whose window has another key was made under another policy, and is rebuilt.
+    window_key: u64,
     // Kept to give the builder back exactly.
     failure_rate: Option<f64>,
     slow_call_rate: Option<f64>,
@@ -267,6 +283,12 @@ impl BreakerPolicyBuilder {
                         why: "each bucket must be at least 1 ns wide (span ≥ buckets ns)",
                     });
                 }
+                if width_ns > MAX_BUCKET_WIDTH_NS {
+                    return Err(PolicyError::LimitTooLarge {
+                        setting: "window bucket width (ns)",
+                        max: MAX_BUCKET_WIDTH_NS,
+                    });
+                }
                 (WindowSpec::Time { width_ns, buckets }, 100)
             }
         };
@@ -316,12 +338,14 @@ impl BreakerPolicyBuilder {
                 why: "every probe would fail at once; a probe needs time to answer",
             });
         }
+        let rated = failure_ppm != NEVER || slow_ppm != NEVER;
         Ok(BreakerPolicy {
             open: self.open,
             consecutive,
             failure_ppm,
             slow_ppm,
             slow_ns,
+            window_key: if rated { window_key(window) } else { 0 },
             window,
             minimum_calls,
             permits: self.half_open_permits,
@@ -592,12 +616,14 @@ struct Window {
     calls: u32,
     failures: u32,
     slow: u32,
+    /// The policy's `window_key` this window was built for.
+    key: u64,
     ring: Ring,
 }
 
 impl Window {
     fn new(policy: &BreakerPolicy) -> Self {
-        let ring = if policy.failure_ppm == NEVER && policy.slow_ppm == NEVER {
+        let ring = if policy.window_key == 0 {
             Ring::None
         } else {
             match policy.window {
@@ -611,7 +637,80 @@ impl Window {
                 },
             }
         };
-        Window { consecutive: 0, calls: 0, failures: 0, slow: 0, ring }
+        Window { consecutive: 0, calls: 0, failures: 0, slow: 0, key: policy.window_key, ring }
+    }
+
+    /// The window for `policy` after one made under another policy: empty, keeping the
+    /// consecutive failures (which no window shape changes).
+    #[cold]
+    fn rebuild(&mut self, policy: &BreakerPolicy) {
+        let consecutive = self.consecutive;
+        *self = Window::new(policy);
+        self.consecutive = consecutive;
+    }
+
+    /// The key of this window's own shape (what `key` must say).
+    fn own_key(&self) -> u64 {
+        match self.ring {
+            Ring::None => 0,
+            Ring::Calls { len, .. } => window_key(WindowSpec::Calls(len)),
+            Ring::Time { width, count, .. } => window_key(WindowSpec::Time { width_ns: width, buckets: count }),
+        }
+    }
+
+    /// Whether a loaded window is one `push` could have made.
+    fn validate(&self) -> Result<(), &'static str> {
+        if self.key != self.own_key() {
+            return Err("a window's key does not describe its shape");
+        }
+        let (calls, failures, slow) = match &self.ring {
+            Ring::None => (0, 0, 0),
+            Ring::Calls { head, len, bits } => {
+                if *len == 0 || *len > MAX_WINDOW_CALLS || *head >= *len || self.calls > *len {
+                    return Err("a count window's length, head or call count is out of range");
+                }
+                if self.calls < *len && *head != self.calls {
+                    return Err("a count window that is not full does not continue where it stopped");
+                }
+                let (mut failed, mut slow) = (0u64, 0u64);
+                for slot in 0..MAX_WINDOW_CALLS {
+                    let pair = (bits[(slot >> 5) as usize] >> ((slot & 31) * 2)) & 3;
+                    if slot >= self.calls && pair != 0 {
+                        return Err("a count window holds a call in a slot it never wrote");
+                    }
+                    failed += pair & 1;
+                    slow += pair >> 1;
+                }
+                (u64::from(self.calls), failed, slow)
+            }
+            Ring::Time { start, slot, width, count, buckets } => {
+                if *width == 0 || *width > MAX_BUCKET_WIDTH_NS || *count == 0 || *count > MAX_WINDOW_BUCKETS {
+                    return Err("a time window's width or bucket count is out of range");
+                }
+                if *slot >= *count || !start.is_multiple_of(*width) {
+                    return Err("a time window's current bucket is out of range");
+                }
+                let (mut calls, mut failed, mut slow) = (0u64, 0u64, 0u64);
+                for (i, b) in buckets.iter().enumerate() {
+                    if (i as u32 >= *count && *b != Bucket::default()) || b.failures > b.calls || b.slow > b.calls {
+                        return Err("a time window's bucket holds counts it cannot have");
+                    }
+                    calls += u64::from(b.calls);
+                    failed += u64::from(b.failures);
+                    slow += u64::from(b.slow);
+                }
+                (calls, failed, slow)
+            }
+        };
+        // Totals saturate at `u32::MAX` (more calls than that in one window are counted as
+        // that many), so a sum past it stands for a saturated total.
+        let saturated = |sum: u64| sum.min(u64::from(u32::MAX));
+        if (u64::from(self.calls), u64::from(self.failures), u64::from(self.slow))
+            != (saturated(calls), saturated(failures), saturated(slow))
+        {
+            return Err("a window's totals are not the sums of its calls");
+        }
+        Ok(())
     }
 
     /// Counts one call; returns whether a trip rule now holds. O(1) for a count window, O(1)
@@ -645,9 +744,9 @@ impl Window {
                     for _ in 0..gap {
                         *slot = if *slot + 1 >= *count { 0 } else { *slot + 1 };
                         let b = &mut buckets[*slot as usize & (BUCKETS - 1)];
-                        self.calls = self.calls.wrapping_sub(b.calls);
-                        self.failures = self.failures.wrapping_sub(b.failures);
-                        self.slow = self.slow.wrapping_sub(b.slow);
+                        self.calls = self.calls.saturating_sub(b.calls);
+                        self.failures = self.failures.saturating_sub(b.failures);
+                        self.slow = self.slow.saturating_sub(b.slow);
                         *b = Bucket::default();
                     }
                     *start = epoch * *width;
@@ -740,6 +839,17 @@ enum Phase {
 /// **Misuse** (a permit from another breaker, from an earlier state, or recorded twice)
 /// returns a [`BreakerError`] and leaves the breaker exactly as it was (G12).
 ///
+/// **Another policy.** A breaker is plain data and may outlive its policy (persisted, then
+/// loaded under a new one). The thresholds, permits and `successes_to_close` of the policy it
+/// is driven under apply at once (a half-open breaker holding more probes than the new
+/// `half_open_permits` admits no more until enough return); an open period or a probe lease
+/// already set is kept, and the new open durations and leases apply from the next opening or
+/// probe. A closed window built for another
+/// window shape (another kind, length, span or bucket count, or none where a rate rule now
+/// needs one) is rebuilt empty at the next recorded call, keeping the consecutive failures: a
+/// rate is never computed over calls counted under another shape. A loaded state is validated
+/// (`serde`): one that no sequence of calls could have made is refused.
+///
 /// ```
 /// use core::time::Duration;
 /// use persevere::{Backoff, Breaker, BreakerPolicy, BreakerStatus, CallOutcome, Instant};
@@ -767,7 +877,7 @@ enum Phase {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize), serde(remote = "Self"))]
 pub struct Breaker {
     id: u32,
     generation: u32,
@@ -935,6 +1045,9 @@ impl Breaker {
             if outcome == CallOutcome::Ignored {
                 return Ok(());
             }
+            if window.key != policy.window_key {
+                window.rebuild(policy);
+            }
             if window.push(policy, now, outcome == CallOutcome::Failure, elapsed_ns >= policy.slow_ns) {
                 self.open(policy, now, rng);
             }
@@ -1031,14 +1144,16 @@ impl Breaker {
 
     /// Forces the breaker open by hand (K1): every call is rejected until
     /// [`handle_reset`](Self::handle_reset). Outstanding permits become stale.
-    pub fn handle_isolate(&mut self, now: Instant) {
+    pub fn handle_isolate(&mut self, policy: &BreakerPolicy, now: Instant) {
+        let _ = policy;
         self.last_now = self.last_now.later(now);
         self.enter(Phase::Isolated);
     }
 
     /// Forces the breaker closed by hand (K1): every call is admitted and nothing is counted
     /// until [`handle_reset`](Self::handle_reset). Outstanding permits become stale.
-    pub fn handle_disable(&mut self, now: Instant) {
+    pub fn handle_disable(&mut self, policy: &BreakerPolicy, now: Instant) {
+        let _ = policy;
         self.last_now = self.last_now.later(now);
         self.enter(Phase::Disabled);
     }
@@ -1075,6 +1190,11 @@ impl Breaker {
     /// This breaker's id, as carried by its permits.
     pub const fn id(&self) -> u32 {
         self.id
+    }
+
+    /// The latest `now` the breaker accepted.
+    pub const fn now(&self) -> Instant {
+        self.last_now
     }
 
     /// The state generation: it changes on every transition, which makes older permits stale.
@@ -1138,6 +1258,37 @@ impl Breaker {
         self.settled = self.next_id;
     }
 }
+
+impl Breaker {
+    /// Whether a loaded state is one the transitions could have made.
+    #[cfg_attr(not(feature = "serde"), allow(dead_code))]
+    fn validate(&self) -> Result<(), &'static str> {
+        if self.next_id & PROBE_BIT != 0 || self.settled & PROBE_BIT != 0 {
+            return Err("a permit counter has the probe bit set");
+        }
+        if !self.openings.is_valid() {
+            return Err("the open durations' schedule restarted after more openings than it counted");
+        }
+        match &self.phase {
+            Phase::Closed(window) => window.validate(),
+            Phase::HalfOpen(probes) => {
+                let held = (0..LEASES).filter(|&i| probes.busy & (1 << i) != 0);
+                for i in held.clone() {
+                    if probes.ids[i] & PROBE_BIT == 0 {
+                        return Err("a probe lease holds an id without the probe bit");
+                    }
+                    if held.clone().any(|j| j != i && probes.ids[j] == probes.ids[i]) {
+                        return Err("two probe leases hold the same id");
+                    }
+                }
+                Ok(())
+            }
+            Phase::Open { .. } | Phase::Isolated | Phase::Disabled => Ok(()),
+        }
+    }
+}
+
+crate::serde_validated!(Breaker, "a Breaker");
 
 /// Counts a closed or disabled permit as recorded, if one is outstanding (`next_id − settled`,
 /// mod 2^31). Wraps (and then refuses a valid permit) only with 2^31 permits of one state

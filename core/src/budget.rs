@@ -16,27 +16,27 @@
 //! 0.6 that truncates 1.67 to 1 and grants every request a retry: 100 % instead of 60 %.)
 //!
 //! **Use with [`Retry`](crate::Retry)** (U4): one budget, many machines. When a machine emits
-//! [`Action::Sleep`](crate::Action::Sleep), the driver asks the budget; on a refusal it calls
+//! [`RetryAction::Sleep`](crate::RetryAction::Sleep), the driver asks the budget; on a refusal it calls
 //! [`Retry::handle_rejected`](crate::Retry::handle_rejected), which ends that operation with
 //! [`Outcome::Rejected`](crate::Outcome::Rejected).
 //!
 //! ```
 //! use core::time::Duration;
-//! use persevere::{Action, Backoff, Failure, Instant, Outcome, Retry, RetryClass, RetryPolicy, TokenBucket, TokenBucketPolicy};
+//! use persevere::{Backoff, Failure, Instant, Retry, RetryAction, RetryClass, RetryPolicy, TokenBucket, TokenBucketPolicy};
 //! use rand_core::SeedableRng;
 //!
 //! let budget_policy = TokenBucketPolicy::aws();
 //! let mut budget = TokenBucket::new(&budget_policy);
-//! let policy = RetryPolicy::builder(Backoff::constant(Duration::from_millis(10)).build()?).build()?;
+//! let policy = RetryPolicy::builder(Backoff::constant(Duration::from_millis(10)).build()?).max_attempts(5).build()?;
 //! let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
 //! let mut retry = Retry::<()>::new();
 //! let now = Instant::ZERO;
 //! retry.handle_start(&policy, now)?;
 //! let _start = retry.poll_action();
 //! retry.handle_failure(&policy, now, 1, Failure::retryable(()), &mut rng).unwrap();
-//! if let Some(Action::Sleep { .. }) = retry.poll_action() {
+//! if let Some(RetryAction::Sleep { .. }) = retry.poll_action() {
 //!     if budget.try_acquire(&budget_policy, RetryClass::Transient).is_err() {
-//!         retry.handle_rejected(now)?; // ends with Outcome::Rejected
+//!         retry.handle_rejected(&policy, now)?; // ends with Outcome::Rejected
 //!     }
 //! }
 //! assert_eq!(budget.balance_milli(), 495_000); // 500 tokens, one retry at 5
@@ -347,7 +347,9 @@ pub struct BudgetRefused;
 ///
 /// Verbs: [`try_acquire`](Self::try_acquire) when an operation wants to retry,
 /// [`record_success`](Self::record_success) when an operation succeeds. No clock: this kind of
-/// budget refills by successes only.
+/// budget refills by successes only. A bucket driven under a policy with a smaller capacity
+/// than the one it was filled under (a persisted bucket, a replaced policy) is read as full at
+/// the new capacity: it never grants more than the policy it is driven under holds.
 ///
 /// ```
 /// use persevere::{RetryClass, TokenBucket, TokenBucketPolicy};
@@ -380,10 +382,13 @@ impl TokenBucket {
     /// # Errors
     /// [`BudgetRefused`]: the operation should end with
     /// [`Outcome::Rejected`](crate::Outcome::Rejected). The balance is unchanged, unless the
-    /// policy charges refused retries (gRPC).
+    /// policy charges refused retries (gRPC), or it was above this policy's capacity (filled
+    /// under another policy): it is then read, and kept, as full at this capacity.
     #[inline]
     pub fn try_acquire(&mut self, policy: &TokenBucketPolicy, class: RetryClass) -> Result<Grant, BudgetRefused> {
         let cost = policy.cost_milli(class);
+        // A balance kept under a larger capacity is read as full at this one.
+        self.balance_milli = self.balance_milli.min(policy.settings.capacity_milli);
         let after = self.balance_milli.checked_sub(cost);
         let granted = match (after, policy.settings.threshold_milli) {
             (Some(after), Some(threshold)) => after > threshold,
@@ -612,6 +617,11 @@ struct Counts {
 /// Later, requests may leave the window before the retries granted against them, as in
 /// Finagle.
 ///
+/// The window remembers the bucket width and count it was kept in. Driven under a policy with
+/// another width or count (a persisted budget, a replaced policy), it starts over empty: counts
+/// kept in buckets of one width are never read as buckets of another. A loaded state is
+/// validated (`serde`).
+///
 /// ```
 /// use persevere::{Instant, RatioBudget, RatioBudgetPolicy};
 ///
@@ -626,8 +636,11 @@ struct Counts {
 /// # Ok::<(), persevere::PolicyError>(())
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize), serde(remote = "Self"))]
 pub struct RatioBudget {
+    /// The bucket width and count the window is kept in; `(0, 0)` before the first call.
+    width_ns: u64,
+    count: u32,
     /// The instant (ns) the current bucket's epoch starts (a multiple of the bucket width, so
     /// it never overflows); calls before the next epoch need no division.
     start: u64,
@@ -642,6 +655,8 @@ impl RatioBudget {
     /// An empty window.
     pub const fn new() -> Self {
         RatioBudget {
+            width_ns: 0,
+            count: 0,
             start: 0,
             slot: 0,
             requests: 0,
@@ -691,6 +706,9 @@ impl RatioBudget {
     /// index of `now`'s bucket.
     #[inline]
     fn advance(&mut self, policy: &RatioBudgetPolicy, now: Instant) -> usize {
+        if (self.width_ns, self.count) != (policy.width_ns, policy.buckets) {
+            self.reshape(policy);
+        }
         let now = now.as_nanos();
         let width = policy.width_ns.max(1);
         // An earlier `now` than the current epoch's start is read as in that epoch.
@@ -702,12 +720,51 @@ impl RatioBudget {
             for _ in 0..gap {
                 self.slot = if self.slot + 1 >= count { 0 } else { self.slot + 1 };
                 let b = &mut self.buckets[self.slot as usize & (BUCKETS - 1)];
-                self.requests = self.requests.wrapping_sub(b.requests);
-                self.retries = self.retries.wrapping_sub(b.retries);
+                self.requests = self.requests.saturating_sub(b.requests);
+                self.retries = self.retries.saturating_sub(b.retries);
                 *b = Counts::default();
             }
             self.start = epoch * width;
         }
         self.slot as usize & (BUCKETS - 1)
     }
+
+    /// Starts over, empty, in `policy`'s bucket width and count (the first call, or a policy
+    /// with another shape).
+    #[cold]
+    fn reshape(&mut self, policy: &RatioBudgetPolicy) {
+        *self = RatioBudget::new();
+        self.width_ns = policy.width_ns;
+        self.count = policy.buckets;
+    }
+
+    /// Whether a loaded state is one the calls could have made.
+    #[cfg_attr(not(feature = "serde"), allow(dead_code))]
+    fn validate(&self) -> Result<(), &'static str> {
+        if self.width_ns == 0 {
+            return if *self == RatioBudget::new() { Ok(()) } else { Err("a window with no shape holds counts") };
+        }
+        if self.count == 0 || self.count > MAX_BUDGET_BUCKETS || self.slot >= self.count {
+            return Err("the bucket count or the current bucket is out of range");
+        }
+        if !self.start.is_multiple_of(self.width_ns) {
+            return Err("the current bucket does not start on a bucket boundary");
+        }
+        let (mut requests, mut retries) = (0u64, 0u64);
+        for (i, b) in self.buckets.iter().enumerate() {
+            if i as u32 >= self.count && *b != Counts::default() {
+                return Err("a bucket past the window's count holds counts");
+            }
+            requests += u64::from(b.requests);
+            retries += u64::from(b.retries);
+        }
+        // Totals saturate at `u32::MAX`, so a sum past it stands for a saturated total.
+        let saturated = |sum: u64| sum.min(u64::from(u32::MAX));
+        if (saturated(requests), saturated(retries)) != (u64::from(self.requests), u64::from(self.retries)) {
+            return Err("the window's totals are not the sums of its buckets");
+        }
+        Ok(())
+    }
 }
+
+crate::serde_validated!(RatioBudget, "a RatioBudget");

@@ -6,8 +6,9 @@ use rand_core::Rng;
 
 use crate::Instant;
 use crate::delivery::{
-    Delivery, DeliveryAction, DeliveryError, DeliveryPolicy, DeliveryState, FreeReturn, Interruption, Refused, Terminal,
+    Delivery, DeliveryAction, DeliveryError, DeliveryPolicy, DeliveryStatus, FreeReturn, Interruption, Terminal,
 };
+use crate::error::Refused;
 use crate::failure::Failure;
 
 /// How many tasks are in each state (D1, D9); see [`Deliveries::counts`].
@@ -52,6 +53,9 @@ struct Entry<K, T, W, C, E, R> {
     delivery: Delivery<K, W, C, E, R>,
 }
 
+/// The table's queue of undrained actions, each with its task's id.
+type ActionQueue<K, W, C, E, R> = VecDeque<(K, DeliveryAction<K, W, C, E, R>)>;
+
 /// Many tasks' [`Delivery`] machines keyed by task id `K`, each with a task type `T`, driven by a
 /// dispatcher: it hands the next ready task to a worker that has not declined its type, expires
 /// leases and heartbeats on [`handle_timeout`](Self::handle_timeout), forwards every worker
@@ -60,15 +64,21 @@ struct Entry<K, T, W, C, E, R> {
 /// Finished tasks stay in the table (in their one terminal state, D9) until
 /// [`remove`](Self::remove)d, so nothing is lost.
 ///
-/// **Drain order.** [`poll_action`](Self::poll_action) yields `(task id, action)`: tasks in the
-/// order they first had undrained actions, each task's actions in [`Delivery`]'s drain order.
+/// **Drain order.** [`poll_action`](Self::poll_action) yields `(task id, action)` in the order
+/// the actions were made: after every input the table drains the task it touched into its own
+/// queue (so a task in the table never refuses an input as undrained), and actions of many
+/// inputs accumulate there, in order, until drained. None is ever dropped.
 ///
 /// **Cost.** Lookups by id are `O(log n)`; [`hand_out_next`](Self::hand_out_next),
 /// [`poll_timeout`](Self::poll_timeout), [`handle_timeout`](Self::handle_timeout),
 /// [`handle_failover`](Self::handle_failover) and [`counts`](Self::counts) scan every task
 /// (`O(n)`, no allocation). Allocation happens on [`insert`](Self::insert), on the first decline
-/// of a (worker, type) pair, and when the queue of tasks with undrained actions grows past its
-/// largest size so far.
+/// of a (worker, type) pair, and when the queue of undrained actions grows past its largest
+/// size so far.
+///
+/// **Persistence.** With `serde`, the table saves its tasks, the declines and the undrained
+/// actions; a loaded table validates every task (as [`Delivery`] does) and that each is filed
+/// under its own id.
 ///
 /// **Misuse** (an unknown id, or anything a [`Delivery`] refuses) leaves the table exactly as it was.
 ///
@@ -76,8 +86,8 @@ struct Entry<K, T, W, C, E, R> {
 /// use core::time::Duration;
 /// use persevere::{Backoff, Deliveries, DeliveryAction, DeliveryPolicy, FreeReturn, Instant, RetryPolicy};
 ///
-/// let policy = DeliveryPolicy::builder(RetryPolicy::builder(Backoff::constant(Duration::ZERO).build()?).build()?)
-///     .build()?;
+/// let retry = RetryPolicy::builder(Backoff::constant(Duration::ZERO).build()?).max_attempts(5).build()?;
+/// let policy = DeliveryPolicy::builder(retry).build()?;
 /// let mut table = Deliveries::<u32, &str, &str, (), ()>::new();
 /// let now = Instant::ZERO;
 /// table.insert(&policy, now, 1, "pdf", 100).unwrap();
@@ -87,7 +97,7 @@ struct Entry<K, T, W, C, E, R> {
 /// table.handle_returned(&policy, now, &1, 1, &"w1", FreeReturn::Declined)?; // w1 does no "pdf"
 /// assert_eq!(table.hand_out_next(&policy, now, &"w1"), Some(2)); // so it gets the email
 /// assert_eq!(table.hand_out_next(&policy, now, &"w2"), Some(1)); // and w2 the pdf, attempt 1 still
-/// table.handle_completed(now, &1, 1, &"w2")?;
+/// table.handle_completed(&policy, now, &1, 1, &"w2")?;
 /// let counts = table.counts();
 /// assert_eq!((counts.handed_out, counts.completed, counts.total()), (1, 1, 2));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -97,8 +107,8 @@ pub struct Deliveries<K, T, W, C, E, R = ()> {
     tasks: BTreeMap<K, Entry<K, T, W, C, E, R>>,
     /// Task types each worker declined.
     declined: BTreeMap<W, BTreeSet<T>>,
-    /// Tasks with undrained actions, each at most once.
-    dirty: VecDeque<K>,
+    /// Undrained actions, in the order they were made.
+    actions: ActionQueue<K, W, C, E, R>,
 }
 
 impl<K, T, W, C, E, R> Default for Deliveries<K, T, W, C, E, R> {
@@ -110,7 +120,7 @@ impl<K, T, W, C, E, R> Default for Deliveries<K, T, W, C, E, R> {
 impl<K, T, W, C, E, R> Deliveries<K, T, W, C, E, R> {
     /// An empty table.
     pub const fn new() -> Self {
-        Deliveries { tasks: BTreeMap::new(), declined: BTreeMap::new(), dirty: VecDeque::new() }
+        Deliveries { tasks: BTreeMap::new(), declined: BTreeMap::new(), actions: VecDeque::new() }
     }
 
     /// The number of tasks, finished ones included.
@@ -127,15 +137,15 @@ impl<K, T, W, C, E, R> Deliveries<K, T, W, C, E, R> {
     pub fn counts(&self) -> DeliveryCounts {
         let mut counts = DeliveryCounts::default();
         for entry in self.tasks.values() {
-            let slot = match entry.delivery.state() {
-                DeliveryState::Pending { .. } => &mut counts.pending,
-                DeliveryState::HandedOut { .. } => &mut counts.handed_out,
-                DeliveryState::Running { .. } => &mut counts.running,
-                DeliveryState::Done(Terminal::Completed { .. }) => &mut counts.completed,
-                DeliveryState::Done(Terminal::Failed(_)) => &mut counts.failed,
-                DeliveryState::Done(Terminal::Proceeded(_)) => &mut counts.proceeded,
-                DeliveryState::Done(Terminal::Diverted { .. }) => &mut counts.diverted,
-                DeliveryState::Done(Terminal::DeadLettered(_)) => &mut counts.dead_lettered,
+            let slot = match entry.delivery.status() {
+                DeliveryStatus::Pending { .. } => &mut counts.pending,
+                DeliveryStatus::HandedOut { .. } => &mut counts.handed_out,
+                DeliveryStatus::Running { .. } => &mut counts.running,
+                DeliveryStatus::Done(Terminal::Completed { .. }) => &mut counts.completed,
+                DeliveryStatus::Done(Terminal::Failed(_)) => &mut counts.failed,
+                DeliveryStatus::Done(Terminal::Proceeded(_)) => &mut counts.proceeded,
+                DeliveryStatus::Done(Terminal::Diverted { .. }) => &mut counts.diverted,
+                DeliveryStatus::Done(Terminal::DeadLettered(_)) => &mut counts.dead_lettered,
             };
             *slot += 1;
         }
@@ -166,7 +176,7 @@ where
     /// Adds task `task` of type `task_type` at `now`; its attempt 1 is ready.
     ///
     /// # Errors
-    /// [`DeliveryError::DuplicateTask`] when the id is taken; the id is handed back.
+    /// [`DeliveryError::DuplicateTask`] when the id is taken; the id and type are handed back.
     pub fn insert(
         &mut self,
         policy: &DeliveryPolicy<R>,
@@ -174,13 +184,13 @@ where
         task: K,
         task_type: T,
         step_execution: u64,
-    ) -> Result<(), Refused<K>> {
+    ) -> Result<(), Refused<DeliveryError, (K, T)>> {
         if self.tasks.contains_key(&task) {
-            return Err(Refused { error: DeliveryError::DuplicateTask, input: task });
+            return Err(Refused { error: DeliveryError::DuplicateTask, input: (task, task_type) });
         }
-        let delivery = Delivery::new(policy, now, task.clone(), step_execution);
-        self.tasks.insert(task.clone(), Entry { task_type, delivery });
-        self.dirty.push_back(task);
+        let mut delivery = Delivery::new(policy, now, task.clone(), step_execution);
+        drain_into(&mut self.actions, &task, &mut delivery);
+        self.tasks.insert(task, Entry { task_type, delivery });
         Ok(())
     }
 
@@ -214,7 +224,8 @@ where
             !declined.is_some_and(|types| types.contains(&entry.task_type)) && entry.delivery.can_hand_out(now, worker)
         })?;
         // `can_hand_out` said yes, so the hand-out is accepted.
-        let _ = tracked(&mut self.dirty, key, &mut entry.delivery, |d| d.handle_hand_out(policy, now, worker.clone()));
+        let _ =
+            tracked(&mut self.actions, key, &mut entry.delivery, |d| d.handle_hand_out(policy, now, worker.clone()));
         Some(key.clone())
     }
 
@@ -227,7 +238,7 @@ where
         policy: &DeliveryPolicy<R>,
         now: Instant,
         task: &K,
-        attempt: u32,
+        attempt: u64,
         worker: &W,
     ) -> Result<(), DeliveryError> {
         self.with(task, |d| d.handle_started(policy, now, attempt, worker)).and_then(|r| r)
@@ -243,14 +254,14 @@ where
         policy: &DeliveryPolicy<R>,
         now: Instant,
         task: &K,
-        attempt: u32,
+        attempt: u64,
         worker: &W,
         checkpoint: Option<C>,
-    ) -> Result<(), Refused<Option<C>>> {
+    ) -> Result<(), Refused<DeliveryError, Option<C>>> {
         let Some(entry) = self.tasks.get_mut(task) else {
             return Err(Refused { error: DeliveryError::UnknownTask, input: checkpoint });
         };
-        tracked(&mut self.dirty, task, &mut entry.delivery, |d| {
+        tracked(&mut self.actions, task, &mut entry.delivery, |d| {
             d.handle_heartbeat(policy, now, attempt, worker, checkpoint)
         })
     }
@@ -259,16 +270,29 @@ where
     ///
     /// # Errors
     /// [`DeliveryError::UnknownTask`], or what the task refuses; nothing changes.
-    pub fn handle_persisted(&mut self, now: Instant, task: &K, attempt: u32) -> Result<(), DeliveryError> {
-        self.with(task, |d| d.handle_persisted(now, attempt)).and_then(|r| r)
+    pub fn handle_persisted(
+        &mut self,
+        policy: &DeliveryPolicy<R>,
+        now: Instant,
+        task: &K,
+        attempt: u64,
+    ) -> Result<(), DeliveryError> {
+        self.with(task, |d| d.handle_persisted(policy, now, attempt)).and_then(|r| r)
     }
 
     /// See [`Delivery::handle_completed`].
     ///
     /// # Errors
     /// [`DeliveryError::UnknownTask`], or what the task refuses; nothing changes.
-    pub fn handle_completed(&mut self, now: Instant, task: &K, attempt: u32, worker: &W) -> Result<(), DeliveryError> {
-        self.with(task, |d| d.handle_completed(now, attempt, worker)).and_then(|r| r)
+    pub fn handle_completed(
+        &mut self,
+        policy: &DeliveryPolicy<R>,
+        now: Instant,
+        task: &K,
+        attempt: u64,
+        worker: &W,
+    ) -> Result<(), DeliveryError> {
+        self.with(task, |d| d.handle_completed(policy, now, attempt, worker)).and_then(|r| r)
     }
 
     /// See [`Delivery::handle_failed`].
@@ -282,15 +306,15 @@ where
         policy: &DeliveryPolicy<R>,
         now: Instant,
         task: &K,
-        attempt: u32,
+        attempt: u64,
         worker: &W,
         failure: Failure<E>,
         rng: &mut G,
-    ) -> Result<(), Refused<Failure<E>>> {
+    ) -> Result<(), Refused<DeliveryError, Failure<E>>> {
         let Some(entry) = self.tasks.get_mut(task) else {
             return Err(Refused { error: DeliveryError::UnknownTask, input: failure });
         };
-        tracked(&mut self.dirty, task, &mut entry.delivery, |d| {
+        tracked(&mut self.actions, task, &mut entry.delivery, |d| {
             d.handle_failed(policy, now, attempt, worker, failure, rng)
         })
     }
@@ -305,7 +329,7 @@ where
         policy: &DeliveryPolicy<R>,
         now: Instant,
         task: &K,
-        attempt: u32,
+        attempt: u64,
         worker: &W,
         interruption: Interruption,
         rng: &mut G,
@@ -323,7 +347,7 @@ where
         policy: &DeliveryPolicy<R>,
         now: Instant,
         task: &K,
-        attempt: u32,
+        attempt: u64,
         worker: &W,
         reason: FreeReturn,
     ) -> Result<(), DeliveryError> {
@@ -347,16 +371,16 @@ where
         let mut lost = 0;
         for (key, entry) in self.tasks.iter_mut() {
             let d = &mut entry.delivery;
-            let attempt = match d.state() {
-                DeliveryState::HandedOut { attempt, worker: holder, .. }
-                | DeliveryState::Running { attempt, worker: holder, .. }
+            let attempt = match d.status() {
+                DeliveryStatus::HandedOut { attempt, worker: holder, .. }
+                | DeliveryStatus::Running { attempt, worker: holder, .. }
                     if holder == worker =>
                 {
                     *attempt
                 }
                 _ => continue,
             };
-            if tracked(&mut self.dirty, key, d, |d| {
+            if tracked(&mut self.actions, key, d, |d| {
                 d.handle_interrupted(policy, now, attempt, worker, interruption, rng)
             })
             .is_ok()
@@ -370,7 +394,8 @@ where
     /// The server failed over: see [`Delivery::handle_failover`], for every task.
     pub fn handle_failover<G: Rng + ?Sized>(&mut self, policy: &DeliveryPolicy<R>, now: Instant, rng: &mut G) {
         for (key, entry) in self.tasks.iter_mut() {
-            tracked(&mut self.dirty, key, &mut entry.delivery, |d| d.handle_failover(policy, now, rng));
+            // The table drains every task after each input, so no task refuses it.
+            let _ = tracked(&mut self.actions, key, &mut entry.delivery, |d| d.handle_failover(policy, now, rng));
         }
     }
 
@@ -378,44 +403,134 @@ where
     /// task. Early, repeated or spurious calls change nothing.
     pub fn handle_timeout<G: Rng + ?Sized>(&mut self, policy: &DeliveryPolicy<R>, now: Instant, rng: &mut G) {
         for (key, entry) in self.tasks.iter_mut() {
-            if entry.delivery.poll_timeout().is_none_or(|t| t > now) {
+            // Each task reads an earlier `now` than its latest as its latest: so does the filter.
+            if entry.delivery.poll_timeout().is_none_or(|t| t > now.later(entry.delivery.now())) {
                 continue;
             }
-            tracked(&mut self.dirty, key, &mut entry.delivery, |d| d.handle_timeout(policy, now, rng));
+            tracked(&mut self.actions, key, &mut entry.delivery, |d| d.handle_timeout(policy, now, rng));
         }
     }
 
-    /// The next `(task id, action)`, in the documented drain order; `None` when there is none.
+    /// The next `(task id, action)`, in the order the actions were made; `None` when there is
+    /// none.
     #[allow(clippy::type_complexity)]
     pub fn poll_action(&mut self) -> Option<(K, DeliveryAction<K, W, C, E, R>)> {
-        while let Some(key) = self.dirty.front() {
-            if let Some(action) = self.tasks.get_mut(key).and_then(|entry| entry.delivery.poll_action()) {
-                return Some((key.clone(), action));
-            }
-            self.dirty.pop_front();
-        }
-        None
+        self.actions.pop_front()
     }
 
-    /// Runs `f` on one task and records it as dirty if it now has actions.
+    /// Runs `f` on one task and queues the actions it made.
     fn with<X>(&mut self, task: &K, f: impl FnOnce(&mut Delivery<K, W, C, E, R>) -> X) -> Result<X, DeliveryError> {
         let entry = self.tasks.get_mut(task).ok_or(DeliveryError::UnknownTask)?;
-        Ok(tracked(&mut self.dirty, task, &mut entry.delivery, f))
+        Ok(tracked(&mut self.actions, task, &mut entry.delivery, f))
     }
 }
 
-/// Runs `f` on `task`'s delivery, then queues `task` for draining if it has just gained
-/// actions (so it is queued at most once).
-fn tracked<K: Clone, W, C, E, R, X>(
-    dirty: &mut VecDeque<K>,
+/// Runs `f` on `task`'s delivery, then moves every action it made into the table's queue.
+fn tracked<K: Clone, W: Clone, C: Clone, E: Clone, R: Clone, X>(
+    actions: &mut ActionQueue<K, W, C, E, R>,
     task: &K,
     delivery: &mut Delivery<K, W, C, E, R>,
     f: impl FnOnce(&mut Delivery<K, W, C, E, R>) -> X,
 ) -> X {
-    let was_dirty = delivery.has_actions();
     let out = f(delivery);
-    if !was_dirty && delivery.has_actions() {
-        dirty.push_back(task.clone());
-    }
+    drain_into(actions, task, delivery);
     out
+}
+
+/// Moves `delivery`'s undrained actions into the table's queue.
+fn drain_into<K: Clone, W: Clone, C: Clone, E: Clone, R: Clone>(
+    actions: &mut ActionQueue<K, W, C, E, R>,
+    task: &K,
+    delivery: &mut Delivery<K, W, C, E, R>,
+) {
+    while let Some(action) = delivery.poll_action() {
+        actions.push_back((task.clone(), action));
+    }
+}
+
+#[cfg(feature = "serde")]
+mod persist {
+    use alloc::collections::{BTreeMap, BTreeSet, VecDeque};
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    use super::{Deliveries, Entry};
+    use crate::delivery::{Delivery, DeliveryAction};
+
+    #[derive(Serialize)]
+    struct SavedEntry<'a, K, T, W, C, E, R> {
+        task_type: &'a T,
+        delivery: &'a Delivery<K, W, C, E, R>,
+    }
+
+    #[derive(Deserialize)]
+    struct LoadedEntry<K, T, W, C, E, R> {
+        task_type: T,
+        delivery: Delivery<K, W, C, E, R>,
+    }
+
+    #[allow(clippy::type_complexity)]
+    #[derive(Serialize)]
+    struct Saved<'a, K: Ord, T, W: Ord, C, E, R> {
+        tasks: BTreeMap<&'a K, SavedEntry<'a, K, T, W, C, E, R>>,
+        declined: &'a BTreeMap<W, BTreeSet<T>>,
+        actions: &'a VecDeque<(K, DeliveryAction<K, W, C, E, R>)>,
+    }
+
+    #[allow(clippy::type_complexity)]
+    #[derive(Deserialize)]
+    struct Loaded<K: Ord, T: Ord, W: Ord, C, E, R> {
+        tasks: BTreeMap<K, LoadedEntry<K, T, W, C, E, R>>,
+        declined: BTreeMap<W, BTreeSet<T>>,
+        actions: VecDeque<(K, DeliveryAction<K, W, C, E, R>)>,
+    }
+
+    /// Saved as its tasks (with their types), the declines, and the undrained actions.
+    impl<K, T, W, C, E, R> Serialize for Deliveries<K, T, W, C, E, R>
+    where
+        K: Ord + Serialize,
+        T: Serialize,
+        W: Ord + Serialize,
+        C: Serialize,
+        E: Serialize,
+        R: Serialize,
+    {
+        fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+            let tasks = self
+                .tasks
+                .iter()
+                .map(|(k, e)| (k, SavedEntry { task_type: &e.task_type, delivery: &e.delivery }))
+                .collect();
+            Saved { tasks, declined: &self.declined, actions: &self.actions }.serialize(serializer)
+        }
+    }
+
+    /// Loaded with every task validated (as [`Delivery`] is) and filed under its own id, and
+    /// holding no undrained action of its own (the table drains every task).
+    impl<'de, K, T, W, C, E, R> Deserialize<'de> for Deliveries<K, T, W, C, E, R>
+    where
+        K: Ord + Deserialize<'de>,
+        T: Ord + Deserialize<'de>,
+        W: Ord + Deserialize<'de>,
+        C: Deserialize<'de>,
+        E: Deserialize<'de>,
+        R: Deserialize<'de>,
+    {
+        fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+            let loaded = Loaded::<K, T, W, C, E, R>::deserialize(deserializer)?;
+            let mut tasks = BTreeMap::new();
+            for (key, entry) in loaded.tasks {
+                if *entry.delivery.task() != key {
+                    return Err(serde::de::Error::custom("invalid Deliveries: a task is filed under another id"));
+                }
+                if entry.delivery.has_actions() {
+                    return Err(serde::de::Error::custom(
+                        "invalid Deliveries: a task holds undrained actions (the table drains every task)",
+                    ));
+                }
+                tasks.insert(key, Entry { task_type: entry.task_type, delivery: entry.delivery });
+            }
+            Ok(Deliveries { tasks, declined: loaded.declined, actions: loaded.actions })
+        }
+    }
 }

@@ -25,8 +25,9 @@ use core::time::Duration;
 
 use rand_core::Rng;
 
+use crate::error::Refused;
 use crate::failure::{Failure, FailureClass, FailureKind, LastFailure};
-use crate::retry::{Action as RetryAction, Outcome, OutcomeKind, Retry, RetryPolicy, Stats};
+use crate::retry::{Outcome, OutcomeKind, Retry, RetryAction, RetryPolicy, Stats};
 use crate::time::nanos_of;
 use crate::{Instant, PolicyError};
 
@@ -356,10 +357,14 @@ pub enum AttemptProgress {
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct RecoveryError<E> {
     /// Why retries ended: [`Exhausted`](OutcomeKind::Exhausted), [`Fatal`](OutcomeKind::Fatal),
-    /// [`Canceled`](OutcomeKind::Canceled) or [`OutOfTime`](OutcomeKind::OutOfTime).
+    /// [`Canceled`](OutcomeKind::Canceled), [`OutOfTime`](OutcomeKind::OutOfTime) or
+    /// [`Deferred`](OutcomeKind::Deferred) (a hint past `max_hint` or the total budget; the
+    /// hinted instant is in [`retry_at`](Self::retry_at)).
     pub ended: OutcomeKind,
     /// The failure of the last attempt.
     pub last_failure: LastFailure<AttemptFailure<E>>,
+    /// When a [`Deferred`](OutcomeKind::Deferred) task's last failure asked to be tried again.
+    pub retry_at: Option<Instant>,
     /// The furthest any attempt reached.
     pub progress: AttemptProgress,
     /// As counted by the embedded retry: attempt numbers used, the retry delays scheduled
@@ -375,7 +380,7 @@ pub struct DeadLetter<E> {
     /// The free return that exceeded the cap.
     pub reason: FreeReturn,
     /// The attempt number that kept coming back.
-    pub attempt: u32,
+    pub attempt: u64,
     /// Free returns before this one (equal to `max_redeliveries`).
     pub redeliveries: u32,
     /// The furthest any attempt reached.
@@ -391,7 +396,7 @@ pub enum Terminal<E, R> {
     /// An attempt completed.
     Completed {
         /// The attempt that completed.
-        attempt: u32,
+        attempt: u64,
     },
     /// Retries ended and the failure policy is [`FailurePolicy::Fail`].
     Failed(RecoveryError<E>),
@@ -449,18 +454,18 @@ pub enum TerminalKind {
 /// Where a task is (D1). Exactly one of these at every moment (D9).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
-pub enum DeliveryState<W, E, R> {
+pub enum DeliveryStatus<W, E, R> {
     /// Attempt `attempt` waits for a worker.
     Pending {
         /// The attempt number the next hand-out carries.
-        attempt: u32,
+        attempt: u64,
         /// `Some(t)` while the retry delay runs: no hand-out before `t`.
         not_before: Option<Instant>,
     },
     /// Attempt `attempt` was handed to `worker`, which has not started it yet.
     HandedOut {
         /// The attempt number.
-        attempt: u32,
+        attempt: u64,
         /// The worker it was handed to.
         worker: W,
         /// When the hand-out's lease expires.
@@ -471,7 +476,7 @@ pub enum DeliveryState<W, E, R> {
     /// `worker` runs attempt `attempt`.
     Running {
         /// The attempt number.
-        attempt: u32,
+        attempt: u64,
         /// The worker running it.
         worker: W,
         /// The next heartbeat is due by then.
@@ -502,7 +507,7 @@ pub struct HandOut<K, W, C> {
     /// The idempotency key, stable across attempts (D10).
     pub key: IdempotencyKey<K>,
     /// The attempt number; the worker quotes it in every report.
-    pub attempt: u32,
+    pub attempt: u64,
     /// The worker to send it to.
     pub worker: W,
     /// The start lease: the worker must start (or heartbeat) by then.
@@ -521,14 +526,14 @@ pub enum DeliveryAction<K, W, C, E, R> {
         /// The worker that held the attempt.
         worker: W,
         /// The attempt.
-        attempt: u32,
+        attempt: u64,
         /// Which deadline it missed.
         reason: Interruption,
     },
     /// Attempt `attempt` may be handed out now.
     Ready {
         /// The attempt number.
-        attempt: u32,
+        attempt: u64,
     },
     /// Send this to its worker.
     HandOut(HandOut<K, W, C>),
@@ -547,33 +552,33 @@ pub enum DeliveryError {
     #[error("attempt {attempt} is pending, not handed out; reports belong to a handed-out attempt")]
     NotHandedOut {
         /// The pending attempt.
-        attempt: u32,
+        attempt: u64,
     },
     /// A report for an attempt other than the one handed out (an interrupted or future one).
     #[error("report for attempt {got}, but attempt {current} is the one handed out")]
     StaleAttempt {
         /// The attempt handed out.
-        current: u32,
+        current: u64,
         /// The attempt named by the input.
-        got: u32,
+        got: u64,
     },
     /// A report from a worker other than the one holding the attempt.
     #[error("attempt {attempt} is held by another worker")]
     WrongWorker {
         /// The attempt.
-        attempt: u32,
+        attempt: u64,
     },
     /// A hand-out while an attempt is already out.
     #[error("attempt {attempt} is already handed out; wait for its result, a return, or its deadline")]
     AlreadyHandedOut {
         /// The attempt that is out.
-        attempt: u32,
+        attempt: u64,
     },
     /// A hand-out before the retry delay ended.
     #[error("attempt {attempt} may not be handed out before {not_before:?} (its retry delay)")]
     NotYetEligible {
         /// The pending attempt.
-        attempt: u32,
+        attempt: u64,
         /// When it may be handed out.
         not_before: Instant,
     },
@@ -584,7 +589,7 @@ pub enum DeliveryError {
     #[error("attempt {attempt} has already started; a started attempt can only complete, fail or be interrupted")]
     AlreadyStarted {
         /// The attempt.
-        attempt: u32,
+        attempt: u64,
     },
     /// A table operation named a task it does not hold.
     #[error("no task with this id; insert it first (or it was removed)")]
@@ -592,22 +597,9 @@ pub enum DeliveryError {
     /// A table insert named a task it already holds.
     #[error("a task with this id already exists; task ids must be unique")]
     DuplicateTask,
-}
-
-/// A refused input: why, and the caller's data handed back unchanged.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{error}")]
-pub struct Refused<T> {
-    /// Why it was refused.
-    pub error: DeliveryError,
-    /// The input, as given (a worker id, a checkpoint, a failure).
-    pub input: T,
-}
-
-impl<T> Refused<T> {
-    const fn new(error: DeliveryError, input: T) -> Self {
-        Refused { error, input }
-    }
+    /// An input while actions of an earlier one wait to be drained (the drain rule).
+    #[error("actions of an earlier input wait to be drained; call `poll_action` until it returns `None` first")]
+    Undrained,
 }
 
 const REVOKE: u8 = 1;
@@ -632,9 +624,11 @@ const FINISH: u8 = 8;
 ///
 /// **Drain order.** At most one of each, in this order: [`DeliveryAction::Revoke`] (a lease or
 /// heartbeat deadline passed), [`DeliveryAction::Ready`] (an attempt may be handed out),
-/// [`DeliveryAction::HandOut`], [`DeliveryAction::Finish`] (exactly once per task). Actions
-/// accumulate until drained; one whose state the task has left before it was drained (a
-/// `Ready` for an attempt already handed out, say) is dropped, never reported stale.
+/// [`DeliveryAction::HandOut`], [`DeliveryAction::Finish`] (exactly once per task). Every
+/// action of an input is reported; an input that arrives before they are drained is refused
+/// with [`DeliveryError::Undrained`] (and `handle_timeout` does nothing), so none is ever
+/// dropped unseen. The [`Deliveries`](crate::Deliveries) table drains each task into its own
+/// queue, so there actions of many inputs accumulate in order.
 ///
 /// **Time.** Every input takes `now`; a `now` earlier than the latest accepted one is read as
 /// that latest one. `handle_timeout` early, or twice, changes nothing.
@@ -642,6 +636,12 @@ const FINISH: u8 = 8;
 /// **Misuse** (a report for an attempt that is not out, from the wrong worker, a second result,
 /// anything after the terminal state) returns a [`DeliveryError`] and leaves the machine exactly
 /// as it was (G12); user data in the input is handed back in a [`Refused`].
+///
+/// **Another policy.** A task is plain data and may be driven under another policy than the
+/// one it was created under (persisted, then loaded): leases and heartbeat deadlines already
+/// set, a retry delay already scheduled and an attempt already pending stay as they are; the
+/// new leases, limits, durability and failure policy apply from the next hand-out, start or
+/// failure.
 ///
 /// ```
 /// use core::time::Duration;
@@ -667,17 +667,18 @@ const FINISH: u8 = 8;
 /// assert_eq!(task.poll_action(), Some(DeliveryAction::Ready { attempt: 2 })); // a retry was used
 ///
 /// task.handle_hand_out(&policy, now, "w2")?;
-/// task.handle_completed(now, 2, &"w2")?;
+/// assert!(matches!(task.poll_action(), Some(DeliveryAction::HandOut(_))));
+/// task.handle_completed(&policy, now, 2, &"w2")?;
 /// assert_eq!(task.terminal(), Some(&Terminal::Completed { attempt: 2 }));
 /// assert_eq!(task.attempt_progress(), AttemptProgress::NotCompleted);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize), serde(remote = "Self"))]
 pub struct Delivery<K, W, C, E, R = ()> {
     task: K,
     step_execution: u64,
-    state: DeliveryState<W, E, R>,
+    state: DeliveryStatus<W, E, R>,
     retry: Retry<AttemptFailure<E>>,
     progress: AttemptProgress,
     redeliveries: u32,
@@ -686,7 +687,7 @@ pub struct Delivery<K, W, C, E, R = ()> {
     snapshot: Option<C>,
     declined: [Option<W>; DECLINED_CAPACITY],
     declined_next: u8,
-    revoked: Option<(W, u32, Interruption)>,
+    revoked: Option<(W, u64, Interruption)>,
     last_now: Instant,
     pending: u8,
 }
@@ -701,7 +702,7 @@ impl<K, W, C, E, R> Delivery<K, W, C, E, R> {
         Delivery {
             task,
             step_execution,
-            state: DeliveryState::Pending { attempt: 1, not_before: None },
+            state: DeliveryStatus::Pending { attempt: 1, not_before: None },
             retry,
             progress: match policy.durability {
                 Durability::Sync => AttemptProgress::NotStarted,
@@ -723,9 +724,15 @@ impl<K, W, C, E, R> Delivery<K, W, C, E, R> {
     ///
     /// # Errors
     /// When an attempt is already out, the retry delay has not ended, `worker` declined this
-    /// task, or the task is finished; nothing changes and `worker` is handed back.
+    /// task, the task is finished, or actions wait to be drained; nothing changes and `worker`
+    /// is handed back.
     #[inline]
-    pub fn handle_hand_out(&mut self, policy: &DeliveryPolicy<R>, now: Instant, worker: W) -> Result<(), Refused<W>>
+    pub fn handle_hand_out(
+        &mut self,
+        policy: &DeliveryPolicy<R>,
+        now: Instant,
+        worker: W,
+    ) -> Result<(), Refused<DeliveryError, W>>
     where
         W: PartialEq,
         C: Clone,
@@ -737,7 +744,7 @@ impl<K, W, C, E, R> Delivery<K, W, C, E, R> {
         let attempt = self.retry.attempt();
         self.last_now = now;
         self.snapshot.clone_from(&self.checkpoint);
-        self.state = DeliveryState::HandedOut {
+        self.state = DeliveryStatus::HandedOut {
             attempt,
             worker,
             deadline: now.saturating_add_nanos(policy.start_timeout_ns),
@@ -759,14 +766,14 @@ impl<K, W, C, E, R> Delivery<K, W, C, E, R> {
     /// heartbeat is due within `heartbeat_timeout`.
     ///
     /// # Errors
-    /// When `attempt` is not out, `worker` does not hold it, it has already started, or the
-    /// task is finished; nothing changes.
+    /// When `attempt` is not out, `worker` does not hold it, it has already started, the task
+    /// is finished, or actions wait to be drained; nothing changes.
     #[inline]
     pub fn handle_started(
         &mut self,
         policy: &DeliveryPolicy<R>,
         now: Instant,
-        attempt: u32,
+        attempt: u64,
         worker: &W,
     ) -> Result<(), DeliveryError>
     where
@@ -786,17 +793,18 @@ impl<K, W, C, E, R> Delivery<K, W, C, E, R> {
     /// D7). A heartbeat for a handed-out attempt also starts it.
     ///
     /// # Errors
-    /// When `attempt` is not out, `worker` does not hold it, or the task is finished; nothing
-    /// changes (an interrupted attempt's checkpoint is not stored) and the checkpoint is handed back.
+    /// When `attempt` is not out, `worker` does not hold it, the task is finished, or actions
+    /// wait to be drained; nothing changes (an interrupted attempt's checkpoint is not stored)
+    /// and the checkpoint is handed back.
     #[inline]
     pub fn handle_heartbeat(
         &mut self,
         policy: &DeliveryPolicy<R>,
         now: Instant,
-        attempt: u32,
+        attempt: u64,
         worker: &W,
         checkpoint: Option<C>,
-    ) -> Result<(), Refused<Option<C>>>
+    ) -> Result<(), Refused<DeliveryError, Option<C>>>
     where
         W: PartialEq,
     {
@@ -817,11 +825,19 @@ impl<K, W, C, E, R> Delivery<K, W, C, E, R> {
     /// already and this changes nothing.
     ///
     /// # Errors
-    /// When `attempt` is not out, or the task is finished; nothing changes.
-    pub fn handle_persisted(&mut self, now: Instant, attempt: u32) -> Result<(), DeliveryError> {
+    /// When `attempt` is not out, the task is finished, or actions wait to be drained;
+    /// nothing changes.
+    pub fn handle_persisted(
+        &mut self,
+        policy: &DeliveryPolicy<R>,
+        now: Instant,
+        attempt: u64,
+    ) -> Result<(), DeliveryError> {
+        let _ = policy;
         self.check_attempt(attempt)?;
+        self.check_drained()?;
         match &mut self.state {
-            DeliveryState::HandedOut { durable, .. } | DeliveryState::Running { durable, .. } if !*durable => {
+            DeliveryStatus::HandedOut { durable, .. } | DeliveryStatus::Running { durable, .. } if !*durable => {
                 *durable = true;
                 self.last_now = self.last_now.later(now);
             }
@@ -833,22 +849,28 @@ impl<K, W, C, E, R> Delivery<K, W, C, E, R> {
     /// Attempt `attempt` completed: the task is [`Terminal::Completed`].
     ///
     /// # Errors
-    /// When `attempt` is not out, `worker` does not hold it, or the task is finished (a second
-    /// result); nothing changes.
+    /// When `attempt` is not out, `worker` does not hold it, the task is finished (a second
+    /// result), or actions wait to be drained; nothing changes.
     #[inline]
-    pub fn handle_completed(&mut self, now: Instant, attempt: u32, worker: &W) -> Result<(), DeliveryError>
+    pub fn handle_completed(
+        &mut self,
+        policy: &DeliveryPolicy<R>,
+        now: Instant,
+        attempt: u64,
+        worker: &W,
+    ) -> Result<(), DeliveryError>
     where
         W: PartialEq,
     {
         self.check_out(attempt, worker)?;
         let now = self.last_now.later(now);
         self.last_now = now;
-        // The embedded retry runs `attempt`, so it accepts the success. Its `Finish` action is
-        // left undrained: the task's own `Finish` reports the outcome, and the retry is never
-        // driven again.
-        let _ = self.retry.handle_success(now, attempt);
+        // The embedded retry runs `attempt`, so it accepts the success; its `Finish` is
+        // drained here, since the task's own `Finish` reports the outcome.
+        let _ = self.retry.handle_success(&policy.retry, now, attempt);
+        drain_retry(&mut self.retry);
         self.progress = AttemptProgress::NotCompleted;
-        self.state = DeliveryState::Done(Terminal::Completed { attempt });
+        self.state = DeliveryStatus::Done(Terminal::Completed { attempt });
         self.pending |= FINISH;
         Ok(())
     }
@@ -857,17 +879,17 @@ impl<K, W, C, E, R> Delivery<K, W, C, E, R> {
     /// end and the failure policy decides (D8).
     ///
     /// # Errors
-    /// When `attempt` is not out, `worker` does not hold it, or the task is finished (a second
-    /// result); nothing changes and the failure is handed back.
+    /// When `attempt` is not out, `worker` does not hold it, the task is finished (a second
+    /// result), or actions wait to be drained; nothing changes and the failure is handed back.
     pub fn handle_failed<G: Rng + ?Sized>(
         &mut self,
         policy: &DeliveryPolicy<R>,
         now: Instant,
-        attempt: u32,
+        attempt: u64,
         worker: &W,
         failure: Failure<E>,
         rng: &mut G,
-    ) -> Result<(), Refused<Failure<E>>>
+    ) -> Result<(), Refused<DeliveryError, Failure<E>>>
     where
         W: PartialEq,
         R: Clone,
@@ -886,12 +908,13 @@ impl<K, W, C, E, R> Delivery<K, W, C, E, R> {
     /// [`handle_failover`](Self::handle_failover): an `Async` start that is not durable rolls back.
     ///
     /// # Errors
-    /// When `attempt` is not out, `worker` does not hold it, or the task is finished; nothing changes.
+    /// When `attempt` is not out, `worker` does not hold it, the task is finished, or actions
+    /// wait to be drained; nothing changes.
     pub fn handle_interrupted<G: Rng + ?Sized>(
         &mut self,
         policy: &DeliveryPolicy<R>,
         now: Instant,
-        attempt: u32,
+        attempt: u64,
         worker: &W,
         interruption: Interruption,
         rng: &mut G,
@@ -918,13 +941,13 @@ impl<K, W, C, E, R> Delivery<K, W, C, E, R> {
     ///
     /// # Errors
     /// When `attempt` is not out, `worker` does not hold it, it has started
-    /// ([`DeliveryError::AlreadyStarted`]: report an interruption instead), or the task is
-    /// finished; nothing changes.
+    /// ([`DeliveryError::AlreadyStarted`]: report an interruption instead), the task is
+    /// finished, or actions wait to be drained; nothing changes.
     pub fn handle_returned(
         &mut self,
         policy: &DeliveryPolicy<R>,
         now: Instant,
-        attempt: u32,
+        attempt: u64,
         worker: &W,
         reason: FreeReturn,
     ) -> Result<(), DeliveryError>
@@ -947,7 +970,7 @@ impl<K, W, C, E, R> Delivery<K, W, C, E, R> {
             self.declined_next = ((slot + 1) % DECLINED_CAPACITY) as u8;
         }
         if self.redeliveries >= policy.max_redeliveries {
-            self.state = DeliveryState::Done(Terminal::DeadLettered(DeadLetter {
+            self.state = DeliveryStatus::Done(Terminal::DeadLettered(DeadLetter {
                 reason,
                 attempt,
                 redeliveries: self.redeliveries,
@@ -957,7 +980,7 @@ impl<K, W, C, E, R> Delivery<K, W, C, E, R> {
             self.pending |= FINISH;
         } else {
             self.redeliveries = self.redeliveries.saturating_add(1);
-            self.state = DeliveryState::Pending { attempt, not_before: None };
+            self.state = DeliveryStatus::Pending { attempt, not_before: None };
             self.pending |= READY;
         }
         Ok(())
@@ -968,13 +991,23 @@ impl<K, W, C, E, R> Delivery<K, W, C, E, R> {
     /// (only in [`Durability::Async`]) it rolls back: the same attempt number is pending again
     /// with its input snapshot, no retry used, and the first worker may still be running it.
     /// A pending or finished task is not affected.
-    pub fn handle_failover<G: Rng + ?Sized>(&mut self, policy: &DeliveryPolicy<R>, now: Instant, rng: &mut G)
+    ///
+    /// # Errors
+    /// [`DeliveryError::Undrained`] while actions wait to be drained (a failover is a fact the
+    /// task must not miss, so it is refused rather than ignored); nothing changes.
+    pub fn handle_failover<G: Rng + ?Sized>(
+        &mut self,
+        policy: &DeliveryPolicy<R>,
+        now: Instant,
+        rng: &mut G,
+    ) -> Result<(), DeliveryError>
     where
         R: Clone,
     {
-        if !matches!(self.state, DeliveryState::HandedOut { .. } | DeliveryState::Running { .. }) {
-            return;
+        if !matches!(self.state, DeliveryStatus::HandedOut { .. } | DeliveryStatus::Running { .. }) {
+            return Ok(());
         }
+        self.check_drained()?;
         let now = self.last_now.later(now);
         self.last_now = now;
         if self.is_durable() {
@@ -982,25 +1015,30 @@ impl<K, W, C, E, R> Delivery<K, W, C, E, R> {
         } else {
             self.roll_back();
         }
+        Ok(())
     }
 
     /// Wakes the machine: a retry delay that has ended makes its attempt ready; a hand-out past
     /// its lease, or a running attempt past its heartbeat deadline, is revoked and interrupted
-    /// (D2). Early, repeated or spurious calls change nothing.
+    /// (D2). Early, repeated or spurious calls, and calls while actions wait to be drained,
+    /// change nothing.
     pub fn handle_timeout<G: Rng + ?Sized>(&mut self, policy: &DeliveryPolicy<R>, now: Instant, rng: &mut G)
     where
         R: Clone,
     {
+        if self.pending != 0 {
+            return;
+        }
         let now = self.last_now.later(now);
         let reason = match self.state {
-            DeliveryState::Pending { attempt, not_before: Some(t) } if t <= now => {
+            DeliveryStatus::Pending { attempt, not_before: Some(t) } if t <= now => {
                 self.last_now = now;
-                self.state = DeliveryState::Pending { attempt, not_before: None };
+                self.state = DeliveryStatus::Pending { attempt, not_before: None };
                 self.pending |= READY;
                 return;
             }
-            DeliveryState::HandedOut { deadline, .. } if deadline <= now => Interruption::LeaseExpired,
-            DeliveryState::Running { heartbeat_deadline, .. } if heartbeat_deadline <= now => {
+            DeliveryStatus::HandedOut { deadline, .. } if deadline <= now => Interruption::LeaseExpired,
+            DeliveryStatus::Running { heartbeat_deadline, .. } if heartbeat_deadline <= now => {
                 Interruption::HeartbeatMissed
             }
             _ => return,
@@ -1029,11 +1067,11 @@ impl<K, W, C, E, R> Delivery<K, W, C, E, R> {
                     reason,
                 }),
                 READY => match self.state {
-                    DeliveryState::Pending { attempt, not_before: None } => Some(DeliveryAction::Ready { attempt }),
+                    DeliveryStatus::Pending { attempt, not_before: None } => Some(DeliveryAction::Ready { attempt }),
                     _ => None,
                 },
                 HAND_OUT => match &self.state {
-                    DeliveryState::HandedOut { attempt, worker, deadline, .. } => {
+                    DeliveryStatus::HandedOut { attempt, worker, deadline, .. } => {
                         Some(DeliveryAction::HandOut(HandOut {
                             key: IdempotencyKey { task: self.task.clone(), step_execution: self.step_execution },
                             attempt: *attempt,
@@ -1045,7 +1083,7 @@ impl<K, W, C, E, R> Delivery<K, W, C, E, R> {
                     _ => None,
                 },
                 _ => match &self.state {
-                    DeliveryState::Done(terminal) => Some(DeliveryAction::Finish(terminal.clone())),
+                    DeliveryStatus::Done(terminal) => Some(DeliveryAction::Finish(terminal.clone())),
                     _ => None,
                 },
             };
@@ -1062,25 +1100,25 @@ impl<K, W, C, E, R> Delivery<K, W, C, E, R> {
     #[inline]
     pub fn poll_timeout(&self) -> Option<Instant> {
         match &self.state {
-            DeliveryState::Pending { not_before, .. } => *not_before,
-            DeliveryState::HandedOut { deadline, .. } => Some(*deadline),
-            DeliveryState::Running { heartbeat_deadline, .. } => Some(*heartbeat_deadline),
-            DeliveryState::Done(_) => None,
+            DeliveryStatus::Pending { not_before, .. } => *not_before,
+            DeliveryStatus::HandedOut { deadline, .. } => Some(*deadline),
+            DeliveryStatus::Running { heartbeat_deadline, .. } => Some(*heartbeat_deadline),
+            DeliveryStatus::Done(_) => None,
         }
     }
 
     /// Where the task is (D1).
-    pub const fn state(&self) -> &DeliveryState<W, E, R> {
+    pub const fn status(&self) -> &DeliveryStatus<W, E, R> {
         &self.state
     }
 
     /// The current attempt number: the one pending, out, or the last one before the terminal state.
-    pub const fn attempt(&self) -> u32 {
+    pub const fn attempt(&self) -> u64 {
         match &self.state {
-            DeliveryState::Pending { attempt, .. }
-            | DeliveryState::HandedOut { attempt, .. }
-            | DeliveryState::Running { attempt, .. } => *attempt,
-            DeliveryState::Done(_) => self.retry.attempt(),
+            DeliveryStatus::Pending { attempt, .. }
+            | DeliveryStatus::HandedOut { attempt, .. }
+            | DeliveryStatus::Running { attempt, .. } => *attempt,
+            DeliveryStatus::Done(_) => self.retry.attempt(),
         }
     }
 
@@ -1096,10 +1134,10 @@ impl<K, W, C, E, R> Delivery<K, W, C, E, R> {
 
     /// Retries consumed so far: attempt numbers used up by failures and interruptions. Free
     /// returns and rollbacks never change it.
-    pub const fn retries_used(&self) -> u32 {
+    pub const fn retries_used(&self) -> u64 {
         let attempt = self.retry.attempt();
         match &self.state {
-            DeliveryState::Done(Terminal::Failed(_) | Terminal::Proceeded(_) | Terminal::Diverted { .. }) => attempt,
+            DeliveryStatus::Done(Terminal::Failed(_) | Terminal::Proceeded(_) | Terminal::Diverted { .. }) => attempt,
             _ => attempt.saturating_sub(1),
         }
     }
@@ -1118,7 +1156,7 @@ impl<K, W, C, E, R> Delivery<K, W, C, E, R> {
     /// The terminal state, once reached (D9).
     pub const fn terminal(&self) -> Option<&Terminal<E, R>> {
         match &self.state {
-            DeliveryState::Done(terminal) => Some(terminal),
+            DeliveryStatus::Done(terminal) => Some(terminal),
             _ => None,
         }
     }
@@ -1126,7 +1164,7 @@ impl<K, W, C, E, R> Delivery<K, W, C, E, R> {
     /// The recovery error of a failed, proceeded or diverted task (D8).
     pub const fn recovery_error(&self) -> Option<&RecoveryError<E>> {
         match &self.state {
-            DeliveryState::Done(terminal) => terminal.recovery_error(),
+            DeliveryStatus::Done(terminal) => terminal.recovery_error(),
             _ => None,
         }
     }
@@ -1134,6 +1172,11 @@ impl<K, W, C, E, R> Delivery<K, W, C, E, R> {
     /// The task id.
     pub const fn task(&self) -> &K {
         &self.task
+    }
+
+    /// The latest `now` the task accepted.
+    pub const fn now(&self) -> Instant {
+        self.last_now
     }
 
     /// The idempotency key every attempt of this task carries (D10).
@@ -1164,53 +1207,60 @@ impl<K, W, C, E, R> Delivery<K, W, C, E, R> {
         W: PartialEq,
     {
         match &self.state {
-            DeliveryState::Done(terminal) => Err(DeliveryError::Finished(terminal.kind())),
-            DeliveryState::HandedOut { attempt, .. } | DeliveryState::Running { attempt, .. } => {
+            DeliveryStatus::Done(terminal) => Err(DeliveryError::Finished(terminal.kind())),
+            DeliveryStatus::HandedOut { attempt, .. } | DeliveryStatus::Running { attempt, .. } => {
                 Err(DeliveryError::AlreadyHandedOut { attempt: *attempt })
             }
-            DeliveryState::Pending { attempt, not_before: Some(t) } if *t > now => {
+            DeliveryStatus::Pending { attempt, not_before: Some(t) } if *t > now => {
                 Err(DeliveryError::NotYetEligible { attempt: *attempt, not_before: *t })
             }
-            DeliveryState::Pending { .. } if self.has_declined(worker) => Err(DeliveryError::WorkerDeclined),
-            DeliveryState::Pending { .. } => Ok(()),
+            DeliveryStatus::Pending { .. } if self.has_declined(worker) => Err(DeliveryError::WorkerDeclined),
+            DeliveryStatus::Pending { .. } => self.check_drained(),
         }
     }
 
-    /// Checks that `attempt` is out; returns whether it has started.
-    fn check_attempt(&self, got: u32) -> Result<bool, DeliveryError> {
+    /// Refuses an input while actions wait to be drained (the drain rule).
+    #[inline]
+    fn check_drained(&self) -> Result<(), DeliveryError> {
+        if self.pending == 0 { Ok(()) } else { Err(DeliveryError::Undrained) }
+    }
+
+    /// Checks that `attempt` is out; returns whether it has started. Does not check the drain.
+    fn check_attempt(&self, got: u64) -> Result<bool, DeliveryError> {
         match &self.state {
-            DeliveryState::Done(terminal) => Err(DeliveryError::Finished(terminal.kind())),
-            DeliveryState::Pending { attempt, .. } if *attempt == got => {
+            DeliveryStatus::Done(terminal) => Err(DeliveryError::Finished(terminal.kind())),
+            DeliveryStatus::Pending { attempt, .. } if *attempt == got => {
                 Err(DeliveryError::NotHandedOut { attempt: *attempt })
             }
-            DeliveryState::Pending { attempt, .. } => Err(DeliveryError::StaleAttempt { current: *attempt, got }),
-            DeliveryState::HandedOut { attempt, .. } | DeliveryState::Running { attempt, .. } if *attempt != got => {
+            DeliveryStatus::Pending { attempt, .. } => Err(DeliveryError::StaleAttempt { current: *attempt, got }),
+            DeliveryStatus::HandedOut { attempt, .. } | DeliveryStatus::Running { attempt, .. } if *attempt != got => {
                 Err(DeliveryError::StaleAttempt { current: *attempt, got })
             }
-            DeliveryState::HandedOut { .. } => Ok(false),
-            DeliveryState::Running { .. } => Ok(true),
+            DeliveryStatus::HandedOut { .. } => Ok(false),
+            DeliveryStatus::Running { .. } => Ok(true),
         }
     }
 
-    /// Checks that `attempt` is out to `worker`; returns whether it has started.
-    fn check_out(&self, got: u32, worker: &W) -> Result<bool, DeliveryError>
+    /// Checks that `attempt` is out to `worker` and every action is drained; returns whether
+    /// it has started.
+    fn check_out(&self, got: u64, worker: &W) -> Result<bool, DeliveryError>
     where
         W: PartialEq,
     {
         let started = self.check_attempt(got)?;
         match &self.state {
-            DeliveryState::HandedOut { worker: holder, .. } | DeliveryState::Running { worker: holder, .. }
+            DeliveryStatus::HandedOut { worker: holder, .. } | DeliveryStatus::Running { worker: holder, .. }
                 if holder != worker =>
             {
                 Err(DeliveryError::WrongWorker { attempt: got })
             }
-            _ => Ok(started),
+            _ => self.check_drained().map(|()| started),
         }
     }
 
     fn is_durable(&self) -> bool {
         match self.state {
-            DeliveryState::HandedOut { durable, .. } | DeliveryState::Running { durable, .. } => durable,
+            DeliveryStatus::HandedOut { durable, .. } | DeliveryStatus::Running { durable, .. } => durable,
             _ => true,
         }
     }
@@ -1219,11 +1269,11 @@ impl<K, W, C, E, R> Delivery<K, W, C, E, R> {
     fn start(&mut self, policy: &DeliveryPolicy<R>, now: Instant) {
         let heartbeat_deadline = now.saturating_add_nanos(policy.heartbeat_timeout_ns);
         self.progress = AttemptProgress::NotCompleted;
-        let state = core::mem::replace(&mut self.state, DeliveryState::Pending { attempt: 0, not_before: None });
+        let state = core::mem::replace(&mut self.state, DeliveryStatus::Pending { attempt: 0, not_before: None });
         self.state = match state {
-            DeliveryState::HandedOut { attempt, worker, durable, .. }
-            | DeliveryState::Running { attempt, worker, durable, .. } => {
-                DeliveryState::Running { attempt, worker, heartbeat_deadline, durable }
+            DeliveryStatus::HandedOut { attempt, worker, durable, .. }
+            | DeliveryStatus::Running { attempt, worker, durable, .. } => {
+                DeliveryStatus::Running { attempt, worker, heartbeat_deadline, durable }
             }
             other => other,
         };
@@ -1240,8 +1290,8 @@ impl<K, W, C, E, R> Delivery<K, W, C, E, R> {
         R: Clone,
     {
         if matches!(reason, Interruption::LeaseExpired | Interruption::HeartbeatMissed) {
-            let state = core::mem::replace(&mut self.state, DeliveryState::Pending { attempt: 0, not_before: None });
-            if let DeliveryState::HandedOut { attempt, worker, .. } | DeliveryState::Running { attempt, worker, .. } =
+            let state = core::mem::replace(&mut self.state, DeliveryStatus::Pending { attempt: 0, not_before: None });
+            if let DeliveryStatus::HandedOut { attempt, worker, .. } | DeliveryStatus::Running { attempt, worker, .. } =
                 state
             {
                 self.revoked = Some((worker, attempt, reason));
@@ -1286,10 +1336,10 @@ impl<K, W, C, E, R> Delivery<K, W, C, E, R> {
         drain_retry(&mut self.retry);
         let attempt = self.retry.attempt();
         if until <= now {
-            self.state = DeliveryState::Pending { attempt, not_before: None };
+            self.state = DeliveryStatus::Pending { attempt, not_before: None };
             self.pending |= READY;
         } else {
-            self.state = DeliveryState::Pending { attempt, not_before: Some(until) };
+            self.state = DeliveryStatus::Pending { attempt, not_before: Some(until) };
         }
     }
 
@@ -1299,18 +1349,12 @@ impl<K, W, C, E, R> Delivery<K, W, C, E, R> {
         R: Clone,
     {
         let ended = outcome.kind();
-        let last_failure = match outcome {
-            Outcome::Exhausted { last_failure }
-            | Outcome::OutOfTime { last_failure }
-            | Outcome::Rejected { last_failure }
-            | Outcome::Fatal { failure: last_failure }
-            | Outcome::Canceled { last_failure: Some(last_failure) } => last_failure,
-            Outcome::Succeeded | Outcome::Canceled { last_failure: None } => {
-                LastFailure { class: FailureClass::Canceled, error: None }
-            }
-        };
-        let error = RecoveryError { ended, last_failure, progress: self.progress, stats };
-        self.state = DeliveryState::Done(match &policy.on_failure {
+        let retry_at = outcome.retry_at();
+        // Retries end after a failure; only a cancel may come without one.
+        let last_failure =
+            outcome.into_last_failure().unwrap_or(LastFailure { class: FailureClass::Canceled, error: None });
+        let error = RecoveryError { ended, last_failure, retry_at, progress: self.progress, stats };
+        self.state = DeliveryStatus::Done(match &policy.on_failure {
             FailurePolicy::Fail => Terminal::Failed(error),
             FailurePolicy::Proceed => Terminal::Proceeded(error),
             FailurePolicy::Divert(route) => Terminal::Diverted { route: route.clone(), error },
@@ -1324,10 +1368,95 @@ impl<K, W, C, E, R> Delivery<K, W, C, E, R> {
         self.progress = AttemptProgress::NotCompleted;
         core::mem::swap(&mut self.checkpoint, &mut self.snapshot);
         self.snapshot = None;
-        self.state = DeliveryState::Pending { attempt, not_before: None };
+        self.state = DeliveryStatus::Pending { attempt, not_before: None };
         self.pending |= READY;
     }
 }
+
+impl<K, W, C, E, R> Delivery<K, W, C, E, R> {
+    /// Whether a loaded state is one the transitions could have made: the task's state agrees
+    /// with its embedded retry, and its pending actions with its state.
+    #[cfg_attr(not(feature = "serde"), allow(dead_code))]
+    fn validate(&self) -> Result<(), &'static str> {
+        if self.pending & !(REVOKE | READY | HAND_OUT | FINISH) != 0 {
+            return Err("an unknown action is pending");
+        }
+        if usize::from(self.declined_next) >= DECLINED_CAPACITY {
+            return Err("the decliners' ring points past its end");
+        }
+        if self.declined_ring_is_broken() {
+            return Err("the decliners' ring has a gap");
+        }
+        if (self.pending & REVOKE != 0) != self.revoked.is_some() {
+            return Err("a pending revoke and its worker disagree");
+        }
+        if self.revoked.is_some()
+            && matches!(self.state, DeliveryStatus::HandedOut { .. } | DeliveryStatus::Running { .. })
+        {
+            return Err("a revoked attempt's task is still out (a revoke leaves it pending or finished)");
+        }
+        let retry_attempt = self.retry.attempt();
+        let may_have_run = retry_attempt > 1
+            || matches!(
+                self.state,
+                DeliveryStatus::Running { .. }
+                    | DeliveryStatus::Done(
+                        Terminal::Completed { .. }
+                            | Terminal::Failed(_)
+                            | Terminal::Proceeded(_)
+                            | Terminal::Diverted { .. }
+                    )
+            );
+        if may_have_run && self.progress == AttemptProgress::NotStarted {
+            return Err("an attempt may have run, yet the progress says none reached a worker");
+        }
+        match &self.state {
+            DeliveryStatus::Pending { attempt, not_before } => {
+                if *attempt != retry_attempt || !matches!(self.retry.status(), crate::RetryStatus::Running { .. }) {
+                    return Err("a pending attempt is not the one its retry runs");
+                }
+                if self.pending & (HAND_OUT | FINISH) != 0 || (self.pending & READY != 0 && not_before.is_some()) {
+                    return Err("a pending task has actions of another state");
+                }
+            }
+            DeliveryStatus::HandedOut { attempt, .. } | DeliveryStatus::Running { attempt, .. } => {
+                if *attempt != retry_attempt || !matches!(self.retry.status(), crate::RetryStatus::Running { .. }) {
+                    return Err("an attempt that is out is not the one its retry runs");
+                }
+                if self.pending & (READY | FINISH) != 0 {
+                    return Err("an attempt that is out has actions of another state");
+                }
+                if matches!(self.state, DeliveryStatus::Running { .. }) && self.pending & HAND_OUT != 0 {
+                    return Err("a running attempt still has its hand-out pending");
+                }
+            }
+            DeliveryStatus::Done(terminal) => {
+                if self.pending & (READY | HAND_OUT) != 0 {
+                    return Err("a finished task has actions of a live one");
+                }
+                if let Terminal::Completed { attempt } = terminal
+                    && *attempt != retry_attempt
+                {
+                    return Err("a completed attempt is not its retry's last attempt");
+                }
+            }
+        }
+        if self.retry.has_actions() {
+            return Err("the embedded retry has undrained actions");
+        }
+        Ok(())
+    }
+
+    /// Whether the decliners' ring is not one `handle_returned` fills: slots used from the
+    /// first on, `declined_next` just past them until the ring is full.
+    fn declined_ring_is_broken(&self) -> bool {
+        let used = self.declined.iter().filter(|d| d.is_some()).count();
+        used < DECLINED_CAPACITY && used != usize::from(self.declined_next)
+            || self.declined.iter().take(used).any(Option::is_none)
+    }
+}
+
+crate::serde_validated!(Delivery<K, W, C, E, R>, "a Delivery");
 
 /// Drains a retry's actions (at most four exist at once).
 fn drain_retry<E>(retry: &mut Retry<E>) {

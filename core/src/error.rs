@@ -1,4 +1,5 @@
-//! Configuration errors shared by every policy builder.
+//! The two kinds of error every machine shares: a policy that cannot be built ([`PolicyError`]),
+//! and an input a machine refuses ([`Refused`]).
 
 /// Why a policy could not be built.
 ///
@@ -64,6 +65,11 @@ pub enum PolicyError {
         /// The largest accepted value.
         max: u64,
     },
+    /// A retry policy with no limit at all (R3): no attempt limit and no total budget.
+    #[error(
+        "a retry policy needs a limit: set max_attempts, max_retries or total, or call unbounded() to retry for ever on purpose"
+    )]
+    Unbounded,
     /// Two settings that exclude each other were both given.
     #[error("{setting} cannot be combined with {other}: {why}")]
     Conflict {
@@ -74,4 +80,44 @@ pub enum PolicyError {
         /// Why, and what to do instead.
         why: &'static str,
     },
+}
+
+/// A refused input: why, and the input handed back unchanged (DESIGN §3, "misuse is an `Err`").
+///
+/// Every machine refuses a caller mistake the same way: the machine is left exactly as it was,
+/// `error` says what was wrong (the machine's own error type: [`RetryError`](crate::RetryError),
+/// [`SupervisionError`](crate::SupervisionError), [`FlowError`](crate::FlowError),
+/// [`DeliveryError`](crate::DeliveryError)), and `input` gives back what the caller passed in
+/// (a [`Failure`](crate::Failure), a worker id, a checkpoint), so nothing the caller owned is
+/// lost. Inputs that carry nothing to hand back return the machine's error alone.
+///
+/// ```
+/// use core::time::Duration;
+/// use persevere::{Backoff, Failure, Instant, Retry, RetryError, RetryPolicy};
+/// use rand_core::SeedableRng;
+///
+/// let policy = RetryPolicy::builder(Backoff::constant(Duration::ZERO).build()?).max_attempts(2).build()?;
+/// let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
+/// let mut retry = Retry::<String>::new();
+/// let refused = retry
+///     .handle_failure(&policy, Instant::ZERO, 1, Failure::retryable("late".to_string()), &mut rng)
+///     .unwrap_err();
+/// assert_eq!(refused.error, RetryError::NotStarted);
+/// assert_eq!(refused.input.error, "late"); // handed back
+/// # Ok::<(), persevere::PolicyError>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, thiserror::Error)]
+#[error("{error}")]
+pub struct Refused<E, I> {
+    /// Why the input was refused.
+    pub error: E,
+    /// The input, as given.
+    pub input: I,
+}
+
+impl<E, I> Refused<E, I> {
+    /// A refusal of `input` for `error`.
+    pub const fn new(error: E, input: I) -> Self {
+        Refused { error, input }
+    }
 }

@@ -6,9 +6,11 @@ use crate::Instant;
 
 /// A hint from the failed call about when to try again (rule B6).
 ///
-/// A hint overrides the backoff schedule for one delay. It is clamped by the policy's
-/// `max_hint` and by the remaining total budget; it is not capped by the schedule's
-/// `max_delay`, because it is the other side's word, not the schedule's.
+/// A hint overrides the backoff schedule for one delay, and is never shortened: not by the
+/// schedule's `max_delay` (it is the other side's word, not the schedule's), and not by the
+/// policy's limits. A hint that asks for longer than the policy's `max_hint`, or past the
+/// remaining total budget, ends the operation at once with a `Deferred` outcome that carries
+/// the hinted instant, so the caller can come back then.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum Hint {

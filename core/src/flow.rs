@@ -1,21 +1,28 @@
 //! Recurring flows that back off after failures and trip after a streak (rules F1–F10).
 //!
-//! A [`FlowPolicy`] is the shared configuration (a backoff and an optional trip limit); a
-//! [`Flow`] is one flow's state: its status, failure streak, backoff window and schedule. With
-//! the `alloc` feature, [`Flows`] keeps many flows by id and finds the next due one in
-//! `O(log n)`.
+//! A [`FlowPolicy`] is the shared configuration (a backoff, an optional trip limit and the hint
+//! rule); a [`Flow`] is one flow's state: its status, failure streak ([`BackoffState`]), backoff
+//! window and schedule. A run's failure is the same [`Failure`] a retry reports, decided by the
+//! same rule ([`crate::decision`]): `Fatal` and `DoNotRetry` trip the flow at once, a hint sets
+//! the window. With the `alloc` feature, [`Flows`] keeps many flows by id and finds the next due
+//! one in `O(log n)`.
 
 use core::time::Duration;
 
 use rand_core::Rng;
 
-use crate::backoff::{Backoff, Jitter};
+use crate::backoff::{Backoff, BackoffState, Jitter};
+use crate::decision::{DEFAULT_MAX_HINT, Decision, FailureRules, Stop};
+use crate::error::Refused;
+use crate::failure::Failure;
 use crate::{Instant, PolicyError};
 
-/// How a flow backs off and when it trips (F2). Immutable; share one among any number of flows.
+/// How a flow backs off, when it trips, and how hints apply (F2, B6). Immutable; share one
+/// among any number of flows.
 ///
 /// The default (also [`FlowPolicy::builder`]) is F2: exponential backoff from 1 s, ×2, capped at
-/// 5 min, proportional jitter 0.1, and no trip limit.
+/// 5 min, proportional jitter 0.1, and no trip limit; hints are honoured up to
+/// [`DEFAULT_MAX_HINT`](crate::DEFAULT_MAX_HINT).
 ///
 /// ```
 /// use core::time::Duration;
@@ -35,8 +42,8 @@ use crate::{Instant, PolicyError};
     serde(try_from = "FlowPolicyBuilder", into = "FlowPolicyBuilder")
 )]
 pub struct FlowPolicy {
-    backoff: Backoff,
-    trip_after: Option<u32>,
+    /// `retries_allowed` is the trip limit minus one (`u64::MAX`: never trips).
+    rules: FailureRules,
 }
 
 /// The settings of a [`FlowPolicy`] before validation.
@@ -48,6 +55,13 @@ pub struct FlowPolicyBuilder {
     pub backoff: Backoff,
     /// Trip after this many consecutive failures; `None` never trips.
     pub trip_after: Option<u32>,
+    /// The longest window a hint may ask for; a longer one trips the flow
+    /// ([`TripReason::Deferred`], B6). [`Duration::MAX`] honours any hint.
+    #[cfg_attr(feature = "serde", serde(default = "crate::decision::default_max_hint"))]
+    pub max_hint: Duration,
+    /// Whether the backoff starts over from its first delay after a hinted window (B6).
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub restart_after_hint: bool,
 }
 
 impl FlowPolicyBuilder {
@@ -66,18 +80,36 @@ impl FlowPolicyBuilder {
         self
     }
 
+    /// Sets the longest window a hint may ask for (B6); [`Duration::MAX`] honours any hint.
+    pub const fn max_hint(mut self, max_hint: Duration) -> Self {
+        self.max_hint = max_hint;
+        self
+    }
+
+    /// Whether the backoff starts over after a hinted window (B6).
+    pub const fn restart_after_hint(mut self, restart: bool) -> Self {
+        self.restart_after_hint = restart;
+        self
+    }
+
     /// Validates the settings.
     ///
     /// # Errors
-    /// [`PolicyError::Zero`] for a trip limit of zero.
-    pub const fn build(self) -> Result<FlowPolicy, PolicyError> {
-        if let Some(0) = self.trip_after {
-            return Err(PolicyError::Zero {
-                setting: "trip limit",
-                why: "a flow trips after n consecutive failures; use with_trip(1) to trip on the first failure",
-            });
-        }
-        Ok(FlowPolicy { backoff: self.backoff, trip_after: self.trip_after })
+    /// [`PolicyError::Zero`] for a trip limit or a `max_hint` of zero.
+    pub fn build(self) -> Result<FlowPolicy, PolicyError> {
+        let retries_allowed = match self.trip_after {
+            Some(0) => {
+                return Err(PolicyError::Zero {
+                    setting: "trip limit",
+                    why: "a flow trips after n consecutive failures; use with_trip(1) to trip on the first failure",
+                });
+            }
+            Some(n) => u64::from(n) - 1,
+            None => u64::MAX,
+        };
+        Ok(FlowPolicy {
+            rules: FailureRules::build(self.backoff, retries_allowed, self.max_hint, self.restart_after_hint)?,
+        })
     }
 }
 
@@ -91,13 +123,18 @@ impl TryFrom<FlowPolicyBuilder> for FlowPolicy {
 
 impl From<FlowPolicy> for FlowPolicyBuilder {
     fn from(policy: FlowPolicy) -> Self {
-        FlowPolicyBuilder { backoff: policy.backoff, trip_after: policy.trip_after }
+        FlowPolicyBuilder {
+            backoff: policy.rules.backoff,
+            trip_after: policy.trip_after(),
+            max_hint: policy.max_hint(),
+            restart_after_hint: policy.rules.restart_after_hint,
+        }
     }
 }
 
 impl Default for FlowPolicy {
     fn default() -> Self {
-        FlowPolicy { backoff: f2_backoff(), trip_after: None }
+        FlowPolicy { rules: FailureRules::new(f2_backoff(), u64::MAX) }
     }
 }
 
@@ -109,22 +146,41 @@ fn f2_backoff() -> Backoff {
 impl FlowPolicy {
     /// A builder holding the defaults of F2.
     pub fn builder() -> FlowPolicyBuilder {
-        FlowPolicyBuilder { backoff: f2_backoff(), trip_after: None }
+        FlowPolicyBuilder {
+            backoff: f2_backoff(),
+            trip_after: None,
+            max_hint: DEFAULT_MAX_HINT,
+            restart_after_hint: false,
+        }
     }
 
     /// F2 with a trip limit; `n` is not zero (the presets pass `n.max(1)`).
     pub(crate) fn f2_tripping_after(n: u32) -> FlowPolicy {
-        FlowPolicy { backoff: f2_backoff(), trip_after: Some(n) }
+        FlowPolicy { rules: FailureRules::new(f2_backoff(), u64::from(n.max(1)) - 1) }
     }
 
     /// The backoff.
     pub const fn backoff(&self) -> &Backoff {
-        &self.backoff
+        &self.rules.backoff
     }
 
     /// The trip limit; `None` never trips.
     pub const fn trip_after(&self) -> Option<u32> {
-        self.trip_after
+        match self.rules.retries_allowed {
+            u64::MAX => None,
+            // Built from a `u32` limit, so it fits.
+            n => Some(n as u32 + 1),
+        }
+    }
+
+    /// The longest hinted window honoured ([`Duration::MAX`]: any).
+    pub fn max_hint(&self) -> Duration {
+        self.rules.max_hint()
+    }
+
+    /// Whether the backoff starts over after a hinted window.
+    pub const fn restarts_after_hint(&self) -> bool {
+        self.rules.restart_after_hint
     }
 }
 
@@ -140,6 +196,26 @@ pub enum FlowSchedule {
     /// Dispatched by ticks the driver reports with [`Flow::handle_tick`] (its cron
     /// expression is its own business); ticks inside the backoff window are skipped (F6).
     Cron,
+}
+
+/// Why a flow tripped (F3): the status says why.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[non_exhaustive]
+pub enum TripReason {
+    /// The streak of consecutive failures reached the policy's trip limit.
+    Streak,
+    /// A run failed with [`FailureKind::Fatal`](crate::FailureKind::Fatal): retrying cannot help.
+    Fatal,
+    /// A run failed with [`Hint::DoNotRetry`](crate::Hint::DoNotRetry): the other side asked not to be tried again.
+    DoNotRetry,
+    /// A run's hint asked for a window ending at `retry_at`, longer than the policy's
+    /// `max_hint` (B6): the hint is never shortened, so the flow trips and tells when the other
+    /// side will take it again.
+    Deferred {
+        /// When the other side asked to be tried again.
+        retry_at: Instant,
+    },
 }
 
 /// A flow's status (F1), as seen by [`Flow::status`].
@@ -162,12 +238,14 @@ pub enum FlowStatus<E> {
         /// The last run's error.
         last_error: E,
     },
-    /// `streak` consecutive failures reached the trip limit: never dispatched until reset (F10).
+    /// Never dispatched until reset (F10): `reason` says why.
     Tripped {
         /// Consecutive failures.
         streak: u32,
         /// The last run's error.
         last_error: E,
+        /// Why it tripped.
+        reason: TripReason,
     },
 }
 
@@ -194,8 +272,8 @@ impl<E: Clone> FlowStatus<&E> {
             FlowStatus::Backoff { until, streak, last_error } => {
                 FlowStatus::Backoff { until, streak, last_error: last_error.clone() }
             }
-            FlowStatus::Tripped { streak, last_error } => {
-                FlowStatus::Tripped { streak, last_error: last_error.clone() }
+            FlowStatus::Tripped { streak, last_error, reason } => {
+                FlowStatus::Tripped { streak, last_error: last_error.clone(), reason }
             }
         }
     }
@@ -280,10 +358,12 @@ pub enum FlowError {
     #[error("the flow is already running; runs of one flow never overlap")]
     Running,
     /// `trigger` on a tripped flow (F7).
-    #[error("the flow is tripped after {streak} consecutive failures; call `reset_flow` first")]
+    #[error("the flow is tripped ({reason:?}, with {streak} consecutive failures); call `reset_flow` first")]
     Tripped {
         /// Its failure streak.
         streak: u32,
+        /// Why it tripped.
+        reason: TripReason,
     },
     /// `handle_tick` on a flow that is not a cron flow.
     #[error("the flow runs on an `Every` schedule; ticks are for `Cron` flows")]
@@ -291,16 +371,12 @@ pub enum FlowError {
     /// An id the registry does not hold.
     #[error("no flow has this id")]
     UnknownId,
-}
-
-/// A refused [`Flow::handle_failure`]: the reason, and the error handed back unchanged.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{error}")]
-pub struct FlowFailureRefused<E> {
-    /// Why it was refused.
-    pub error: FlowError,
-    /// The run's error, as given.
-    pub last_error: E,
+    /// An id the registry already holds.
+    #[error("a flow with this id is already registered; ids must be unique")]
+    DuplicateId,
+    /// An input while the action of an earlier one waits to be drained (the drain rule).
+    #[error("an action of an earlier input waits to be drained; call `poll_action` until it returns `None` first")]
+    Undrained,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -310,7 +386,7 @@ enum Phase<E> {
     Running,
     Completed,
     Backoff { until: Instant, last_error: E },
-    Tripped { last_error: E },
+    Tripped { last_error: E, reason: TripReason },
 }
 
 /// One flow's state (rules F1–F10).
@@ -326,46 +402,54 @@ enum Phase<E> {
 /// by [`handle_tick`](Self::handle_tick).
 ///
 /// **Drain order.** At most one action per input ([`FlowAction::Dispatch`] or
-/// [`FlowAction::TickSkipped`]); an input replaces an action that was not drained before it.
+/// [`FlowAction::TickSkipped`]). An input that arrives before it is drained is refused with
+/// [`FlowError::Undrained`] (and `handle_timeout` does nothing), so no action is ever dropped
+/// unseen; [`reset_flow`](Self::reset_flow) makes no action and is always accepted.
 ///
 /// **One transition per outcome (F3).** Success: `Completed`, streak 0, no window. Failure:
-/// streak + 1, then `Tripped` if the streak reaches the trip limit (no delay is computed), else
-/// `Backoff { until: now + delay }` with `next_eligible = until`. Clean cancel: `Idle`, streak
+/// streak + 1, then `Tripped` if the streak reaches the trip limit, or at once for `Fatal` and
+/// `DoNotRetry` (no delay is computed), else `Backoff { until: now + delay }` with
+/// `next_eligible = until`; a hinted delay is never shortened, and one past `max_hint` trips
+/// with [`TripReason::Deferred`]. Clean cancel (also a `Canceled` failure): `Idle`, streak
 /// unchanged (F4). No observer sees a state in between.
 ///
 /// **Time.** A `now` earlier than the latest accepted one is read as that latest one;
 /// `handle_timeout` early, or twice, changes nothing. **Misuse** returns a [`FlowError`] and
 /// leaves the state exactly as it was.
 ///
+/// **Another policy.** A flow is plain data and may be driven under another policy than the
+/// one it failed under (persisted, then loaded): a window already set, or a trip, stays as it
+/// is; the new backoff, trip limit and hint rule apply from the next failure.
+///
 /// ```
 /// use core::time::Duration;
-/// use persevere::{Flow, FlowAction, FlowPolicy, FlowStatus, Instant};
+/// use persevere::{Failure, Flow, FlowAction, FlowPolicy, FlowStatus, Instant, TripReason};
 /// use rand_core::SeedableRng;
 ///
 /// let policy = FlowPolicy::builder().with_trip(2).build()?;
 /// let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
 /// let mut flow = Flow::<&str>::every(Instant::ZERO, Duration::from_secs(10));
-/// flow.handle_timeout(Instant::ZERO);
+/// flow.handle_timeout(&policy, Instant::ZERO, &mut rng);
 /// assert_eq!(flow.poll_action(), Some(FlowAction::Dispatch { run: 1 }));
-/// flow.handle_failure(&policy, Instant::from_secs(1), "db down", &mut rng).unwrap();
+/// flow.handle_failure(&policy, Instant::from_secs(1), Failure::retryable("db down"), &mut rng).unwrap();
 /// let Some(until) = flow.next_eligible() else { unreachable!() };
 /// assert_eq!(flow.poll_timeout(), Some(until.later(Instant::from_secs(11))));
 /// flow.trigger(Instant::from_secs(2))?; // bypasses the window
 /// assert_eq!(flow.poll_action(), Some(FlowAction::Dispatch { run: 2 }));
-/// flow.handle_failure(&policy, Instant::from_secs(3), "db down", &mut rng).unwrap();
-/// assert_eq!(flow.status(), FlowStatus::Tripped { streak: 2, last_error: &"db down" });
+/// flow.handle_failure(&policy, Instant::from_secs(3), Failure::retryable("db down"), &mut rng).unwrap();
+/// assert_eq!(flow.status(), FlowStatus::Tripped { streak: 2, last_error: &"db down", reason: TripReason::Streak });
 /// assert!(flow.trigger(Instant::from_secs(4)).is_err());
 /// flow.reset_flow(Instant::from_secs(5));
 /// assert_eq!(flow.status(), FlowStatus::Idle);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize), serde(remote = "Self"))]
 pub struct Flow<E> {
     phase: Phase<E>,
     schedule: FlowSchedule,
-    streak: u32,
-    last_delay_ns: u64,
+    /// The failure streak and the schedule's place in it.
+    backoff: BackoffState,
     next_eligible: Option<Instant>,
     /// Every-schedules: the last run's end plus the interval (the creation time before the
     /// first run).
@@ -390,8 +474,7 @@ impl<E> Flow<E> {
         Flow {
             phase: Phase::Idle,
             schedule,
-            streak: 0,
-            last_delay_ns: 0,
+            backoff: BackoffState::new(),
             next_eligible: None,
             interval_due: now,
             run_count: 0,
@@ -402,11 +485,12 @@ impl<E> Flow<E> {
 
     /// Dispatches an every-flow whose time has come (F5): at `max(run_end + interval,
     /// next_eligible)`, unless it runs or is tripped (F10). Early, repeated or spurious calls,
-    /// and calls on cron flows, change nothing.
+    /// calls on cron flows, and calls while an action waits to be drained change nothing.
     #[inline]
-    pub fn handle_timeout(&mut self, now: Instant) {
+    pub fn handle_timeout<R: Rng + ?Sized>(&mut self, policy: &FlowPolicy, now: Instant, rng: &mut R) {
+        let _ = (policy, rng);
         let now = self.last_now.later(now);
-        if self.poll_timeout().is_some_and(|due| due <= now) {
+        if self.pending.is_none() && self.poll_timeout().is_some_and(|due| due <= now) {
             self.last_now = now;
             self.dispatch();
         }
@@ -417,8 +501,10 @@ impl<E> Flow<E> {
     /// tick is skipped ([`FlowAction::TickSkipped`]) and never replayed.
     ///
     /// # Errors
-    /// [`FlowError::NotCron`] for an every-flow; nothing changes.
-    pub fn handle_tick(&mut self, now: Instant, tick: Instant) -> Result<(), FlowError> {
+    /// [`FlowError::NotCron`] for an every-flow, [`FlowError::Undrained`] while an action
+    /// waits to be drained; nothing changes.
+    pub fn handle_tick(&mut self, policy: &FlowPolicy, now: Instant, tick: Instant) -> Result<(), FlowError> {
+        let _ = policy;
         self.tick(now, tick).map(drop)
     }
 
@@ -426,6 +512,7 @@ impl<E> Flow<E> {
         if let FlowSchedule::Every { .. } = self.schedule {
             return Err(FlowError::NotCron);
         }
+        self.check_drained()?;
         self.last_now = self.last_now.later(now);
         let reason = match (&self.phase, self.next_eligible) {
             (Phase::Running, _) => Some(SkipReason::Running),
@@ -446,16 +533,17 @@ impl<E> Flow<E> {
     /// Dispatches the flow now, bypassing the backoff window (F7).
     ///
     /// # Errors
-    /// [`FlowError::Tripped`] (reset it first) or [`FlowError::Running`]; nothing changes.
+    /// [`FlowError::Tripped`] (reset it first), [`FlowError::Running`] or
+    /// [`FlowError::Undrained`]; nothing changes.
     pub fn trigger(&mut self, now: Instant) -> Result<(), FlowError> {
         self.trigger_dispatch(now).map(drop)
     }
 
     fn trigger_dispatch(&mut self, now: Instant) -> Result<FlowAction, FlowError> {
         match self.phase {
-            Phase::Tripped { .. } => return Err(FlowError::Tripped { streak: self.streak }),
+            Phase::Tripped { reason, .. } => return Err(FlowError::Tripped { streak: self.streak(), reason }),
             Phase::Running => return Err(FlowError::Running),
-            _ => {}
+            _ => self.check_drained()?,
         }
         self.last_now = self.last_now.later(now);
         Ok(self.dispatch())
@@ -464,24 +552,27 @@ impl<E> Flow<E> {
     /// The run in flight succeeded (F3): `Completed`, streak 0, no window.
     ///
     /// # Errors
-    /// [`FlowError::NotRunning`]; nothing changes.
+    /// [`FlowError::NotRunning`] or [`FlowError::Undrained`]; nothing changes.
     #[inline]
-    pub fn handle_success(&mut self, now: Instant) -> Result<(), FlowError> {
+    pub fn handle_success(&mut self, policy: &FlowPolicy, now: Instant) -> Result<(), FlowError> {
+        let _ = policy;
         self.check_running()?;
         self.end_run(now);
         self.phase = Phase::Completed;
-        self.streak = 0;
-        self.last_delay_ns = 0;
+        self.backoff.reset();
         self.next_eligible = None;
         Ok(())
     }
 
-    /// The run in flight failed with `error` (F3): the streak grows by one; at the trip limit
-    /// the flow is `Tripped` (no delay is computed), otherwise it backs off until `now + delay`.
-    /// Draws jitter from `rng` when the backoff needs it.
+    /// The run in flight failed with `failure` (F3): the streak grows by one; at the trip
+    /// limit, or for a `Fatal` or `DoNotRetry` failure, the flow is `Tripped` (no delay is
+    /// computed), otherwise it backs off until `now + delay`, the delay being the hint's when
+    /// there is one (B6; a hint past `max_hint` trips it). A `Canceled` failure is a clean
+    /// cancel (F4). Draws jitter from `rng` when the backoff needs it.
     ///
     /// # Errors
-    /// [`FlowError::NotRunning`]; nothing changes and the error is handed back.
+    /// [`FlowError::NotRunning`] or [`FlowError::Undrained`]; nothing changes and the failure
+    /// is handed back.
     // `always`: out of line, the caller's first read of the new state waits on stores that
     // cannot forward (4.4 ns inlined, 11 ns called, on the `flow` bench).
     #[inline(always)]
@@ -489,31 +580,41 @@ impl<E> Flow<E> {
         &mut self,
         policy: &FlowPolicy,
         now: Instant,
-        error: E,
+        failure: Failure<E>,
         rng: &mut R,
-    ) -> Result<(), FlowFailureRefused<E>> {
+    ) -> Result<(), Refused<FlowError, Failure<E>>> {
         if let Err(refusal) = self.check_running() {
-            return Err(FlowFailureRefused { error: refusal, last_error: error });
+            return Err(Refused::new(refusal, failure));
         }
         let now = self.end_run(now);
-        self.streak = self.streak.saturating_add(1);
-        if policy.trip_after.is_some_and(|limit| self.streak >= limit) {
-            self.phase = Phase::Tripped { last_error: error };
-            self.next_eligible = None;
-        } else {
-            self.last_delay_ns = policy.backoff.delay_ns(self.streak, self.last_delay_ns, rng);
-            let until = now.saturating_add_nanos(self.last_delay_ns);
-            self.phase = Phase::Backoff { until, last_error: error };
-            self.next_eligible = Some(until);
-        }
+        let last_error = failure.error;
+        let reason = match self.backoff.decide(&policy.rules, now, failure.kind, rng) {
+            Decision::Wait { delay_ns, .. } => {
+                let until = now.saturating_add_nanos(delay_ns);
+                self.phase = Phase::Backoff { until, last_error };
+                self.next_eligible = Some(until);
+                return Ok(());
+            }
+            Decision::Stop(Stop::Canceled) => {
+                self.phase = Phase::Idle;
+                return Ok(());
+            }
+            Decision::Stop(Stop::Limit) => TripReason::Streak,
+            Decision::Stop(Stop::DoNotRetry) => TripReason::DoNotRetry,
+            Decision::Stop(Stop::Fatal) => TripReason::Fatal,
+            Decision::Stop(Stop::Deferred { retry_at }) => TripReason::Deferred { retry_at },
+        };
+        self.phase = Phase::Tripped { last_error, reason };
+        self.next_eligible = None;
         Ok(())
     }
 
     /// The run in flight was canceled cleanly (F4): `Idle`, streak and window unchanged.
     ///
     /// # Errors
-    /// [`FlowError::NotRunning`]; nothing changes.
-    pub fn handle_cancel(&mut self, now: Instant) -> Result<(), FlowError> {
+    /// [`FlowError::NotRunning`] or [`FlowError::Undrained`]; nothing changes.
+    pub fn handle_cancel(&mut self, policy: &FlowPolicy, now: Instant) -> Result<(), FlowError> {
+        let _ = policy;
         self.check_running()?;
         self.end_run(now);
         self.phase = Phase::Idle;
@@ -524,8 +625,7 @@ impl<E> Flow<E> {
     /// flight; if that run then fails, it starts a new streak at 1.
     pub fn reset_flow(&mut self, now: Instant) {
         self.last_now = self.last_now.later(now);
-        self.streak = 0;
-        self.last_delay_ns = 0;
+        self.backoff.reset();
         self.next_eligible = None;
         if !matches!(self.phase, Phase::Running) {
             self.phase = Phase::Idle;
@@ -558,16 +658,18 @@ impl<E> Flow<E> {
             Phase::Running => FlowStatus::Running,
             Phase::Completed => FlowStatus::Completed,
             Phase::Backoff { until, last_error } => {
-                FlowStatus::Backoff { until: *until, streak: self.streak, last_error }
+                FlowStatus::Backoff { until: *until, streak: self.streak(), last_error }
             }
-            Phase::Tripped { last_error } => FlowStatus::Tripped { streak: self.streak, last_error },
+            Phase::Tripped { last_error, reason } => {
+                FlowStatus::Tripped { streak: self.streak(), last_error, reason: *reason }
+            }
         }
     }
 
     /// What a scheduler shows (F9).
     pub fn info(&self) -> FlowInfo<&E> {
         FlowInfo {
-            failure_streak: self.streak,
+            failure_streak: self.streak(),
             next_eligible: self.next_eligible,
             run_count: self.run_count,
             status: self.status(),
@@ -576,7 +678,7 @@ impl<E> Flow<E> {
 
     /// Consecutive failures.
     pub const fn streak(&self) -> u32 {
-        self.streak
+        self.backoff.failures()
     }
 
     /// The end of the backoff window, if any.
@@ -594,12 +696,23 @@ impl<E> Flow<E> {
         self.schedule
     }
 
+    /// The latest `now` the flow accepted.
+    pub const fn now(&self) -> Instant {
+        self.last_now
+    }
+
     #[inline]
     fn check_running(&self) -> Result<(), FlowError> {
         match self.phase {
-            Phase::Running => Ok(()),
+            Phase::Running if self.pending.is_none() => Ok(()),
+            Phase::Running => Err(FlowError::Undrained),
             _ => Err(self.not_running()),
         }
+    }
+
+    #[inline]
+    fn check_drained(&self) -> Result<(), FlowError> {
+        if self.pending.is_some() { Err(FlowError::Undrained) } else { Ok(()) }
     }
 
     #[cold]
@@ -620,13 +733,47 @@ impl<E> Flow<E> {
     fn end_run(&mut self, now: Instant) -> Instant {
         let now = self.last_now.later(now);
         self.last_now = now;
-        self.pending = None;
         if let FlowSchedule::Every { interval } = self.schedule {
             self.interval_due = now.saturating_add(interval);
         }
         now
     }
+
+    /// Whether a loaded state is one the transitions could have made.
+    #[cfg_attr(not(feature = "serde"), allow(dead_code))]
+    fn validate(&self) -> Result<(), &'static str> {
+        if !self.backoff.is_valid() {
+            return Err("the backoff's schedule restarted after more failures than its streak has");
+        }
+        match (&self.phase, self.next_eligible) {
+            (Phase::Backoff { until, .. }, Some(eligible)) if *until != eligible => {
+                return Err("a backing-off flow's window and next_eligible differ");
+            }
+            (Phase::Backoff { .. }, None) => return Err("a backing-off flow has no window"),
+            (Phase::Tripped { .. } | Phase::Completed, Some(_)) => {
+                return Err("a tripped or completed flow has a window");
+            }
+            _ => {}
+        }
+        if matches!(self.phase, Phase::Backoff { .. } | Phase::Tripped { .. }) && self.streak() == 0 {
+            return Err("a backing-off or tripped flow has no failure streak");
+        }
+        if matches!(self.phase, Phase::Running | Phase::Completed) && self.run_count == 0 {
+            return Err("a flow that ran has no run count");
+        }
+        match self.pending {
+            Some(FlowAction::Dispatch { run }) if run != self.run_count || !matches!(self.phase, Phase::Running) => {
+                Err("a pending dispatch is not the running run")
+            }
+            Some(FlowAction::TickSkipped { .. }) if self.schedule != FlowSchedule::Cron => {
+                Err("an every-flow has a skipped tick (ticks are for cron flows)")
+            }
+            _ => Ok(()),
+        }
+    }
 }
+
+crate::serde_validated!(Flow<E>, "a Flow");
 
 #[cfg(feature = "alloc")]
 pub use registry::Flows;
@@ -639,29 +786,36 @@ mod registry {
 
     use rand_core::Rng;
 
-    use super::{Flow, FlowAction, FlowError, FlowFailureRefused, FlowInfo, FlowPolicy};
+    use super::{Flow, FlowAction, FlowError, FlowInfo, FlowPolicy};
     use crate::Instant;
+    use crate::error::Refused;
+    use crate::failure::Failure;
 
     /// Many flows keyed by id, with an index of due times so the next due every-flow is found in
     /// `O(log n)` (requires the `alloc` feature).
     ///
     /// Per-id inputs forward to the [`Flow`] and give its action back directly; time-driven
     /// dispatches come out of [`poll_action`](Self::poll_action) after
-    /// [`handle_timeout`](Self::handle_timeout), earliest due first (ties by id).
+    /// [`handle_timeout`](Self::handle_timeout), earliest due first (ties by id). With `serde`,
+    /// the registry persists as its flows and its latest `now`; the due index is rebuilt when
+    /// it loads, and every flow is validated.
     ///
     /// ```
     /// use core::time::Duration;
-    /// use persevere::{Flow, FlowAction, Flows, Instant};
+    /// use persevere::{Flow, FlowAction, FlowPolicy, Flows, Instant};
+    /// use rand_core::SeedableRng;
     ///
+    /// let policy = FlowPolicy::default();
+    /// let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
     /// let mut flows = Flows::<&str, ()>::new();
     /// flows.insert("b", Flow::every(Instant::from_secs(2), Duration::from_secs(60))).unwrap();
     /// flows.insert("a", Flow::every(Instant::from_secs(1), Duration::from_secs(60))).unwrap();
     /// assert_eq!(flows.poll_timeout(), Some(Instant::from_secs(1)));
-    /// flows.handle_timeout(Instant::from_secs(5));
+    /// flows.handle_timeout(&policy, Instant::from_secs(5), &mut rng);
     /// assert_eq!(flows.poll_action(), Some(("a", FlowAction::Dispatch { run: 1 })));
     /// assert_eq!(flows.poll_action(), Some(("b", FlowAction::Dispatch { run: 1 })));
     /// assert_eq!(flows.poll_action(), None);
-    /// flows.handle_success(&"a", Instant::from_secs(6))?;
+    /// flows.handle_success(&policy, Instant::from_secs(6), &"a")?;
     /// assert_eq!(flows.poll_timeout(), Some(Instant::from_secs(66)));
     /// # Ok::<(), persevere::FlowError>(())
     /// ```
@@ -687,10 +841,17 @@ mod registry {
         /// Adds a flow under `id`.
         ///
         /// # Errors
-        /// When `id` is taken; the id and flow are handed back and nothing changes.
-        pub fn insert(&mut self, id: K, flow: Flow<E>) -> Result<(), (K, Flow<E>)> {
+        /// [`FlowError::DuplicateId`] when `id` is taken, [`FlowError::Undrained`] when the
+        /// flow holds an undrained action (drain it first: the registry hands out its own);
+        /// the id and flow are handed back and nothing changes.
+        // The refusal hands the flow back whole (as every refusal hands back its input).
+        #[allow(clippy::type_complexity, clippy::result_large_err)]
+        pub fn insert(&mut self, id: K, flow: Flow<E>) -> Result<(), Refused<FlowError, (K, Flow<E>)>> {
             if self.flows.contains_key(&id) {
-                return Err((id, flow));
+                return Err(Refused::new(FlowError::DuplicateId, (id, flow)));
+            }
+            if flow.pending.is_some() {
+                return Err(Refused::new(FlowError::Undrained, (id, flow)));
             }
             if let Some(due) = flow.poll_timeout() {
                 self.due.insert((due, id.clone()));
@@ -737,52 +898,51 @@ mod registry {
         ///
         /// # Errors
         /// [`FlowError::UnknownId`], or the flow's refusal; nothing changes.
-        pub fn trigger(&mut self, id: &K, now: Instant) -> Result<FlowAction, FlowError> {
-            self.with(id, |flow| {
-                let action = flow.trigger_dispatch(now);
-                flow.pending = None;
-                action
-            })?
+        pub fn trigger(&mut self, now: Instant, id: &K) -> Result<FlowAction, FlowError> {
+            self.with(id, |flow| flow.trigger_dispatch(now))?
         }
 
         /// [`Flow::handle_tick`] on the flow under `id`; returns its dispatch or skip.
         ///
         /// # Errors
         /// [`FlowError::UnknownId`], or the flow's refusal; nothing changes.
-        pub fn handle_tick(&mut self, id: &K, now: Instant, tick: Instant) -> Result<FlowAction, FlowError> {
-            self.with(id, |flow| {
-                let action = flow.tick(now, tick);
-                flow.pending = None;
-                action
-            })?
+        pub fn handle_tick(
+            &mut self,
+            policy: &FlowPolicy,
+            now: Instant,
+            id: &K,
+            tick: Instant,
+        ) -> Result<FlowAction, FlowError> {
+            let _ = policy;
+            self.with(id, |flow| flow.tick(now, tick))?
         }
 
         /// [`Flow::handle_success`] on the flow under `id`.
         ///
         /// # Errors
         /// [`FlowError::UnknownId`], or the flow's refusal; nothing changes.
-        pub fn handle_success(&mut self, id: &K, now: Instant) -> Result<(), FlowError> {
-            self.with(id, |flow| flow.handle_success(now))?
+        pub fn handle_success(&mut self, policy: &FlowPolicy, now: Instant, id: &K) -> Result<(), FlowError> {
+            self.with(id, |flow| flow.handle_success(policy, now))?
         }
 
         /// [`Flow::handle_failure`] on the flow under `id`.
         ///
         /// # Errors
-        /// [`FlowError::UnknownId`], or the flow's refusal; nothing changes and the error is
+        /// [`FlowError::UnknownId`], or the flow's refusal; nothing changes and the failure is
         /// handed back.
         pub fn handle_failure<R: Rng + ?Sized>(
             &mut self,
             policy: &FlowPolicy,
-            id: &K,
             now: Instant,
-            error: E,
+            id: &K,
+            failure: Failure<E>,
             rng: &mut R,
-        ) -> Result<(), FlowFailureRefused<E>> {
+        ) -> Result<(), Refused<FlowError, Failure<E>>> {
             let Some(flow) = self.flows.get_mut(id) else {
-                return Err(FlowFailureRefused { error: FlowError::UnknownId, last_error: error });
+                return Err(Refused::new(FlowError::UnknownId, failure));
             };
             let before = flow.poll_timeout();
-            let result = flow.handle_failure(policy, now, error, rng);
+            let result = flow.handle_failure(policy, now, failure, rng);
             let after = flow.poll_timeout();
             self.reindex(id, before, after);
             result
@@ -792,21 +952,25 @@ mod registry {
         ///
         /// # Errors
         /// [`FlowError::UnknownId`], or the flow's refusal; nothing changes.
-        pub fn handle_cancel(&mut self, id: &K, now: Instant) -> Result<(), FlowError> {
-            self.with(id, |flow| flow.handle_cancel(now))?
+        pub fn handle_cancel(&mut self, policy: &FlowPolicy, now: Instant, id: &K) -> Result<(), FlowError> {
+            self.with(id, |flow| flow.handle_cancel(policy, now))?
         }
 
         /// [`Flow::reset_flow`] on the flow under `id` (F8).
         ///
         /// # Errors
         /// [`FlowError::UnknownId`]; nothing changes.
-        pub fn reset_flow(&mut self, id: &K, now: Instant) -> Result<(), FlowError> {
+        pub fn reset_flow(&mut self, now: Instant, id: &K) -> Result<(), FlowError> {
             self.with(id, |flow| flow.reset_flow(now))
         }
 
         /// Accepts `now`: every-flows due at or before it come out of
-        /// [`poll_action`](Self::poll_action).
-        pub fn handle_timeout(&mut self, now: Instant) {
+        /// [`poll_action`](Self::poll_action). The registry's clock is the latest `now` given
+        /// here (an earlier one is read as it); per-flow inputs keep each flow's own clock and do
+        /// not move the registry's, since a flow may be created at a future instant (its first
+        /// dispatch) that the registry must not reach before `handle_timeout` says so.
+        pub fn handle_timeout<R: Rng + ?Sized>(&mut self, policy: &FlowPolicy, now: Instant, rng: &mut R) {
+            let _ = (policy, rng);
             self.last_now = self.last_now.later(now);
         }
 
@@ -819,8 +983,13 @@ mod registry {
             }
             let now = self.last_now;
             let action = self.with(&id, |flow| {
-                flow.handle_timeout(now);
-                flow.poll_action()
+                let now = flow.last_now.later(now);
+                if flow.poll_timeout().is_some_and(|due| due <= now) {
+                    flow.last_now = now;
+                    Some(flow.dispatch())
+                } else {
+                    None
+                }
             });
             match action {
                 Ok(Some(action)) => Some((id, action)),
@@ -837,11 +1006,18 @@ mod registry {
             self.due.first().map(|(due, _)| *due)
         }
 
+        /// The latest `now` the registry accepted.
+        pub const fn now(&self) -> Instant {
+            self.last_now
+        }
+
         /// Runs `f` on the flow under `id`, keeping the due index in step.
         fn with<T>(&mut self, id: &K, f: impl FnOnce(&mut Flow<E>) -> T) -> Result<T, FlowError> {
             let flow = self.flows.get_mut(id).ok_or(FlowError::UnknownId)?;
             let before = flow.poll_timeout();
             let out = f(flow);
+            // The registry hands actions out itself; a flow in it never holds one.
+            flow.pending = None;
             let after = flow.poll_timeout();
             self.reindex(id, before, after);
             Ok(out)
@@ -855,6 +1031,56 @@ mod registry {
                 if let Some(due) = after {
                     self.due.insert((due, id.clone()));
                 }
+            }
+        }
+    }
+
+    #[cfg(feature = "serde")]
+    mod persist {
+        use alloc::collections::BTreeMap;
+
+        use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+        use super::{Flow, Flows};
+        use crate::Instant;
+
+        #[derive(Serialize)]
+        struct Saved<'a, K: Ord, E> {
+            flows: &'a BTreeMap<K, Flow<E>>,
+            last_now: Instant,
+        }
+
+        #[derive(Deserialize)]
+        struct Loaded<K: Ord, E> {
+            flows: BTreeMap<K, Flow<E>>,
+            last_now: Instant,
+        }
+
+        /// Saved as its flows and its latest `now` (the due index is derived).
+        impl<K: Ord + Serialize, E: Serialize> Serialize for Flows<K, E> {
+            fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                Saved { flows: &self.flows, last_now: self.last_now }.serialize(serializer)
+            }
+        }
+
+        /// Loaded with every flow validated, the due index rebuilt. A flow that holds an
+        /// action is refused: the registry hands actions out itself, so one held by a flow in
+        /// it was never seen by its driver (a dispatch the driver never ran would leave the
+        /// flow running for ever).
+        impl<'de, K: Ord + Clone + Deserialize<'de>, E: Deserialize<'de>> Deserialize<'de> for Flows<K, E> {
+            fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                let loaded = Loaded::<K, E>::deserialize(deserializer)?;
+                let mut flows = Flows::new();
+                for (id, flow) in loaded.flows {
+                    // The ids of a map are distinct, so only a held action is refused.
+                    if flows.insert(id, flow).is_err() {
+                        return Err(serde::de::Error::custom(
+                            "invalid Flows: a flow holds an action (the registry hands actions out itself)",
+                        ));
+                    }
+                }
+                flows.last_now = flows.last_now.later(loaded.last_now);
+                Ok(flows)
             }
         }
     }

@@ -4,18 +4,59 @@
 //! decided by pure, deterministic state machines and driven by whatever runtime you have.
 //!
 //! The crate is `#![no_std]`, reads no clock, does no I/O, spawns nothing and allocates nothing.
-//! Every machine follows the same shape (sans-IO):
 //!
-//! - **time is an argument**: every mutating call takes `now: `[`Instant`], a `u64` of
-//!   nanoseconds from an epoch your driver chooses;
-//! - **input** comes in through `handle_*` verbs, **output** goes out through
-//!   `poll_action()` (drain until `None`) and `poll_timeout()` (when to call `handle_timeout`);
-//! - **randomness** (jitter) comes from your RNG through the [`rand_core::Rng`] trait; if you
-//!   have none, [`SplitMix64`] is a fast 8-byte one (you pick its seed: the core owns no entropy);
-//! - **policies** ([`Backoff`], [`RetryPolicy`]) are validated once, immutable and shared;
-//!   **state** ([`Retry`]) is small plain data you can clone, compare and persist (`serde`);
-//! - **domain outcomes** (exhausted, out of time, …) are outputs; only caller mistakes are `Err`,
-//!   and a refused input leaves the state exactly as it was.
+//! ## One vocabulary
+//!
+//! Every machine speaks the same language (sans-IO); a reader who knows one knows them all.
+//!
+//! | | [`Retry`] | [`Supervision`] | [`Flow`] | [`Delivery`] | [`Breaker`] |
+//! |---|---|---|---|---|---|
+//! | policy (shared, validated) | [`RetryPolicy`] | [`SupervisionPolicy`] | [`FlowPolicy`] | [`DeliveryPolicy`] | [`BreakerPolicy`] |
+//! | output, drained by `poll_action` | [`RetryAction`] | [`SupervisionAction`] | [`FlowAction`] | [`DeliveryAction`] | (the result of `try_acquire`) |
+//! | where it is: `status()` | [`RetryStatus`] | [`SupervisionStatus`] | [`FlowStatus`] | [`DeliveryStatus`] | [`BreakerStatus`] |
+//! | misuse | [`RetryError`] | [`SupervisionError`] | [`FlowError`] | [`DeliveryError`] | [`BreakerError`] |
+//!
+//! - **Time is an argument.** Every input takes `now:` [`Instant`], a `u64` of nanoseconds from
+//!   an epoch your driver chooses. A `now` earlier than the latest one a machine accepted is
+//!   read as that latest one: time never runs backwards inside a machine.
+//! - **Inputs** are `handle_*` verbs whose arguments always come in one order:
+//!   `(policy, now, subject, input, rng)` — the policy, the time, what the input is about (an
+//!   attempt number, a task id, a permit), the input itself (a [`Failure`], a checkpoint), and
+//!   the RNG when the input may draw jitter. Every machine has
+//!   `handle_timeout(policy, now, rng)`; calling it early, twice, or spuriously changes
+//!   nothing.
+//! - **Outputs** come out of `poll_action()`, drained until `None`, and `poll_timeout()` says
+//!   when `handle_timeout` is next due (a pure query).
+//! - **The drain rule.** Outputs accumulate in order until drained, and none is ever dropped
+//!   unseen: an input that would make outputs of an earlier one stale is refused with the
+//!   machine's `Undrained` error and changes nothing (`handle_timeout` then does nothing). For
+//!   `Retry`, `Supervision`, `Flow` and `Delivery` that is every input while outputs wait
+//!   (only inputs that make none and change none, such as `Flow::reset_flow` or a failover of
+//!   a pending task, are accepted). Drain after every input and this never happens. The
+//!   [`Deliveries`] table drains its tasks into its own queue after every input, so there
+//!   outputs of many inputs accumulate, in order; the [`Flows`] registry hands a flow's action
+//!   back from the input that made it, and dispatches due flows one by one as
+//!   `poll_action` is called.
+//! - **Domain outcomes are outputs; only caller mistakes are `Err`.** Exhausted, tripped, open,
+//!   dead-lettered are actions or statuses. A mistake (a result for an attempt that is not
+//!   running, an unknown id) is refused with [`Refused`]`<Error, Input>` — the reason and the
+//!   input handed back — or the bare error when there is nothing to hand back, and the state
+//!   is exactly as it was.
+//! - **One attempt engine, one failure decision.** [`Retry`] and [`Supervision`] run their
+//!   attempts on one engine (numbered from 1 as `u64`), [`Delivery`] embeds a [`Retry`], and
+//!   [`Flow`] decides its runs' failures by the same rule: a [`Failure`]'s class (`Fatal`,
+//!   `DoNotRetry` and `Canceled` stop), then the limit (a streak past it stops), then a hint
+//!   (never shortened; past `max_hint`, [`DEFAULT_MAX_HINT`] by default, the operation ends
+//!   `Deferred` with the hinted instant) or else the backoff (B6, R3, S3, F3).
+//! - **Randomness** (jitter) comes from your RNG through the [`rand_core::Rng`] trait; if you
+//!   have none, [`SplitMix64`] is a fast 8-byte one (you pick its seed: the core owns no entropy).
+//! - **Plain data.** Policies are validated once, immutable and shared; states are small
+//!   `Clone + Debug + PartialEq` values you can persist (`serde`). **Any state that loads is
+//!   safe to drive**: a state that no sequence of inputs could have made is refused when it
+//!   loads, and a state driven under another policy than the one it was made under either
+//!   follows the new policy at once or, where its shape depends on the policy (a breaker's or
+//!   a ratio budget's window), is rebuilt, as each type documents.
+//! - **One [`Stats`]** (attempts, time asleep, elapsed time) for the core and every driver.
 //!
 //! ## The run loop
 //!
@@ -23,7 +64,7 @@
 //!
 //! ```
 //! use core::time::Duration;
-//! use persevere::{Action, Backoff, Failure, Instant, Jitter, Outcome, Retry, RetryPolicy};
+//! use persevere::{Backoff, Failure, Instant, Jitter, Outcome, Retry, RetryAction, RetryPolicy};
 //! use rand_core::SeedableRng;
 //!
 //! let policy = RetryPolicy::builder(
@@ -43,12 +84,12 @@
 //! retry.handle_start(&policy, now)?;
 //! let (outcome, stats) = loop {
 //!     match retry.poll_action() {
-//!         Some(Action::Start { attempt, .. }) => match call() {
-//!             Ok(()) => retry.handle_success(now, attempt)?,
+//!         Some(RetryAction::Start { attempt, .. }) => match call() {
+//!             Ok(()) => retry.handle_success(&policy, now, attempt)?,
 //!             Err(e) => retry.handle_failure(&policy, now, attempt, Failure::retryable(e), &mut rng)?,
 //!         },
-//!         Some(Action::Sleep { .. }) | Some(Action::Abandon { .. }) => {}
-//!         Some(Action::Finish { outcome, stats }) => break (outcome, stats),
+//!         Some(RetryAction::Sleep { .. }) | Some(RetryAction::Abandon { .. }) => {}
+//!         Some(RetryAction::Finish { outcome, stats }) => break (outcome, stats),
 //!         None => {
 //!             // Nothing to do until the next timeout: "sleep" until then.
 //!             now = now.later(retry.poll_timeout().expect("a pending operation is timed"));
@@ -58,7 +99,7 @@
 //! };
 //! assert_eq!(outcome, Outcome::Succeeded);
 //! assert_eq!(stats.attempts, 3);
-//! assert_eq!(stats.elapsed, stats.slept); // the attempts themselves took no time here
+//! assert_eq!(stats.elapsed, Some(stats.slept)); // the attempts themselves took no time here
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
@@ -67,7 +108,8 @@
 //! - `alloc`: keyed collections of machines (`BTreeMap`, never `HashMap`).
 //! - `std` (implies `alloc`): `Epoch`, conversions from `std::time::Instant`.
 //! - `serde`: `Serialize`/`Deserialize` for policies, states and outputs. Policies deserialize
-//!   through their builders, so a persisted policy is validated again when loaded.
+//!   through their builders, so a persisted policy is validated again when loaded; states are
+//!   validated too.
 #![no_std]
 #![deny(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -77,9 +119,44 @@ extern crate alloc;
 #[cfg(feature = "std")]
 extern crate std;
 
+/// `Serialize` and `Deserialize` for a machine whose state is validated when it loads: the
+/// type derives both with `#[serde(remote = "Self")]` (which makes them inherent functions)
+/// and has `fn validate(&self) -> Result<(), &'static str>`; the trait impls call them, and a
+/// state that fails validation is refused with a message naming the type and the reason.
+#[cfg(feature = "serde")]
+macro_rules! serde_validated {
+    ($ty:ident $(< $($gen:ident),* >)?, $what:literal) => {
+        impl$(<$($gen: serde::Serialize),*>)? serde::Serialize for $ty$(<$($gen),*>)? {
+            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                $ty::serialize(self, serializer)
+            }
+        }
+
+        impl<'de $($(, $gen: serde::Deserialize<'de>)*)?> serde::Deserialize<'de> for $ty$(<$($gen),*>)? {
+            fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                let state = $ty::deserialize(deserializer)?;
+                match state.validate() {
+                    Ok(()) => Ok(state),
+                    Err(why) => Err(<D::Error as serde::de::Error>::custom(format_args!(
+                        concat!("invalid state of ", $what, ": {}"),
+                        why
+                    ))),
+                }
+            }
+        }
+    };
+}
+#[cfg(not(feature = "serde"))]
+macro_rules! serde_validated {
+    ($($anything:tt)*) => {};
+}
+pub(crate) use serde_validated;
+
+mod attempt;
 mod backoff;
 mod breaker;
 mod budget;
+mod decision;
 #[cfg(feature = "alloc")]
 mod deliveries;
 mod delivery;
@@ -102,29 +179,29 @@ pub use budget::{
     BudgetRefused, Grant, MAX_BUDGET_BUCKETS, RatioBudget, RatioBudgetPolicy, RatioBudgetPolicyBuilder, RetryClass,
     TokenBucket, TokenBucketPolicy, TokenBucketPolicyBuilder,
 };
+pub use decision::DEFAULT_MAX_HINT;
 #[cfg(feature = "alloc")]
 pub use deliveries::{Deliveries, DeliveryCounts};
 pub use delivery::{
     AttemptFailure, AttemptProgress, DECLINED_CAPACITY, DeadLetter, Delivery, DeliveryAction, DeliveryError,
-    DeliveryPolicy, DeliveryPolicyBuilder, DeliveryState, Durability, FailurePolicy, FreeReturn, HandOut,
-    IdempotencyKey, Interruption, RecoveryError, Refused, Terminal, TerminalKind,
+    DeliveryPolicy, DeliveryPolicyBuilder, DeliveryStatus, Durability, FailurePolicy, FreeReturn, HandOut,
+    IdempotencyKey, Interruption, RecoveryError, Terminal, TerminalKind,
 };
-pub use error::PolicyError;
+pub use error::{PolicyError, Refused};
 pub use failure::{Failure, FailureClass, FailureKind, Hint, LastFailure};
 #[cfg(feature = "alloc")]
 pub use flow::Flows;
 pub use flow::{
-    Flow, FlowAction, FlowError, FlowFailureRefused, FlowInfo, FlowPolicy, FlowPolicyBuilder, FlowSchedule, FlowStatus,
-    FlowStatusKind, SkipReason,
+    Flow, FlowAction, FlowError, FlowInfo, FlowPolicy, FlowPolicyBuilder, FlowSchedule, FlowStatus, FlowStatusKind,
+    SkipReason, TripReason,
 };
 pub use jitter_rng::SplitMix64;
 pub use retry::{
-    Action, FailureRefused, Outcome, OutcomeKind, Retry, RetryError, RetryPolicy, RetryPolicyBuilder, RetryStatus,
-    Stats,
+    Outcome, OutcomeKind, Retry, RetryAction, RetryError, RetryPolicy, RetryPolicyBuilder, RetryStatus, Stats,
 };
 pub use supervision::{
-    Restart, Setting, Supervision, SupervisionError, SupervisionPolicy, SupervisionPolicyBuilder, SupervisionRefused,
-    TaskDefaults, TaskEvent, TaskOutcome, TaskOutcomeKind, TaskStatus,
+    Restart, Setting, Supervision, SupervisionAction, SupervisionError, SupervisionPolicy, SupervisionPolicyBuilder,
+    SupervisionStatus, TaskDefaults, TaskOutcome, TaskOutcomeKind,
 };
 #[cfg(feature = "std")]
 pub use time::Epoch;

@@ -10,7 +10,7 @@
 //! | limit counts | consecutive failures until the trip | retries after the first failure of a streak | total attempts, the first included (3) | total attempts, the first included | both: `max_attempts` and `max_retries` |
 //! | zero means | trip 0 = trip on the first failure | `max_retries(0)` is a configuration error | — (the preset fixes 3) | `max_attempts` 0 = unlimited | refused wherever zero is meaningless |
 //! | success | streak 0, `Completed` | streak 0; periodic repeats never counted | ends the operation | ends the operation | R4: streak 0 |
-//! | hints | — | not in S2; the core honours `RetryAfter` | — | `RetryAfter` honoured, counts as a step | B6, optional `max_hint` |
+//! | hints | — | not in S2; the core honours `RetryAfter` up to `max_hint` | — | `RetryAfter` honoured in full, counts as a step | B6: never shortened; past `max_hint` (5 min by default) the operation ends `Deferred` |
 //! | only transient errors retried | — | `Fatal`/`Canceled` never retried | when asked ([`WorkflowRetryOn::TransientOnly`]) | `Fatal` never retried | by [`FailureKind`](crate::FailureKind) |
 //! | floor | none | attempt starts ≥ 1 ms apart (`min_spacing`) | none | none | optional `min_delay`, `min_spacing` |
 //! | precision | see below | see below | see below | see below | whole `u64` nanoseconds, saturating |
@@ -55,10 +55,12 @@
 use core::time::Duration;
 
 use crate::backoff::{Backoff, Jitter};
+use crate::decision::DEFAULT_MAX_HINT;
 use crate::failure::Failure;
 use crate::flow::FlowPolicy;
 use crate::retry::RetryPolicy;
 use crate::supervision::TaskDefaults;
+use crate::time::saturating_nanos;
 
 /// The scheduler dialect (F2): exponential 1 s, ×2, cap 5 min, proportional jitter 0.1, never
 /// trips.
@@ -107,7 +109,11 @@ pub fn workflow_engine(cap: WorkflowCap) -> RetryPolicy {
         WorkflowCap::Secs30 => 30_000_000_000,
         WorkflowCap::Secs60 => 60_000_000_000,
     };
-    RetryPolicy::preset(Backoff::exponential_unchecked(1_000_000_000, 2.0, cap_ns, Jitter::Proportional(0.25)), Some(3))
+    RetryPolicy::preset(
+        Backoff::exponential_unchecked(1_000_000_000, 2.0, cap_ns, Jitter::Proportional(0.25)),
+        Some(3),
+        saturating_nanos(DEFAULT_MAX_HINT),
+    )
 }
 
 /// Which failures the workflow engine retries: all, or, when asked, only transient ones.
@@ -131,8 +137,11 @@ impl WorkflowRetryOn {
     }
 }
 
-/// The durable-step dialect: exponential 1 s, ×2, cap 100 s, no jitter, unlimited attempts,
-/// and `RetryAfter` hints honoured in full (each counts as one step of the schedule).
+/// The durable-step dialect: exponential 1 s, ×2, cap 100 s, no jitter, unlimited attempts
+/// (explicitly [`unbounded`](crate::RetryPolicyBuilder::unbounded): a durable step retries until
+/// it succeeds or fails fatally), and `RetryAfter` hints honoured in full, however long (each
+/// counts as one step of the schedule; a durable engine persists the wait instead of holding
+/// anything open, so no `max_hint` applies).
 pub fn durable_step() -> RetryPolicy {
     durable_step_with_max_attempts(0)
 }
@@ -142,5 +151,9 @@ pub fn durable_step() -> RetryPolicy {
 /// [`RetryPolicyBuilder::max_attempts`](crate::RetryPolicyBuilder::max_attempts) refuses 0).
 pub fn durable_step_with_max_attempts(max_attempts: u32) -> RetryPolicy {
     let limit = if max_attempts == 0 { None } else { Some(max_attempts) };
-    RetryPolicy::preset(Backoff::exponential_unchecked(1_000_000_000, 2.0, 100_000_000_000, Jitter::None), limit)
+    RetryPolicy::preset(
+        Backoff::exponential_unchecked(1_000_000_000, 2.0, 100_000_000_000, Jitter::None),
+        limit,
+        u64::MAX,
+    )
 }

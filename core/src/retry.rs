@@ -2,18 +2,27 @@
 //!
 //! A [`RetryPolicy`] is the shared, immutable configuration; a [`Retry`] is one operation's
 //! state: 64 bytes of plain data for `Retry<()>`, with no policy, RNG or clock inside, so a
-//! durable engine can persist it alone and a million operations share one policy.
+//! durable engine can persist it alone and a million operations share one policy. The attempts
+//! themselves (numbering, phases, the failure decision, the drain) are the attempt engine's,
+//! shared with [`Supervision`](crate::Supervision); what is a retry's own is the total budget
+//! and the statistics.
 
 use core::time::Duration;
 
 use rand_core::Rng;
 
-use crate::backoff::{Backoff, BackoffState};
-use crate::failure::{Failure, FailureKind, Hint, LastFailure};
+use crate::attempt::{Attempts, Due, Ends, Misuse, Output, Phase};
+use crate::backoff::Backoff;
+use crate::decision::{DEFAULT_MAX_HINT, Decision, FailureRules};
+use crate::error::Refused;
+use crate::failure::{Failure, FailureKind, LastFailure};
 use crate::time::saturating_nanos;
 use crate::{Instant, PolicyError};
 
 /// The configuration of a retried operation: its backoff, its limits, and how hints apply.
+///
+/// Every policy has a limit (R3): an attempt limit, a total budget, or an explicit
+/// [`unbounded`](RetryPolicyBuilder::unbounded).
 ///
 /// ```
 /// use core::time::Duration;
@@ -27,6 +36,10 @@ use crate::{Instant, PolicyError};
 /// .attempt_timeout(Duration::from_secs(2))
 /// .build()?;
 /// assert_eq!(policy.max_attempts(), Some(4));
+/// assert_eq!(policy.max_hint(), Duration::from_secs(300)); // hints up to 5 min are honoured
+///
+/// // A forgotten limit is a configuration error, not a retry loop that never ends.
+/// assert!(RetryPolicy::builder(Backoff::constant(Duration::from_secs(1)).build()?).build().is_err());
 /// # Ok::<(), persevere::PolicyError>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -36,17 +49,12 @@ use crate::{Instant, PolicyError};
     serde(try_from = "RetryPolicyBuilder", into = "RetryPolicyBuilder")
 )]
 pub struct RetryPolicy {
-    backoff: Backoff,
-    /// `u32::MAX` when no limit was set (an operation cannot count further).
-    max_attempts: u32,
-    limited: bool,
+    rules: FailureRules,
     /// `u64::MAX` for none.
     total_ns: u64,
     /// `u64::MAX` for none.
     attempt_timeout_ns: u64,
-    /// `u64::MAX` for none.
-    max_hint_ns: u64,
-    restart_after_hint: bool,
+    max_attempts: Option<u32>,
 }
 
 /// The settings of a [`RetryPolicy`] before validation.
@@ -66,11 +74,22 @@ pub struct RetryPolicyBuilder {
     pub total: Option<Duration>,
     /// Each attempt's deadline is its start plus this (R3).
     pub attempt_timeout: Option<Duration>,
-    /// The longest delay a hint may ask for; longer hints are shortened to it (B6).
-    pub max_hint: Option<Duration>,
+    /// The longest delay a hint may ask for (B6); a longer one ends the operation with
+    /// [`Outcome::Deferred`]. [`DEFAULT_MAX_HINT`] (5 min) by default; [`Duration::MAX`]
+    /// honours any hint.
+    #[cfg_attr(
+        feature = "serde",
+        serde(default = "crate::decision::default_max_hint", deserialize_with = "crate::decision::max_hint_or_any")
+    )]
+    pub max_hint: Duration,
     /// Whether the schedule starts over from its first delay after a hinted delay (B6).
     /// `false` by default: a hinted failure counts as one more step of the schedule.
+    #[cfg_attr(feature = "serde", serde(default))]
     pub restart_after_hint: bool,
+    /// Retry with no attempt limit and no total budget, on purpose (R3). `false` by default:
+    /// such a policy is refused.
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub unbounded: bool,
 }
 
 impl RetryPolicyBuilder {
@@ -98,9 +117,10 @@ impl RetryPolicyBuilder {
         self
     }
 
-    /// The longest delay a hint may ask for.
+    /// The longest delay a hint may ask for; a longer one ends the operation with
+    /// [`Outcome::Deferred`] (B6). [`Duration::MAX`] honours any hint.
     pub const fn max_hint(mut self, max_hint: Duration) -> Self {
-        self.max_hint = Some(max_hint);
+        self.max_hint = max_hint;
         self
     }
 
@@ -110,14 +130,24 @@ impl RetryPolicyBuilder {
         self
     }
 
+    /// Retries for ever: no attempt limit and no total budget, on purpose (R3). Each
+    /// failure still waits its backoff, and `Fatal`, `Canceled` and `DoNotRetry` still end
+    /// the operation.
+    pub const fn unbounded(mut self) -> Self {
+        self.unbounded = true;
+        self
+    }
+
     /// Validates the settings.
     ///
     /// # Errors
-    /// [`PolicyError`] when `max_attempts` is zero, `max_retries` is `u32::MAX`, both are set,
-    /// or `total`, `attempt_timeout` or `max_hint` is zero. Durations longer than `u64::MAX`
-    /// nanoseconds (such as [`Duration::MAX`]) are accepted and mean "no limit".
+    /// [`PolicyError`] when no limit is set and [`unbounded`](Self::unbounded) was not asked
+    /// for (or was asked for beside a limit), `max_attempts` is zero, `max_retries` is
+    /// `u32::MAX`, both are set, or `total`, `attempt_timeout` or `max_hint` is zero.
+    /// Durations longer than `u64::MAX` nanoseconds (such as [`Duration::MAX`]) are accepted
+    /// and mean "no limit".
     pub fn build(self) -> Result<RetryPolicy, PolicyError> {
-        let (max_attempts, limited) = match (self.max_attempts, self.max_retries) {
+        let max_attempts = match (self.max_attempts, self.max_retries) {
             (Some(_), Some(_)) => {
                 return Err(PolicyError::Conflict {
                     setting: "max_attempts",
@@ -131,31 +161,38 @@ impl RetryPolicyBuilder {
                     why: "it counts the first attempt too, so at least 1; use max_attempts(1) for no retries",
                 });
             }
-            (Some(n), None) => (n, true),
+            (Some(n), None) => Some(n),
             (None, Some(n)) => match n.checked_add(1) {
-                Some(attempts) => (attempts, true),
+                Some(attempts) => Some(attempts),
                 None => {
                     return Err(PolicyError::LimitTooLarge { setting: "max_retries", max: u64::from(u32::MAX - 1) });
                 }
             },
-            (None, None) => (u32::MAX, false),
+            (None, None) => None,
         };
+        let total_ns = positive(self.total, "total", "a zero budget allows no retry; use max_attempts(1)")?;
+        // `Duration::MAX` means "no budget", so it is no limit either.
+        let limited = max_attempts.is_some() || total_ns != u64::MAX;
+        if self.unbounded && limited {
+            return Err(PolicyError::Conflict {
+                setting: "unbounded()",
+                other: "a limit",
+                why: "unbounded() says the operation has no attempt limit and no total budget; drop one or the other",
+            });
+        }
+        if !self.unbounded && !limited {
+            return Err(PolicyError::Unbounded);
+        }
+        let retries_allowed = max_attempts.map_or(u64::MAX, |n| u64::from(n) - 1);
         Ok(RetryPolicy {
-            backoff: self.backoff,
-            max_attempts,
-            limited,
-            total_ns: positive(self.total, "total", "a zero budget allows no retry; use max_attempts(1)")?,
+            rules: FailureRules::build(self.backoff, retries_allowed, self.max_hint, self.restart_after_hint)?,
+            total_ns,
             attempt_timeout_ns: positive(
                 self.attempt_timeout,
                 "attempt_timeout",
                 "every attempt would time out at once",
             )?,
-            max_hint_ns: positive(
-                self.max_hint,
-                "max_hint",
-                "every hint would mean 'retry now'; leave it unset to honour hints",
-            )?,
-            restart_after_hint: self.restart_after_hint,
+            max_attempts,
         })
     }
 }
@@ -183,19 +220,22 @@ impl TryFrom<RetryPolicyBuilder> for RetryPolicy {
 impl From<RetryPolicy> for RetryPolicyBuilder {
     fn from(policy: RetryPolicy) -> Self {
         RetryPolicyBuilder {
-            backoff: policy.backoff,
-            max_attempts: policy.max_attempts(),
+            backoff: policy.rules.backoff,
+            max_attempts: policy.max_attempts,
             max_retries: None,
             total: policy.total(),
             attempt_timeout: policy.attempt_timeout(),
             max_hint: policy.max_hint(),
-            restart_after_hint: policy.restart_after_hint,
+            restart_after_hint: policy.rules.restart_after_hint,
+            unbounded: policy.is_unbounded(),
         }
     }
 }
 
 impl RetryPolicy {
-    /// A builder with `backoff`, no limits and hints honoured in full.
+    /// A builder with `backoff`, no limit yet (one must be set, or
+    /// [`unbounded`](RetryPolicyBuilder::unbounded) asked for), hints honoured up to
+    /// [`DEFAULT_MAX_HINT`].
     pub const fn builder(backoff: Backoff) -> RetryPolicyBuilder {
         RetryPolicyBuilder {
             backoff,
@@ -203,39 +243,36 @@ impl RetryPolicy {
             max_retries: None,
             total: None,
             attempt_timeout: None,
-            max_hint: None,
+            max_hint: DEFAULT_MAX_HINT,
             restart_after_hint: false,
+            unbounded: false,
         }
     }
 
     /// A policy from settings the crate knows to be valid (the presets), without the `Result`
-    /// of [`RetryPolicyBuilder::build`]: `max_attempts` is `None` or at least 1; no budget, no
-    /// timeout, hints honoured in full. Every caller has a test comparing it with `build()`'s.
-    pub(crate) const fn preset(backoff: Backoff, max_attempts: Option<u32>) -> RetryPolicy {
-        let (max_attempts, limited) = match max_attempts {
-            Some(n) => (n, true),
-            None => (u32::MAX, false),
+    /// of [`RetryPolicyBuilder::build`]: `max_attempts` is `None` (unbounded) or at least 1;
+    /// no budget, no timeout. Every caller has a test comparing it with `build()`'s.
+    pub(crate) const fn preset(backoff: Backoff, max_attempts: Option<u32>, max_hint_ns: u64) -> RetryPolicy {
+        let retries_allowed = match max_attempts {
+            Some(n) => n as u64 - 1,
+            None => u64::MAX,
         };
         RetryPolicy {
-            backoff,
-            max_attempts,
-            limited,
+            rules: FailureRules { backoff, retries_allowed, max_hint_ns, restart_after_hint: false },
             total_ns: u64::MAX,
             attempt_timeout_ns: u64::MAX,
-            max_hint_ns: u64::MAX,
-            restart_after_hint: false,
+            max_attempts,
         }
     }
 
     /// The backoff schedule.
     pub const fn backoff(&self) -> &Backoff {
-        &self.backoff
+        &self.rules.backoff
     }
 
-    /// The attempt limit, the first attempt included; `None` for no limit (an operation then
-    /// still stops after `u32::MAX` attempts, where its counter ends).
+    /// The attempt limit, the first attempt included; `None` for no limit.
     pub const fn max_attempts(&self) -> Option<u32> {
-        if self.limited { Some(self.max_attempts) } else { None }
+        self.max_attempts
     }
 
     /// The total budget.
@@ -248,30 +285,38 @@ impl RetryPolicy {
         optional(self.attempt_timeout_ns)
     }
 
-    /// The longest hinted delay honoured.
-    pub fn max_hint(&self) -> Option<Duration> {
-        optional(self.max_hint_ns)
+    /// The longest hinted delay honoured ([`Duration::MAX`]: any).
+    pub fn max_hint(&self) -> Duration {
+        self.rules.max_hint()
     }
 
     /// Whether the schedule restarts after a hinted delay.
     pub const fn restarts_after_hint(&self) -> bool {
-        self.restart_after_hint
+        self.rules.restart_after_hint
+    }
+
+    /// Whether the policy has neither an attempt limit nor a total budget (built with
+    /// [`unbounded`](RetryPolicyBuilder::unbounded)).
+    pub const fn is_unbounded(&self) -> bool {
+        self.max_attempts.is_none() && self.total_ns == u64::MAX
     }
 
     /// Whether the driver must read the clock on the success path (a deadline or a budget).
+    #[inline]
     pub const fn needs_clock(&self) -> bool {
-        self.total_ns != u64::MAX || self.attempt_timeout_ns != u64::MAX
+        // Both are `u64::MAX` for none: one test for the two (a driver's fast path asks it).
+        (self.total_ns & self.attempt_timeout_ns) != u64::MAX
     }
 }
 
 /// What the driver must do next; drained with [`Retry::poll_action`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
-pub enum Action<E> {
+pub enum RetryAction<E> {
     /// Start attempt `attempt` now; report its result by `deadline` if there is one.
     Start {
         /// The attempt number, from 1.
-        attempt: u32,
+        attempt: u64,
         /// When the machine will time the attempt out (on [`Retry::handle_timeout`]).
         deadline: Option<Instant>,
     },
@@ -279,13 +324,13 @@ pub enum Action<E> {
     /// ran. A result for it is now refused as stale.
     Abandon {
         /// The attempt number.
-        attempt: u32,
+        attempt: u64,
     },
     /// A retry is scheduled: wait until `until`, then call [`Retry::handle_timeout`]. A zero
     /// delay has `until` equal to the failure's `now`; a driver should not touch a timer for it.
     Sleep {
         /// The attempt that will start after the sleep.
-        next_attempt: u32,
+        next_attempt: u64,
         /// The chosen delay.
         delay: Duration,
         /// When it ends.
@@ -311,7 +356,8 @@ pub enum Outcome<E> {
         /// The failure of the last attempt.
         last_failure: LastFailure<E>,
     },
-    /// A failure that must not be retried ([`FailureKind::Fatal`] or [`Hint::DoNotRetry`]).
+    /// A failure that must not be retried ([`FailureKind::Fatal`] or
+    /// [`Hint::DoNotRetry`](crate::Hint::DoNotRetry)).
     Fatal {
         /// That failure.
         failure: LastFailure<E>,
@@ -332,6 +378,15 @@ pub enum Outcome<E> {
         /// The failure of the last attempt.
         last_failure: LastFailure<E>,
     },
+    /// The last failure's hint asked for a retry at `retry_at`, later than the policy may
+    /// wait: past its `max_hint`, or past the total budget (B6). The hint is never shortened;
+    /// the operation ends now, and the caller may come back at `retry_at`.
+    Deferred {
+        /// When the other side asked to be tried again.
+        retry_at: Instant,
+        /// The failure that carried the hint.
+        last_failure: LastFailure<E>,
+    },
 }
 
 impl<E> Outcome<E> {
@@ -344,6 +399,7 @@ impl<E> Outcome<E> {
             Outcome::Canceled { .. } => OutcomeKind::Canceled,
             Outcome::OutOfTime { .. } => OutcomeKind::OutOfTime,
             Outcome::Rejected { .. } => OutcomeKind::Rejected,
+            Outcome::Deferred { .. } => OutcomeKind::Deferred,
         }
     }
 
@@ -355,7 +411,30 @@ impl<E> Outcome<E> {
             Outcome::Exhausted { last_failure }
             | Outcome::OutOfTime { last_failure }
             | Outcome::Rejected { last_failure }
+            | Outcome::Deferred { last_failure, .. }
             | Outcome::Fatal { failure: last_failure } => Some(last_failure),
+        }
+    }
+
+    /// The last failure, by value (see [`last_failure`](Self::last_failure)).
+    pub fn into_last_failure(self) -> Option<LastFailure<E>> {
+        match self {
+            Outcome::Succeeded => None,
+            Outcome::Canceled { last_failure } => last_failure,
+            Outcome::Exhausted { last_failure }
+            | Outcome::OutOfTime { last_failure }
+            | Outcome::Rejected { last_failure }
+            | Outcome::Deferred { last_failure, .. }
+            | Outcome::Fatal { failure: last_failure } => Some(last_failure),
+        }
+    }
+
+    /// When the other side asked to be tried again, for a [`Deferred`](Outcome::Deferred)
+    /// outcome.
+    pub const fn retry_at(&self) -> Option<Instant> {
+        match self {
+            Outcome::Deferred { retry_at, .. } => Some(*retry_at),
+            _ => None,
         }
     }
 }
@@ -363,6 +442,7 @@ impl<E> Outcome<E> {
 /// [`Outcome`] without its payload.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[non_exhaustive]
 pub enum OutcomeKind {
     /// See [`Outcome::Succeeded`].
     Succeeded,
@@ -376,18 +456,32 @@ pub enum OutcomeKind {
     OutOfTime,
     /// See [`Outcome::Rejected`].
     Rejected,
+    /// See [`Outcome::Deferred`].
+    Deferred,
 }
 
-/// What an operation took (R5). Times are measured from the `now` values the driver passed.
+impl OutcomeKind {
+    /// Whether an outcome of this kind reports a last failure (every kind but `Succeeded` and
+    /// `Canceled`, which may have none).
+    const fn has_failure(self) -> bool {
+        !matches!(self, OutcomeKind::Succeeded | OutcomeKind::Canceled)
+    }
+}
+
+/// What an operation took (R5): the one statistics type of the core and of every driver.
+///
+/// Times are measured from the `now` values the machine was given. In the core `elapsed` is
+/// always known; a driver that did not read the clock when the first attempt started (the
+/// allocation- and clock-free success path, §8) reports `None` rather than a guess.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Stats {
     /// Attempts started.
-    pub attempts: u32,
+    pub attempts: u64,
     /// Time spent between a failure and the next attempt's start.
     pub slept: Duration,
-    /// Time from the first attempt's start to the outcome.
-    pub elapsed: Duration,
+    /// Time from the first attempt's start to the outcome, when it was measured.
+    pub elapsed: Option<Duration>,
 }
 
 /// Where an operation is; see [`Retry::status`].
@@ -399,14 +493,14 @@ pub enum RetryStatus {
     /// An attempt is running.
     Running {
         /// Its number.
-        attempt: u32,
+        attempt: u64,
         /// Its deadline.
         deadline: Option<Instant>,
     },
     /// Waiting before the next attempt.
     Sleeping {
         /// The attempt that starts next.
-        next_attempt: u32,
+        next_attempt: u64,
         /// When it starts.
         until: Instant,
     },
@@ -425,52 +519,49 @@ pub enum RetryError {
     #[error("the operation has not started; call `handle_start` first")]
     NotStarted,
     /// A result while no attempt runs (the machine is sleeping).
-    #[error("no attempt is running (the operation is waiting to retry); results belong to `Action::Start`ed attempts")]
+    #[error(
+        "no attempt is running (the operation is waiting to retry); results belong to `RetryAction::Start`ed attempts"
+    )]
     NoAttemptRunning,
     /// A result for an attempt other than the running one (an abandoned or future attempt).
     #[error("result for attempt {got}, but attempt {running} is the one running")]
     StaleAttempt {
         /// The attempt that runs.
-        running: u32,
+        running: u64,
         /// The attempt named by the input.
-        got: u32,
+        got: u64,
     },
     /// `handle_rejected` while no retry is scheduled.
-    #[error("no retry is scheduled, so there is nothing to reject; reject on `Action::Sleep`")]
+    #[error("no retry is scheduled, so there is nothing to reject; reject on `RetryAction::Sleep`")]
     NothingToReject,
     /// Any input after the outcome.
     #[error("the operation has finished ({0:?}); its outcome was final")]
     Finished(OutcomeKind),
+    /// An input while outputs of an earlier one wait to be drained (the drain rule).
+    #[error("actions of an earlier input wait to be drained; call `poll_action` until it returns `None` first")]
+    Undrained,
 }
 
-/// A refused [`Retry::handle_failure`]: the reason, and the failure handed back unchanged.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{error}")]
-pub struct FailureRefused<E> {
-    /// Why it was refused.
-    pub error: RetryError,
-    /// The failure, as given.
-    pub failure: Failure<E>,
+impl From<Misuse<OutcomeKind>> for RetryError {
+    fn from(misuse: Misuse<OutcomeKind>) -> Self {
+        match misuse {
+            Misuse::AlreadyStarted => RetryError::AlreadyStarted,
+            Misuse::NotStarted => RetryError::NotStarted,
+            Misuse::NoAttemptRunning => RetryError::NoAttemptRunning,
+            Misuse::Stale { current, got } => RetryError::StaleAttempt { running: current, got },
+            Misuse::Finished(kind) => RetryError::Finished(kind),
+            Misuse::Undrained => RetryError::Undrained,
+        }
+    }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
-enum Phase {
-    Idle,
-    /// `deadline == Instant::MAX` means none.
-    Running {
-        deadline: Instant,
-    },
-    Sleeping {
-        until: Instant,
-    },
-    Finished(OutcomeKind),
-}
-
-const ABANDON: u8 = 1;
-const SLEEP: u8 = 2;
-const START: u8 = 4;
-const FINISH: u8 = 8;
+/// How the failure decision's stops end a retried operation.
+const ENDS: Ends<OutcomeKind> = Ends {
+    fatal: OutcomeKind::Fatal,
+    canceled: OutcomeKind::Canceled,
+    limit: OutcomeKind::Exhausted,
+    deferred: OutcomeKind::Deferred,
+};
 
 /// One operation's retry state (rules R1–R6, B6).
 ///
@@ -481,21 +572,33 @@ const FINISH: u8 = 8;
 /// `poll_action` until it returns `None`, then wait until `poll_timeout` (without a timer if it
 /// is not later than `now`) and call [`handle_timeout`](Self::handle_timeout).
 ///
-/// **Drain order.** At most one of each, in this order: [`Action::Abandon`] (the running attempt
-/// timed out or was canceled), [`Action::Sleep`] (a retry is scheduled), [`Action::Start`],
-/// [`Action::Finish`] (exactly once per operation). A `handle_*` call replaces actions that were
-/// not drained before it.
+/// **Drain order.** At most one of each, in this order: [`RetryAction::Abandon`] (the running
+/// attempt timed out or was canceled), [`RetryAction::Sleep`] (a retry is scheduled),
+/// [`RetryAction::Start`], [`RetryAction::Finish`] (exactly once per operation). Every action
+/// of an input is reported; an input that arrives before they are drained is refused with
+/// [`RetryError::Undrained`] (and `handle_timeout` does nothing), so none is ever dropped
+/// unseen (the crate's drain rule).
 ///
 /// **Time.** Every input takes `now`; a `now` earlier than the latest accepted one is read as
 /// that latest one. [`handle_timeout`](Self::handle_timeout) before the instant that
 /// `poll_timeout` named, or twice, changes nothing.
 ///
+/// **Hints (B6).** A hinted delay is never shortened: a hint within `max_hint` and the total
+/// budget is waited in full; one past either ends the operation at once with
+/// [`Outcome::Deferred`], which carries the hinted instant.
+///
 /// **Misuse** (a result while sleeping, a stale attempt number, anything after the outcome)
 /// returns an error and leaves the machine exactly as it was (G12).
 ///
+/// **Another policy.** A `Retry` is plain data and may be driven under another policy than
+/// the one it started under (persisted, then loaded): a running attempt's deadline and a sleep
+/// already scheduled are kept; the new limits apply at once (a sleep that ends past the new
+/// attempt limit or total budget finishes `Exhausted` or `OutOfTime` instead of starting an
+/// attempt), and the new backoff and hint rule from the next failure.
+///
 /// ```
 /// use core::time::Duration;
-/// use persevere::{Action, Backoff, Failure, Instant, Outcome, Retry, RetryPolicy};
+/// use persevere::{Backoff, Failure, Instant, Outcome, Retry, RetryAction, RetryPolicy};
 /// use rand_core::SeedableRng;
 ///
 /// let policy = RetryPolicy::builder(Backoff::constant(Duration::from_millis(10)).build()?)
@@ -506,29 +609,24 @@ const FINISH: u8 = 8;
 /// let mut now = Instant::ZERO;
 ///
 /// retry.handle_start(&policy, now)?;
-/// assert_eq!(retry.poll_action(), Some(Action::Start { attempt: 1, deadline: None }));
+/// assert_eq!(retry.poll_action(), Some(RetryAction::Start { attempt: 1, deadline: None }));
 /// retry.handle_failure(&policy, now, 1, Failure::retryable("503"), &mut rng).unwrap();
-/// let Some(Action::Sleep { until, .. }) = retry.poll_action() else { unreachable!() };
+/// let Some(RetryAction::Sleep { until, .. }) = retry.poll_action() else { unreachable!() };
 /// now = until; // the driver sleeps
 /// retry.handle_timeout(&policy, now, &mut rng);
-/// assert_eq!(retry.poll_action(), Some(Action::Start { attempt: 2, deadline: None }));
-/// retry.handle_success(now, 2)?;
-/// let Some(Action::Finish { outcome, stats }) = retry.poll_action() else { unreachable!() };
+/// assert_eq!(retry.poll_action(), Some(RetryAction::Start { attempt: 2, deadline: None }));
+/// retry.handle_success(&policy, now, 2)?;
+/// let Some(RetryAction::Finish { outcome, stats }) = retry.poll_action() else { unreachable!() };
 /// assert_eq!(outcome, Outcome::Succeeded);
 /// assert_eq!((stats.attempts, stats.slept), (2, Duration::from_millis(10)));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize), serde(remote = "Self"))]
 pub struct Retry<E> {
-    phase: Phase,
-    attempt: u32,
-    pending: u8,
-    backoff: BackoffState,
+    engine: Attempts<E, OutcomeKind>,
     first_start: Instant,
-    last_now: Instant,
     slept_ns: u64,
-    last_failure: Option<LastFailure<E>>,
 }
 
 impl<E> Default for Retry<E> {
@@ -540,31 +638,19 @@ impl<E> Default for Retry<E> {
 impl<E> Retry<E> {
     /// An operation that has not started.
     pub const fn new() -> Self {
-        Retry {
-            phase: Phase::Idle,
-            attempt: 0,
-            pending: 0,
-            backoff: BackoffState::new(),
-            first_start: Instant::ZERO,
-            last_now: Instant::ZERO,
-            slept_ns: 0,
-            last_failure: None,
-        }
+        Retry { engine: Attempts::new(), first_start: Instant::ZERO, slept_ns: 0 }
     }
 
     /// Starts the operation: attempt 1 starts at `now`.
     ///
     /// # Errors
     /// [`RetryError::AlreadyStarted`] or [`RetryError::Finished`]; nothing changes.
+    #[inline]
     pub fn handle_start(&mut self, policy: &RetryPolicy, now: Instant) -> Result<(), RetryError> {
-        match self.phase {
-            Phase::Idle => {}
-            Phase::Finished(kind) => return Err(RetryError::Finished(kind)),
-            Phase::Running { .. } | Phase::Sleeping { .. } => return Err(RetryError::AlreadyStarted),
-        }
+        self.engine.check_idle()?;
+        let now = self.engine.accept(now);
         self.first_start = now;
-        self.last_now = now;
-        self.begin_attempt(policy, now);
+        self.engine.begin(now, policy.attempt_timeout_ns);
         Ok(())
     }
 
@@ -572,197 +658,180 @@ impl<E> Retry<E> {
     /// failure streak returns to zero (R4).
     ///
     /// # Errors
-    /// When `attempt` is not the running attempt; nothing changes.
-    #[inline]
-    pub fn handle_success(&mut self, now: Instant, attempt: u32) -> Result<(), RetryError> {
-        self.check_running(attempt)?;
-        self.last_now = self.last_now.later(now);
-        self.backoff.reset();
-        self.last_failure = None;
-        self.finish(OutcomeKind::Succeeded);
+    /// When `attempt` is not the running attempt, or actions wait to be drained; nothing
+    /// changes.
+    #[inline(always)]
+    pub fn handle_success(&mut self, policy: &RetryPolicy, now: Instant, attempt: u64) -> Result<(), RetryError> {
+        let _ = policy;
+        self.engine.check_running(attempt)?;
+        self.engine.accept(now);
+        self.engine.succeed();
+        self.engine.finish(OutcomeKind::Succeeded);
         Ok(())
     }
 
     /// Attempt `attempt` failed with `failure`: the machine schedules a retry
-    /// ([`Action::Sleep`]) or finishes, by the failure's class, the limits, the hint and the
-    /// total budget. Draws jitter from `rng` when the schedule needs it.
+    /// ([`RetryAction::Sleep`]) or finishes, by the failure's class, the limits, the hint and
+    /// the total budget. Draws jitter from `rng` when the schedule needs it.
     ///
     /// # Errors
-    /// When `attempt` is not the running attempt; nothing changes and the failure is handed back.
-    #[inline]
+    /// When `attempt` is not the running attempt, or actions wait to be drained; nothing
+    /// changes and the failure is handed back.
+    #[inline(always)]
     pub fn handle_failure<R: Rng + ?Sized>(
         &mut self,
         policy: &RetryPolicy,
         now: Instant,
-        attempt: u32,
+        attempt: u64,
         failure: Failure<E>,
         rng: &mut R,
-    ) -> Result<(), FailureRefused<E>> {
-        if let Err(error) = self.check_running(attempt) {
-            return Err(FailureRefused { error, failure });
+    ) -> Result<(), Refused<RetryError, Failure<E>>> {
+        if let Err(misuse) = self.engine.check_running(attempt) {
+            return Err(Refused::new(misuse.into(), failure));
         }
-        let now = self.last_now.later(now);
-        self.last_now = now;
-        self.pending = 0;
+        let now = self.engine.accept(now);
         self.decide(policy, now, failure.kind, Some(failure.error), rng);
         Ok(())
     }
 
     /// Wakes the machine: a sleep that has ended starts the next attempt; an attempt past its
-    /// deadline is abandoned and counts as a [`Timeout`](crate::FailureClass::Timeout) failure. Early, repeated
-    /// or spurious calls, and calls after the outcome, change nothing.
+    /// deadline is abandoned and counts as a [`Timeout`](crate::FailureClass::Timeout) failure.
+    /// Early, repeated or spurious calls, calls after the outcome, and calls while actions wait
+    /// to be drained change nothing.
+    #[inline(always)]
     pub fn handle_timeout<R: Rng + ?Sized>(&mut self, policy: &RetryPolicy, now: Instant, rng: &mut R) {
-        let now = self.last_now.later(now);
-        match self.phase {
-            Phase::Running { deadline } if deadline != Instant::MAX && deadline <= now => {
-                self.last_now = now;
-                self.pending = ABANDON;
+        let now = self.engine.last_now().later(now);
+        match self.engine.due(now) {
+            Due::Deadline => {
+                self.engine.accept(now);
+                self.engine.mark_ended();
                 self.decide(policy, now, FailureKind::Timeout, None, rng);
             }
-            Phase::Sleeping { until } if until <= now => {
-                self.slept_ns =
-                    self.slept_ns.saturating_add(saturating_nanos(now.saturating_duration_since(self.last_now)));
-                self.last_now = now;
-                self.attempt = self.attempt.saturating_add(1);
-                self.begin_attempt(policy, now);
+            Due::WaitOver => {
+                let slept = now.as_nanos().saturating_sub(self.engine.last_now().as_nanos());
+                self.slept_ns = self.slept_ns.saturating_add(slept);
+                self.engine.accept(now);
+                if now > self.first_start.saturating_add_nanos(policy.total_ns) {
+                    // Woken after the budget ran out (the sleep itself ended within it): no
+                    // attempt starts past the budget (R3).
+                    self.engine.finish(OutcomeKind::OutOfTime);
+                } else if self.engine.limit_reached(&policy.rules) {
+                    // Slept under a policy that allowed this retry, woken under one that does
+                    // not (a state made under another policy): its limit holds (R3).
+                    self.engine.finish(OutcomeKind::Exhausted);
+                } else {
+                    self.engine.begin(now, policy.attempt_timeout_ns);
+                }
             }
-            _ => {}
+            Due::Nothing => {}
         }
     }
 
-    /// The driver cancels the operation: it finishes with [`Outcome::Canceled`]; a running
-    /// attempt is abandoned.
+    /// The driver cancels the operation (also one that has not started): it finishes with
+    /// [`Outcome::Canceled`]; a running attempt is abandoned.
     ///
     /// # Errors
-    /// [`RetryError::Finished`] after the outcome; nothing changes.
-    pub fn handle_cancel(&mut self, now: Instant) -> Result<(), RetryError> {
-        let abandon = match self.phase {
-            Phase::Finished(kind) => return Err(RetryError::Finished(kind)),
-            Phase::Running { .. } => ABANDON,
-            Phase::Idle | Phase::Sleeping { .. } => 0,
-        };
-        self.last_now = self.last_now.later(now);
-        self.finish(OutcomeKind::Canceled);
-        self.pending |= abandon;
+    /// [`RetryError::Finished`] after the outcome, [`RetryError::Undrained`] while actions
+    /// wait to be drained; nothing changes.
+    #[inline]
+    pub fn handle_cancel(&mut self, policy: &RetryPolicy, now: Instant) -> Result<(), RetryError> {
+        let _ = policy;
+        if self.engine.cancel(now, OutcomeKind::Canceled)? == Phase::Idle {
+            // Canceled before it started: it took no time.
+            self.first_start = self.engine.last_now();
+        }
         Ok(())
     }
 
     /// The driver refuses the scheduled retry (a retry budget or breaker said no, U4): the
-    /// operation finishes with [`Outcome::Rejected`]. Call it on [`Action::Sleep`].
+    /// operation finishes with [`Outcome::Rejected`]. Call it on [`RetryAction::Sleep`], after
+    /// draining.
     ///
     /// # Errors
     /// [`RetryError::NothingToReject`] unless a retry is scheduled; nothing changes.
-    pub fn handle_rejected(&mut self, now: Instant) -> Result<(), RetryError> {
-        match self.phase {
-            Phase::Sleeping { .. } => {}
-            Phase::Finished(kind) => return Err(RetryError::Finished(kind)),
-            Phase::Idle => return Err(RetryError::NotStarted),
-            Phase::Running { .. } => return Err(RetryError::NothingToReject),
+    #[inline]
+    pub fn handle_rejected(&mut self, policy: &RetryPolicy, now: Instant) -> Result<(), RetryError> {
+        let _ = policy;
+        match self.engine.phase() {
+            Phase::Running | Phase::Abandoning => return Err(RetryError::NothingToReject),
+            _ => self.engine.check_started()?,
         }
-        self.last_now = self.last_now.later(now);
-        self.finish(OutcomeKind::Rejected);
+        self.engine.accept(now);
+        self.engine.finish(OutcomeKind::Rejected);
         Ok(())
     }
 
     /// The next action, in the documented drain order; `None` when there is nothing to do.
-    #[inline]
-    pub fn poll_action(&mut self) -> Option<Action<E>> {
-        let next = self.pending & self.pending.wrapping_neg();
-        self.pending &= !next;
-        match next {
-            0 => None,
-            ABANDON => Some(Action::Abandon { attempt: self.attempt }),
-            SLEEP => match self.phase {
-                Phase::Sleeping { until } => Some(Action::Sleep {
-                    next_attempt: self.attempt.saturating_add(1),
-                    delay: until.saturating_duration_since(self.last_now),
-                    until,
-                }),
-                _ => None,
-            },
-            START => match self.phase {
-                Phase::Running { deadline } => Some(Action::Start { attempt: self.attempt, deadline: some(deadline) }),
-                _ => None,
-            },
-            _ => match self.phase {
-                Phase::Finished(kind) => Some(Action::Finish { outcome: self.take_outcome(kind), stats: self.stats() }),
-                _ => None,
-            },
-        }
+    #[inline(always)]
+    pub fn poll_action(&mut self) -> Option<RetryAction<E>> {
+        Some(match self.engine.poll()? {
+            Output::Ended { attempt } => RetryAction::Abandon { attempt },
+            Output::Wait { next_attempt, delay, until } => RetryAction::Sleep { next_attempt, delay, until },
+            Output::Start { attempt, deadline } => RetryAction::Start { attempt, deadline },
+            Output::Finish(kind) => RetryAction::Finish { outcome: self.take_outcome(kind), stats: self.stats() },
+        })
     }
 
     /// When [`handle_timeout`](Self::handle_timeout) is next due: the running attempt's
     /// deadline, or the end of the current sleep; `None` when nothing is timed. A pure query.
     #[inline]
     pub fn poll_timeout(&self) -> Option<Instant> {
-        match self.phase {
-            Phase::Running { deadline } => some(deadline),
-            Phase::Sleeping { until } => Some(until),
-            Phase::Idle | Phase::Finished(_) => None,
-        }
+        self.engine.poll_timeout()
     }
 
     /// Where the operation is.
     pub fn status(&self) -> RetryStatus {
-        match self.phase {
+        let attempt = self.engine.attempt();
+        match self.engine.phase() {
             Phase::Idle => RetryStatus::Idle,
-            Phase::Running { deadline } => RetryStatus::Running { attempt: self.attempt, deadline: some(deadline) },
-            Phase::Sleeping { until } => RetryStatus::Sleeping { next_attempt: self.attempt.saturating_add(1), until },
+            // A retry never abandons an attempt without deciding at once.
+            Phase::Running | Phase::Abandoning => RetryStatus::Running { attempt, deadline: self.engine.deadline() },
+            Phase::Waiting => {
+                RetryStatus::Sleeping { next_attempt: attempt.saturating_add(1), until: self.engine.timer() }
+            }
             Phase::Finished(kind) => RetryStatus::Finished(kind),
         }
     }
 
     /// The number of the latest attempt started (0 before the start).
-    pub const fn attempt(&self) -> u32 {
-        self.attempt
+    pub const fn attempt(&self) -> u64 {
+        self.engine.attempt()
     }
 
-    /// Consecutive failures counted by the schedule; zero after a success (R4) and after a
-    /// hinted delay with `restart_after_hint`.
+    /// Consecutive failures so far (every attempt that failed: a success ends the operation,
+    /// R4).
     pub const fn streak(&self) -> u32 {
-        self.backoff.failures()
+        self.engine.streak()
     }
 
-    /// The last failure, while the operation runs (taken by the [`Action::Finish`] it ends with).
+    /// The latest `now` the machine accepted.
+    pub const fn now(&self) -> Instant {
+        self.engine.last_now()
+    }
+
+    /// The last failure, while the operation runs (taken by the [`RetryAction::Finish`] it
+    /// ends with).
     pub const fn last_failure(&self) -> Option<&LastFailure<E>> {
-        self.last_failure.as_ref()
+        self.engine.last_failure()
+    }
+
+    /// Whether actions wait to be drained.
+    pub const fn has_actions(&self) -> bool {
+        self.engine.has_actions()
     }
 
     /// What the operation has taken so far.
+    #[inline]
     pub fn stats(&self) -> Stats {
         Stats {
-            attempts: self.attempt,
+            attempts: self.engine.attempt(),
             slept: Duration::from_nanos(self.slept_ns),
-            elapsed: self.last_now.saturating_duration_since(self.first_start),
+            elapsed: Some(self.engine.last_now().saturating_duration_since(self.first_start)),
         }
     }
 
-    fn check_running(&self, attempt: u32) -> Result<(), RetryError> {
-        match self.phase {
-            Phase::Running { .. } if attempt == self.attempt => Ok(()),
-            Phase::Running { .. } => Err(RetryError::StaleAttempt { running: self.attempt, got: attempt }),
-            Phase::Sleeping { .. } => Err(RetryError::NoAttemptRunning),
-            Phase::Idle => Err(RetryError::NotStarted),
-            Phase::Finished(kind) => Err(RetryError::Finished(kind)),
-        }
-    }
-
-    fn begin_attempt(&mut self, policy: &RetryPolicy, now: Instant) {
-        if self.attempt == 0 {
-            self.attempt = 1;
-        }
-        let deadline = now.saturating_add_nanos(policy.attempt_timeout_ns);
-        self.phase = Phase::Running { deadline };
-        self.pending = START;
-    }
-
-    fn finish(&mut self, kind: OutcomeKind) {
-        self.phase = Phase::Finished(kind);
-        self.pending = FINISH;
-    }
-
-    /// Decides after a failure; `self.pending` may already hold `ABANDON`.
-    #[inline]
+    /// Decides after a failure (the running attempt's, or its timeout's).
+    #[inline(always)]
     fn decide<R: Rng + ?Sized>(
         &mut self,
         policy: &RetryPolicy,
@@ -771,80 +840,59 @@ impl<E> Retry<E> {
         error: Option<E>,
         rng: &mut R,
     ) {
-        let class = kind.class();
-        self.last_failure = Some(LastFailure { class, error });
-        let abandon = self.pending & ABANDON;
-        let verdict = match kind {
-            FailureKind::Fatal | FailureKind::Hinted(Hint::DoNotRetry) => Err(OutcomeKind::Fatal),
-            FailureKind::Canceled => Err(OutcomeKind::Canceled),
-            _ if self.attempt >= policy.max_attempts => Err(OutcomeKind::Exhausted),
-            _ => self.schedule(policy, now, kind, rng),
-        };
-        match verdict {
-            Ok(until) => {
-                self.phase = Phase::Sleeping { until };
-                self.pending = abandon | SLEEP;
-            }
-            Err(outcome) => {
-                self.finish(outcome);
-                self.pending |= abandon;
-            }
-        }
-    }
-
-    /// When the next attempt starts, or why there is none.
-    #[inline]
-    fn schedule<R: Rng + ?Sized>(
-        &mut self,
-        policy: &RetryPolicy,
-        now: Instant,
-        kind: FailureKind,
-        rng: &mut R,
-    ) -> Result<Instant, OutcomeKind> {
-        let budget_end = self.first_start.saturating_add_nanos(policy.total_ns);
-        if now > budget_end {
-            return Err(OutcomeKind::OutOfTime);
-        }
-        let hinted_ns = match kind {
-            FailureKind::Hinted(Hint::After(delay)) => Some(saturating_nanos(delay)),
-            FailureKind::Hinted(Hint::At(at)) => Some(saturating_nanos(at.saturating_duration_since(now))),
-            _ => None,
-        };
-        match hinted_ns {
-            Some(hinted) => {
-                let delay = hinted.min(policy.max_hint_ns);
-                if policy.restart_after_hint {
-                    self.backoff.reset();
+        match self.engine.fail(&policy.rules, now, kind, error, rng) {
+            Decision::Wait { delay_ns, hinted } => {
+                let until = now.saturating_add_nanos(delay_ns);
+                let budget_end = self.first_start.saturating_add_nanos(policy.total_ns);
+                if until <= budget_end {
+                    self.engine.wait(until);
+                } else if hinted {
+                    self.engine.defer(OutcomeKind::Deferred, until);
                 } else {
-                    self.backoff.record_external(delay);
+                    self.engine.finish(OutcomeKind::OutOfTime);
                 }
-                Ok(now.saturating_add_nanos(delay).earlier(budget_end))
             }
-            None => {
-                let delay = self.backoff.next_delay_ns(&policy.backoff, rng);
-                let until = now.saturating_add_nanos(delay);
-                if until > budget_end { Err(OutcomeKind::OutOfTime) } else { Ok(until) }
-            }
+            Decision::Stop(stop) => self.engine.stop(stop, ENDS),
         }
     }
 
+    #[inline]
     fn take_outcome(&mut self, kind: OutcomeKind) -> Outcome<E> {
-        let last = self.last_failure.take();
+        let last = self.engine.take_last_failure();
         match (kind, last) {
             (OutcomeKind::Succeeded, _) => Outcome::Succeeded,
             (OutcomeKind::Canceled, last_failure) => Outcome::Canceled { last_failure },
-            (kind, Some(last_failure)) => match kind {
-                OutcomeKind::Exhausted => Outcome::Exhausted { last_failure },
-                OutcomeKind::Fatal => Outcome::Fatal { failure: last_failure },
-                OutcomeKind::OutOfTime => Outcome::OutOfTime { last_failure },
-                _ => Outcome::Rejected { last_failure },
-            },
-            // Every other outcome is decided right after a failure was stored.
-            (_, None) => Outcome::Canceled { last_failure: None },
+            (OutcomeKind::Deferred, Some(last_failure)) => {
+                Outcome::Deferred { retry_at: self.engine.timer(), last_failure }
+            }
+            (OutcomeKind::Exhausted, Some(last_failure)) => Outcome::Exhausted { last_failure },
+            (OutcomeKind::Fatal, Some(failure)) => Outcome::Fatal { failure },
+            (OutcomeKind::OutOfTime, Some(last_failure)) => Outcome::OutOfTime { last_failure },
+            (OutcomeKind::Rejected, Some(last_failure)) => Outcome::Rejected { last_failure },
+            // Every other outcome is decided right after a failure was stored (and a loaded
+            // state is validated to have it), so this arm is never taken.
+            (_, last_failure) => Outcome::Canceled { last_failure },
         }
+    }
+
+    /// Whether a loaded state is one the transitions could have made.
+    #[cfg_attr(not(feature = "serde"), allow(dead_code))]
+    fn validate(&self) -> Result<(), &'static str> {
+        self.engine.validate(OutcomeKind::has_failure, OutcomeKind::Canceled)?;
+        if self.engine.phase() == Phase::Abandoning {
+            return Err("a retry never waits for an abandoned attempt to be dropped (only supervision does)");
+        }
+        if self.engine.phase() == Phase::Waiting && self.engine.last_failure().is_none() {
+            return Err("a retry waits without a failure to retry");
+        }
+        if self.first_start > self.engine.last_now() {
+            return Err("the first attempt started after the latest accepted instant");
+        }
+        if self.slept_ns > self.engine.last_now().as_nanos() - self.first_start.as_nanos() {
+            return Err("more time slept than has passed since the first attempt");
+        }
+        Ok(())
     }
 }
 
-const fn some(deadline: Instant) -> Option<Instant> {
-    if deadline.as_nanos() == u64::MAX { None } else { Some(deadline) }
-}
+crate::serde_validated!(Retry<E>, "a Retry");

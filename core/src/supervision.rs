@@ -5,14 +5,19 @@
 //! a per-task [`SupervisionPolicyBuilder`] and the supervisor-wide [`TaskDefaults`]; each
 //! inheritable setting is a [`Setting`]: inherit the default, switch it [`Off`](Setting::Off),
 //! or [`Set`](Setting::Set) it. A [`Supervision`] is one task's state, driven like every machine
-//! of the crate: `handle_*` in, [`TaskEvent`]s out.
+//! of the crate: `handle_*` in, [`SupervisionAction`]s out. Its attempts run on the attempt
+//! engine it shares with [`Retry`](crate::Retry); what is its own is the restart mode, the
+//! spacing of starts and the abandoning of a timed-out attempt.
 
 use core::time::Duration;
 
 use rand_core::Rng;
 
-use crate::backoff::{Backoff, BackoffState, Jitter};
-use crate::failure::{Failure, FailureClass, FailureKind, Hint, LastFailure};
+use crate::attempt::{Attempts, Due, Ends, Misuse, Output, Phase};
+use crate::backoff::{Backoff, Jitter};
+use crate::decision::{DEFAULT_MAX_HINT, Decision, FailureRules};
+use crate::error::Refused;
+use crate::failure::{Failure, FailureClass, FailureKind, LastFailure};
 use crate::time::saturating_nanos;
 use crate::{Instant, PolicyError};
 
@@ -65,7 +70,7 @@ pub enum Restart {
 ///
 /// [`TaskDefaults::new`] (also `Default`) is S2: restart on failure, exponential backoff from
 /// 200 ms, ×2, capped at 30 s, equal jitter, no attempt timeout, unlimited retries, and attempt
-/// starts at least 1 ms apart.
+/// starts at least 1 ms apart; hints honoured up to [`DEFAULT_MAX_HINT`] (B6).
 #[derive(Clone, Copy, Debug, PartialEq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct TaskDefaults {
@@ -80,6 +85,13 @@ pub struct TaskDefaults {
     pub max_retries: Option<u32>,
     /// The least time between two attempt starts of one task.
     pub min_spacing: Duration,
+    /// The longest delay a hint may ask for; a longer one finishes the task
+    /// [`Deferred`](TaskOutcome::Deferred) (B6). [`Duration::MAX`] honours any hint.
+    #[cfg_attr(feature = "serde", serde(default = "crate::decision::default_max_hint"))]
+    pub max_hint: Duration,
+    /// Whether the backoff starts over from its first delay after a hinted delay (B6).
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub restart_after_hint: bool,
 }
 
 impl TaskDefaults {
@@ -91,6 +103,8 @@ impl TaskDefaults {
             attempt_timeout: None,
             max_retries: None,
             min_spacing: Duration::from_millis(1),
+            max_hint: DEFAULT_MAX_HINT,
+            restart_after_hint: false,
         }
     }
 }
@@ -104,8 +118,9 @@ impl Default for TaskDefaults {
 /// A task's own settings before they are resolved against [`TaskDefaults`].
 ///
 /// Start from [`SupervisionPolicy::once`], [`restartable`](SupervisionPolicy::restartable),
-/// [`periodic`](SupervisionPolicy::periodic) or [`from_defaults`](SupervisionPolicy::from_defaults);
-/// every other setting inherits until set.
+/// [`periodic`](SupervisionPolicy::periodic) or [`from_defaults`](SupervisionPolicy::from_defaults)
+/// (or the same constructors on this builder); every other setting inherits until set. The
+/// drivers' `TaskSpec` is this type.
 #[derive(Clone, Copy, Debug, PartialEq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[must_use = "a builder does nothing until `build()` is called"]
@@ -121,6 +136,12 @@ pub struct SupervisionPolicyBuilder {
     pub max_retries: Setting<u32>,
     /// The least time between two attempt starts; [`Setting::Off`] for zero.
     pub min_spacing: Setting<Duration>,
+    /// The longest delay a hint may ask for (B6); [`Setting::Off`] honours any hint.
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub max_hint: Setting<Duration>,
+    /// Whether the backoff starts over after a hinted delay (B6); [`Setting::Off`] for no.
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub restart_after_hint: Setting<bool>,
 }
 
 impl SupervisionPolicyBuilder {
@@ -131,7 +152,35 @@ impl SupervisionPolicyBuilder {
             attempt_timeout: Setting::Inherit,
             max_retries: Setting::Inherit,
             min_spacing: Setting::Inherit,
+            max_hint: Setting::Inherit,
+            restart_after_hint: Setting::Inherit,
         }
+    }
+
+    /// Run once: stop after a success and after a failure (as [`SupervisionPolicy::once`]).
+    pub const fn once() -> Self {
+        SupervisionPolicyBuilder::with_restart(Setting::Set(Restart::Once))
+    }
+
+    /// Stop after a success; retry a retryable failure (as [`SupervisionPolicy::restartable`]).
+    pub const fn restartable() -> Self {
+        SupervisionPolicyBuilder::with_restart(Setting::Set(Restart::Restartable))
+    }
+
+    /// Repeat `interval` after each successful attempt ends (as [`SupervisionPolicy::periodic`]).
+    pub const fn periodic(interval: Duration) -> Self {
+        SupervisionPolicyBuilder::with_restart(Setting::Set(Restart::Periodic { interval }))
+    }
+
+    /// Inherit everything from [`TaskDefaults`] (as [`SupervisionPolicy::from_defaults`]).
+    pub const fn from_defaults() -> Self {
+        SupervisionPolicyBuilder::with_restart(Setting::Inherit)
+    }
+
+    /// Sets the restart mode.
+    pub const fn restart(mut self, restart: Restart) -> Self {
+        self.restart = Setting::Set(restart);
+        self
     }
 
     /// Sets the backoff.
@@ -177,12 +226,25 @@ impl SupervisionPolicyBuilder {
         self
     }
 
+    /// Sets the longest delay a hint may ask for; a longer one finishes the task
+    /// [`Deferred`](TaskOutcome::Deferred) (B6). [`Duration::MAX`] honours any hint.
+    pub const fn max_hint(mut self, max_hint: Duration) -> Self {
+        self.max_hint = Setting::Set(max_hint);
+        self
+    }
+
+    /// Whether the backoff starts over from its first delay after a hinted delay (B6).
+    pub const fn restart_after_hint(mut self, restart: bool) -> Self {
+        self.restart_after_hint = Setting::Set(restart);
+        self
+    }
+
     /// Resolves the settings against `defaults` (explicit settings win) and validates them.
     ///
     /// # Errors
-    /// [`PolicyError::Zero`] when the effective `max_retries` or `attempt_timeout` is zero.
-    /// Durations beyond `u64::MAX` nanoseconds saturate (an interval of [`Duration::MAX`] never
-    /// comes round).
+    /// [`PolicyError::Zero`] when the effective `max_retries`, `attempt_timeout` or `max_hint`
+    /// is zero. Durations beyond `u64::MAX` nanoseconds saturate (an interval of
+    /// [`Duration::MAX`] never comes round).
     pub fn build(self, defaults: &TaskDefaults) -> Result<SupervisionPolicy, PolicyError> {
         let restart = self.restart.resolve(Some(defaults.restart)).unwrap_or(Restart::Once);
         let backoff = match self.backoff.resolve(Some(defaults.backoff)) {
@@ -209,9 +271,17 @@ impl SupervisionPolicyBuilder {
         let min_spacing_ns = self.min_spacing.resolve(Some(defaults.min_spacing)).map_or(0, saturating_nanos);
         let retries_allowed = match restart {
             Restart::Once => 0,
-            _ => max_retries.unwrap_or(u32::MAX),
+            _ => max_retries.map_or(u64::MAX, u64::from),
         };
-        Ok(SupervisionPolicy { restart, backoff, attempt_timeout_ns, max_retries, min_spacing_ns, retries_allowed })
+        let max_hint = self.max_hint.resolve(Some(defaults.max_hint)).unwrap_or(Duration::MAX);
+        let restart_after_hint = self.restart_after_hint.resolve(Some(defaults.restart_after_hint)).unwrap_or(false);
+        Ok(SupervisionPolicy {
+            restart,
+            rules: FailureRules::build(backoff, retries_allowed, max_hint, restart_after_hint)?,
+            attempt_timeout_ns,
+            max_retries,
+            min_spacing_ns,
+        })
     }
 }
 
@@ -240,35 +310,34 @@ impl SupervisionPolicyBuilder {
 )]
 pub struct SupervisionPolicy {
     restart: Restart,
-    backoff: Backoff,
+    /// The backoff, the hint rule, and how many failures of a streak are retried (0 for
+    /// `once`, `max_retries`, or all), so the decision is one compare.
+    rules: FailureRules,
     /// `u64::MAX` for none.
     attempt_timeout_ns: u64,
     max_retries: Option<u32>,
     min_spacing_ns: u64,
-    /// Derived: how many failures of a streak are retried (0 for `once`, `max_retries`, or
-    /// `u32::MAX` for unlimited), so the decision is one compare.
-    retries_allowed: u32,
 }
 
 impl SupervisionPolicy {
     /// Run once: stop after a success and after a failure.
     pub const fn once() -> SupervisionPolicyBuilder {
-        SupervisionPolicyBuilder::with_restart(Setting::Set(Restart::Once))
+        SupervisionPolicyBuilder::once()
     }
 
     /// Stop after a success; retry a retryable failure.
     pub const fn restartable() -> SupervisionPolicyBuilder {
-        SupervisionPolicyBuilder::with_restart(Setting::Set(Restart::Restartable))
+        SupervisionPolicyBuilder::restartable()
     }
 
     /// Repeat `interval` after each successful attempt ends; retry a retryable failure.
     pub const fn periodic(interval: Duration) -> SupervisionPolicyBuilder {
-        SupervisionPolicyBuilder::with_restart(Setting::Set(Restart::Periodic { interval }))
+        SupervisionPolicyBuilder::periodic(interval)
     }
 
     /// Inherit everything, the restart mode included, from [`TaskDefaults`].
     pub const fn from_defaults() -> SupervisionPolicyBuilder {
-        SupervisionPolicyBuilder::with_restart(Setting::Inherit)
+        SupervisionPolicyBuilder::from_defaults()
     }
 
     /// When the task restarts.
@@ -278,7 +347,7 @@ impl SupervisionPolicy {
 
     /// The backoff after consecutive failures.
     pub const fn backoff(&self) -> &Backoff {
-        &self.backoff
+        &self.rules.backoff
     }
 
     /// The per-attempt timeout.
@@ -294,6 +363,16 @@ impl SupervisionPolicy {
     /// The least time between two attempt starts.
     pub const fn min_spacing(&self) -> Duration {
         Duration::from_nanos(self.min_spacing_ns)
+    }
+
+    /// The longest hinted delay honoured ([`Duration::MAX`]: any).
+    pub fn max_hint(&self) -> Duration {
+        self.rules.max_hint()
+    }
+
+    /// Whether the backoff starts over after a hinted delay.
+    pub const fn restarts_after_hint(&self) -> bool {
+        self.rules.restart_after_hint
     }
 }
 
@@ -312,10 +391,12 @@ impl From<SupervisionPolicy> for SupervisionPolicyBuilder {
         let explicit = |value: Option<Duration>| value.map_or(Setting::Off, Setting::Set);
         SupervisionPolicyBuilder {
             restart: Setting::Set(policy.restart),
-            backoff: Setting::Set(policy.backoff),
+            backoff: Setting::Set(policy.rules.backoff),
             attempt_timeout: explicit(policy.attempt_timeout()),
             max_retries: policy.max_retries.map_or(Setting::Off, Setting::Set),
             min_spacing: Setting::Set(policy.min_spacing()),
+            max_hint: Setting::Set(policy.max_hint()),
+            restart_after_hint: Setting::Set(policy.rules.restart_after_hint),
         }
     }
 }
@@ -331,7 +412,7 @@ pub enum TaskOutcome<E> {
         /// That failure.
         last_failure: LastFailure<E>,
     },
-    /// A [`Fatal`](FailureKind::Fatal) or [`DoNotRetry`](Hint::DoNotRetry) failure.
+    /// A [`Fatal`](FailureKind::Fatal) or [`DoNotRetry`](crate::Hint::DoNotRetry) failure.
     Fatal {
         /// That failure.
         failure: LastFailure<E>,
@@ -349,6 +430,14 @@ pub enum TaskOutcome<E> {
     /// An attempt ran past the configured attempt timeout and was not retried (`once`, or the
     /// retry limit).
     TimedOut,
+    /// The last failure's hint asked for a retry at `retry_at`, later than `max_hint` allows
+    /// (B6): the hint is never shortened, so the task ends now and may be started again then.
+    Deferred {
+        /// When the other side asked to be tried again.
+        retry_at: Instant,
+        /// The failure that carried the hint.
+        last_failure: LastFailure<E>,
+    },
 }
 
 impl<E> TaskOutcome<E> {
@@ -361,6 +450,7 @@ impl<E> TaskOutcome<E> {
             TaskOutcome::Canceled { .. } => TaskOutcomeKind::Canceled,
             TaskOutcome::Panicked { .. } => TaskOutcomeKind::Panicked,
             TaskOutcome::TimedOut => TaskOutcomeKind::TimedOut,
+            TaskOutcome::Deferred { .. } => TaskOutcomeKind::Deferred,
         }
     }
 }
@@ -368,6 +458,7 @@ impl<E> TaskOutcome<E> {
 /// [`TaskOutcome`] without its payload.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[non_exhaustive]
 pub enum TaskOutcomeKind {
     /// See [`TaskOutcome::Completed`].
     Completed,
@@ -381,9 +472,22 @@ pub enum TaskOutcomeKind {
     Panicked,
     /// See [`TaskOutcome::TimedOut`].
     TimedOut,
+    /// See [`TaskOutcome::Deferred`].
+    Deferred,
 }
 
-/// A lifecycle event of a supervised task (S6), drained with [`Supervision::poll_action`].
+impl TaskOutcomeKind {
+    /// Whether an outcome of this kind reports its failure.
+    const fn has_failure(self) -> bool {
+        matches!(
+            self,
+            TaskOutcomeKind::Failed | TaskOutcomeKind::Fatal | TaskOutcomeKind::Panicked | TaskOutcomeKind::Deferred
+        )
+    }
+}
+
+/// What the driver of a supervised task must do, and what happened (S6); drained with
+/// [`Supervision::poll_action`].
 ///
 /// Per attempt, in order: [`AttemptStarting`](Self::AttemptStarting), then exactly one of
 /// [`AttemptSucceeded`](Self::AttemptSucceeded), [`AttemptFailed`](Self::AttemptFailed),
@@ -392,7 +496,7 @@ pub enum TaskOutcomeKind {
 /// [`TaskFinished`](Self::TaskFinished) ends the task.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
-pub enum TaskEvent<E> {
+pub enum SupervisionAction<E> {
     /// Start attempt `attempt` now.
     AttemptStarting {
         /// The attempt number, from 1.
@@ -446,7 +550,7 @@ pub enum TaskEvent<E> {
 /// Where a task is; see [`Supervision::status`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
-pub enum TaskStatus {
+pub enum SupervisionStatus {
     /// Not started.
     Idle,
     /// An attempt runs.
@@ -483,7 +587,9 @@ pub enum SupervisionError {
     #[error("the task has not started; call `handle_start` first")]
     NotStarted,
     /// A result while no attempt runs (the task waits, or its attempt timed out).
-    #[error("no attempt is running; results belong to `TaskEvent::AttemptStarting` attempts that have not timed out")]
+    #[error(
+        "no attempt is running; results belong to `SupervisionAction::AttemptStarting` attempts that have not timed out"
+    )]
     NoAttemptRunning,
     /// A result for an attempt other than the current one.
     #[error("input for attempt {got}, but attempt {current} is the current one")]
@@ -495,40 +601,31 @@ pub enum SupervisionError {
     },
     /// `handle_abandoned` while no timed-out attempt waits to be dropped.
     #[error(
-        "no timed-out attempt is waiting to be dropped; call `handle_abandoned` after `TaskEvent::AttemptTimedOut`"
+        "no timed-out attempt is waiting to be dropped; call `handle_abandoned` after `SupervisionAction::AttemptTimedOut`"
     )]
     NothingAbandoned,
     /// Any input after the outcome.
     #[error("the task has finished ({0:?}); its outcome was final")]
     Finished(TaskOutcomeKind),
+    /// An input while actions of an earlier one wait to be drained (the drain rule).
+    #[error("actions of an earlier input wait to be drained; call `poll_action` until it returns `None` first")]
+    Undrained,
 }
 
-/// A refused input: the reason, and the input's payload handed back unchanged.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{error}")]
-pub struct SupervisionRefused<T> {
-    /// Why it was refused.
-    pub error: SupervisionError,
-    /// The payload, as given (a [`Failure`], or the panic of [`Supervision::handle_abandoned`]).
-    pub input: T,
+impl From<Misuse<TaskOutcomeKind>> for SupervisionError {
+    fn from(misuse: Misuse<TaskOutcomeKind>) -> Self {
+        match misuse {
+            Misuse::AlreadyStarted => SupervisionError::AlreadyStarted,
+            Misuse::NotStarted => SupervisionError::NotStarted,
+            Misuse::NoAttemptRunning => SupervisionError::NoAttemptRunning,
+            Misuse::Stale { current, got } => SupervisionError::StaleAttempt { current, got },
+            Misuse::Finished(kind) => SupervisionError::Finished(kind),
+            Misuse::Undrained => SupervisionError::Undrained,
+        }
+    }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
-enum Phase {
-    Idle,
-    /// `deadline == Instant::MAX` means none.
-    Running {
-        deadline: Instant,
-    },
-    Abandoning,
-    Waiting {
-        until: Instant,
-    },
-    Finished(TaskOutcomeKind),
-}
-
-/// How the current attempt ended, for its [`TaskEvent`].
+/// How the current attempt ended, for its [`SupervisionAction`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 enum Ended {
@@ -538,27 +635,25 @@ enum Ended {
     Canceled,
 }
 
-const ENDED: u8 = 1;
-const BACKOFF: u8 = 2;
-const STARTING: u8 = 4;
-const FINISH: u8 = 8;
-
 /// One supervised task's state (rules S1–S6).
 ///
 /// # Driving it
 ///
 /// Call [`handle_start`](Self::handle_start); then, after every `handle_*` call, drain
-/// [`poll_action`](Self::poll_action) until it returns `None` and act on each [`TaskEvent`]:
-/// run the attempt of [`AttemptStarting`](TaskEvent::AttemptStarting) and report it with
-/// [`handle_success`](Self::handle_success) or [`handle_failure`](Self::handle_failure); drop the
-/// attempt of [`AttemptTimedOut`](TaskEvent::AttemptTimedOut) and report the drop with
-/// [`handle_abandoned`](Self::handle_abandoned); wait until [`poll_timeout`](Self::poll_timeout)
-/// and call [`handle_timeout`](Self::handle_timeout).
+/// [`poll_action`](Self::poll_action) until it returns `None` and act on each
+/// [`SupervisionAction`]: run the attempt of
+/// [`AttemptStarting`](SupervisionAction::AttemptStarting) and report it with
+/// [`handle_success`](Self::handle_success) or [`handle_failure`](Self::handle_failure); drop
+/// the attempt of [`AttemptTimedOut`](SupervisionAction::AttemptTimedOut) and report the drop
+/// with [`handle_abandoned`](Self::handle_abandoned); wait until
+/// [`poll_timeout`](Self::poll_timeout) and call [`handle_timeout`](Self::handle_timeout).
 ///
 /// **Drain order.** At most one of each, in this order: the attempt's end
 /// (`AttemptSucceeded`, `AttemptFailed`, `AttemptTimedOut` or `AttemptCanceled`),
-/// `BackoffScheduled`, `AttemptStarting`, `TaskFinished` (exactly once per task). A `handle_*`
-/// call replaces events that were not drained before it.
+/// `BackoffScheduled`, `AttemptStarting`, `TaskFinished` (exactly once per task). Every action
+/// of an input is reported; an input that arrives before they are drained is refused with
+/// [`SupervisionError::Undrained`] (and `handle_timeout` does nothing), so none is ever dropped
+/// unseen.
 ///
 /// **Counting (S3).** `max_retries(n)` allows `n` retries after the first failure of a streak
 /// of consecutive failures, so `n + 1` failed attempts in a row; a success ends the streak.
@@ -568,43 +663,50 @@ const FINISH: u8 = 8;
 /// `min_spacing` after the previous start, whatever the backoff or interval says; a periodic
 /// task's interval runs from the end of its successful attempt.
 ///
+/// **Hints (B6).** A hinted delay is never shortened (spacing can only lengthen it); one past
+/// `max_hint` finishes the task [`Deferred`](TaskOutcome::Deferred) with the hinted instant.
+///
 /// **Time.** A `now` earlier than the latest accepted one is read as that latest one.
 /// `handle_timeout` early, or twice, changes nothing. **Misuse** returns an error and leaves the
 /// state exactly as it was.
 ///
+/// **Another policy.** A task is plain data and may be driven under another policy than the
+/// one it started under (persisted, then loaded): a running attempt's deadline and a wait
+/// already scheduled are kept; the new restart mode and limit apply when the wait ends (a task
+/// waiting to repeat under a policy that does not repeat finishes `Completed`, one waiting to
+/// retry past the new limit finishes `Failed`), and the new backoff, spacing and hint rule
+/// from the next attempt's end.
+///
 /// ```
 /// use core::time::Duration;
-/// use persevere::{Failure, Instant, SupervisionPolicy, Supervision, TaskDefaults, TaskEvent, TaskOutcome};
+/// use persevere::{Failure, Instant, Supervision, SupervisionAction, SupervisionPolicy, TaskDefaults, TaskOutcome};
 /// use rand_core::SeedableRng;
 ///
 /// let policy = SupervisionPolicy::restartable().max_retries(1).build(&TaskDefaults::new())?;
 /// let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
 /// let mut task = Supervision::<&str>::new();
 /// task.handle_start(&policy, Instant::ZERO)?;
-/// assert_eq!(task.poll_action(), Some(TaskEvent::AttemptStarting { attempt: 1, deadline: None }));
+/// assert_eq!(task.poll_action(), Some(SupervisionAction::AttemptStarting { attempt: 1, deadline: None }));
 /// task.handle_failure(&policy, Instant::from_millis(5), 1, Failure::retryable("io"), &mut rng).unwrap();
-/// assert!(matches!(task.poll_action(), Some(TaskEvent::AttemptFailed { attempt: 1, .. })));
-/// let Some(TaskEvent::BackoffScheduled { until, .. }) = task.poll_action() else { unreachable!() };
-/// task.handle_timeout(&policy, until); // 100..=200 ms later (equal jitter)
-/// assert!(matches!(task.poll_action(), Some(TaskEvent::AttemptStarting { attempt: 2, .. })));
+/// assert!(matches!(task.poll_action(), Some(SupervisionAction::AttemptFailed { attempt: 1, .. })));
+/// let Some(SupervisionAction::BackoffScheduled { until, .. }) = task.poll_action() else { unreachable!() };
+/// task.handle_timeout(&policy, until, &mut rng); // 100..=200 ms later (equal jitter)
+/// assert!(matches!(task.poll_action(), Some(SupervisionAction::AttemptStarting { attempt: 2, .. })));
 /// task.handle_success(&policy, until, 2)?;
-/// assert_eq!(task.poll_action(), Some(TaskEvent::AttemptSucceeded { attempt: 2 }));
-/// assert_eq!(task.poll_action(), Some(TaskEvent::TaskFinished { outcome: TaskOutcome::Completed, attempts: 2 }));
+/// assert_eq!(task.poll_action(), Some(SupervisionAction::AttemptSucceeded { attempt: 2 }));
+/// assert_eq!(
+///     task.poll_action(),
+///     Some(SupervisionAction::TaskFinished { outcome: TaskOutcome::Completed, attempts: 2 })
+/// );
 /// assert_eq!(task.poll_action(), None);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize), serde(remote = "Self"))]
 pub struct Supervision<E> {
-    phase: Phase,
-    attempt: u64,
-    failures: u32,
-    pending: u8,
-    ended: Ended,
-    backoff: BackoffState,
+    engine: Attempts<E, TaskOutcomeKind>,
     last_start: Instant,
-    last_now: Instant,
-    last_failure: Option<LastFailure<E>>,
+    ended: Ended,
 }
 
 impl<E> Default for Supervision<E> {
@@ -616,17 +718,7 @@ impl<E> Default for Supervision<E> {
 impl<E> Supervision<E> {
     /// A task that has not started.
     pub const fn new() -> Self {
-        Supervision {
-            phase: Phase::Idle,
-            attempt: 0,
-            failures: 0,
-            pending: 0,
-            ended: Ended::Succeeded,
-            backoff: BackoffState::new(),
-            last_start: Instant::ZERO,
-            last_now: Instant::ZERO,
-            last_failure: None,
-        }
+        Supervision { engine: Attempts::new(), last_start: Instant::ZERO, ended: Ended::Succeeded }
     }
 
     /// Starts the task: attempt 1 starts at `now` (S5: the first attempt is immediate).
@@ -634,14 +726,9 @@ impl<E> Supervision<E> {
     /// # Errors
     /// [`SupervisionError::AlreadyStarted`] or [`SupervisionError::Finished`]; nothing changes.
     pub fn handle_start(&mut self, policy: &SupervisionPolicy, now: Instant) -> Result<(), SupervisionError> {
-        match self.phase {
-            Phase::Idle => {}
-            Phase::Finished(kind) => return Err(SupervisionError::Finished(kind)),
-            _ => return Err(SupervisionError::AlreadyStarted),
-        }
-        let now = self.last_now.later(now);
-        self.last_now = now;
-        self.begin_attempt(policy, now);
+        self.engine.check_idle()?;
+        let now = self.engine.accept(now);
+        self.begin(policy, now);
         Ok(())
     }
 
@@ -649,7 +736,8 @@ impl<E> Supervision<E> {
     /// interval, any other finishes [`Completed`](TaskOutcome::Completed).
     ///
     /// # Errors
-    /// When `attempt` is not the running attempt; nothing changes.
+    /// When `attempt` is not the running attempt, or actions wait to be drained; nothing
+    /// changes.
     #[inline]
     pub fn handle_success(
         &mut self,
@@ -657,29 +745,27 @@ impl<E> Supervision<E> {
         now: Instant,
         attempt: u64,
     ) -> Result<(), SupervisionError> {
-        self.check_running(attempt)?;
-        let now = self.last_now.later(now);
-        self.last_now = now;
-        self.failures = 0;
-        self.backoff.reset();
-        self.last_failure = None;
-        self.ended = Ended::Succeeded;
-        self.pending = ENDED;
+        self.engine.check_running(attempt)?;
+        let now = self.engine.accept(now);
+        self.engine.succeed();
+        self.end(Ended::Succeeded);
         match policy.restart {
             Restart::Periodic { interval } => self.wait(policy, now, saturating_nanos(interval)),
-            Restart::Once | Restart::Restartable => self.finish(TaskOutcomeKind::Completed),
+            Restart::Once | Restart::Restartable => self.engine.finish(TaskOutcomeKind::Completed),
         }
         Ok(())
     }
 
     /// Attempt `attempt` failed (S4): [`Fatal`](FailureKind::Fatal) and
-    /// [`DoNotRetry`](Hint::DoNotRetry) finish `Fatal`, [`Canceled`](FailureKind::Canceled)
-    /// finishes `Canceled`, and any other failure (a timeout the task returned itself included)
-    /// is retried after the backoff (or the hinted delay) unless the policy is `once` or the
-    /// retry limit is reached, which finishes `Failed`. Draws jitter from `rng`.
+    /// [`DoNotRetry`](crate::Hint::DoNotRetry) finish `Fatal`,
+    /// [`Canceled`](FailureKind::Canceled) finishes `Canceled`, and any other failure (a
+    /// timeout the task returned itself included) is retried after the backoff (or the hinted
+    /// delay) unless the policy is `once` or the retry limit is reached, which finishes
+    /// `Failed`. Draws jitter from `rng`.
     ///
     /// # Errors
-    /// When `attempt` is not the running attempt; nothing changes and the failure is handed back.
+    /// When `attempt` is not the running attempt, or actions wait to be drained; nothing
+    /// changes and the failure is handed back.
     #[inline(always)]
     pub fn handle_failure<R: Rng + ?Sized>(
         &mut self,
@@ -688,45 +774,28 @@ impl<E> Supervision<E> {
         attempt: u64,
         failure: Failure<E>,
         rng: &mut R,
-    ) -> Result<(), SupervisionRefused<Failure<E>>> {
-        if let Err(error) = self.check_running(attempt) {
-            return Err(SupervisionRefused { error, input: failure });
+    ) -> Result<(), Refused<SupervisionError, Failure<E>>> {
+        if let Err(misuse) = self.engine.check_running(attempt) {
+            return Err(Refused::new(misuse.into(), failure));
         }
-        let now = self.last_now.later(now);
-        self.last_now = now;
-        let class = failure.kind.class();
-        self.last_failure = Some(LastFailure { class, error: Some(failure.error) });
-        self.pending = ENDED;
-        match failure.kind {
-            FailureKind::Canceled => {
-                self.ended = Ended::Canceled;
-                self.finish(TaskOutcomeKind::Canceled);
-            }
-            FailureKind::Fatal | FailureKind::Hinted(Hint::DoNotRetry) => {
-                self.ended = Ended::Failed(class);
-                self.finish(TaskOutcomeKind::Fatal);
-            }
-            kind => {
-                self.ended = Ended::Failed(class);
-                let hinted_ns = match kind {
-                    FailureKind::Hinted(Hint::After(delay)) => Some(saturating_nanos(delay)),
-                    FailureKind::Hinted(Hint::At(at)) => Some(saturating_nanos(at.saturating_duration_since(now))),
-                    _ => None,
-                };
-                self.retry_or_finish(policy, now, hinted_ns, TaskOutcomeKind::Failed, rng);
-            }
-        }
+        let now = self.engine.accept(now);
+        self.end(match failure.kind {
+            FailureKind::Canceled => Ended::Canceled,
+            kind => Ended::Failed(kind.class()),
+        });
+        self.decide(policy, now, failure.kind, Some(failure.error), TaskOutcomeKind::Failed, rng);
         Ok(())
     }
 
-    /// The driver dropped attempt `attempt` after [`TaskEvent::AttemptTimedOut`]. A clean drop
-    /// (`panic == None`) makes the timeout a retryable failure (S4): retried like any other, or
-    /// the task finishes [`TimedOut`](TaskOutcome::TimedOut). A panic while dropping
-    /// (`Some(error)`) finishes the task [`Panicked`](TaskOutcome::Panicked), never retried.
+    /// The driver dropped attempt `attempt` after
+    /// [`SupervisionAction::AttemptTimedOut`]. A clean drop (`panic == None`) makes the
+    /// timeout a retryable failure (S4): retried like any other, or the task finishes
+    /// [`TimedOut`](TaskOutcome::TimedOut). A panic while dropping (`Some(error)`) finishes the
+    /// task [`Panicked`](TaskOutcome::Panicked), never retried.
     ///
     /// # Errors
-    /// When no timed-out attempt waits to be dropped, or `attempt` is another one; nothing
-    /// changes and the panic is handed back.
+    /// When no timed-out attempt waits to be dropped, `attempt` is another one, or actions
+    /// wait to be drained; nothing changes and the panic is handed back.
     pub fn handle_abandoned<R: Rng + ?Sized>(
         &mut self,
         policy: &SupervisionPolicy,
@@ -734,209 +803,191 @@ impl<E> Supervision<E> {
         attempt: u64,
         panic: Option<E>,
         rng: &mut R,
-    ) -> Result<(), SupervisionRefused<Option<E>>> {
-        let refusal = match self.phase {
-            Phase::Abandoning if attempt == self.attempt => None,
-            Phase::Abandoning => Some(SupervisionError::StaleAttempt { current: self.attempt, got: attempt }),
-            Phase::Idle => Some(SupervisionError::NotStarted),
-            Phase::Finished(kind) => Some(SupervisionError::Finished(kind)),
-            Phase::Running { .. } | Phase::Waiting { .. } => Some(SupervisionError::NothingAbandoned),
+    ) -> Result<(), Refused<SupervisionError, Option<E>>> {
+        let refusal = match self.engine.phase() {
+            Phase::Abandoning if attempt != self.engine.attempt() => {
+                Some(SupervisionError::StaleAttempt { current: self.engine.attempt(), got: attempt })
+            }
+            Phase::Abandoning => self.engine.check_started().err().map(SupervisionError::from),
+            Phase::Running | Phase::Waiting => Some(SupervisionError::NothingAbandoned),
+            Phase::Idle | Phase::Finished(_) => self.engine.check_started().err().map(SupervisionError::from),
         };
         if let Some(error) = refusal {
-            return Err(SupervisionRefused { error, input: panic });
+            return Err(Refused::new(error, panic));
         }
-        let now = self.last_now.later(now);
-        self.last_now = now;
-        self.pending = 0;
+        let now = self.engine.accept(now);
         match panic {
             Some(error) => {
-                self.last_failure = Some(LastFailure { class: FailureClass::Panicked, error: Some(error) });
-                self.finish(TaskOutcomeKind::Panicked);
+                // The timed-out attempt failed, and its drop panicked: counted, never retried (S4).
+                self.engine.record_failure(LastFailure { class: FailureClass::Panicked, error: Some(error) });
+                self.engine.count_failure();
+                self.engine.finish(TaskOutcomeKind::Panicked);
             }
-            None => self.retry_or_finish(policy, now, None, TaskOutcomeKind::TimedOut, rng),
+            None => self.decide(policy, now, FailureKind::Timeout, None, TaskOutcomeKind::TimedOut, rng),
         }
         Ok(())
     }
 
     /// Wakes the machine: an attempt past its deadline times out
-    /// ([`TaskEvent::AttemptTimedOut`]); a wait that has ended starts the next attempt. Early,
-    /// repeated or spurious calls change nothing.
-    pub fn handle_timeout(&mut self, policy: &SupervisionPolicy, now: Instant) {
-        let now = self.last_now.later(now);
-        match self.phase {
-            Phase::Running { deadline } if deadline != Instant::MAX && deadline <= now => {
-                self.last_now = now;
-                self.phase = Phase::Abandoning;
-                self.last_failure = Some(LastFailure { class: FailureClass::Timeout, error: None });
-                self.ended = Ended::TimedOut;
-                self.pending = ENDED;
+    /// ([`SupervisionAction::AttemptTimedOut`]); a wait that has ended starts the next attempt.
+    /// Early, repeated or spurious calls, and calls while actions wait to be drained, change
+    /// nothing.
+    pub fn handle_timeout<R: Rng + ?Sized>(&mut self, policy: &SupervisionPolicy, now: Instant, rng: &mut R) {
+        let _ = rng;
+        let now = self.engine.last_now().later(now);
+        match self.engine.due(now) {
+            Due::Deadline => {
+                self.engine.accept(now);
+                self.engine.abandon();
+                self.engine.record_failure(LastFailure { class: FailureClass::Timeout, error: None });
+                self.end(Ended::TimedOut);
             }
-            Phase::Waiting { until } if until <= now => {
-                self.last_now = now;
-                self.attempt = self.attempt.saturating_add(1);
-                self.begin_attempt(policy, now);
+            Due::WaitOver => {
+                self.engine.accept(now);
+                if self.engine.streak() == 0 && !matches!(policy.restart, Restart::Periodic { .. }) {
+                    // Waiting to repeat after a success, under a policy that does not repeat
+                    // (a state made under another policy): the task is done.
+                    self.engine.finish(TaskOutcomeKind::Completed);
+                } else if self.engine.limit_reached(&policy.rules) {
+                    // Waiting to retry past the limit of the policy it is driven under.
+                    self.engine.finish(TaskOutcomeKind::Failed);
+                } else {
+                    self.begin(policy, now);
+                }
             }
-            _ => {}
+            Due::Nothing => {}
         }
     }
 
-    /// The driver cancels the task: a running attempt ends with
-    /// [`AttemptCanceled`](TaskEvent::AttemptCanceled), and the task finishes
+    /// The driver cancels the task (also one that has not started): a running attempt ends
+    /// with [`AttemptCanceled`](SupervisionAction::AttemptCanceled), and the task finishes
     /// [`Canceled`](TaskOutcome::Canceled).
     ///
     /// # Errors
-    /// [`SupervisionError::Finished`] after the outcome; nothing changes.
-    pub fn handle_cancel(&mut self, now: Instant) -> Result<(), SupervisionError> {
-        let running = match self.phase {
-            Phase::Finished(kind) => return Err(SupervisionError::Finished(kind)),
-            Phase::Running { .. } => true,
-            Phase::Idle | Phase::Abandoning | Phase::Waiting { .. } => false,
-        };
-        self.last_now = self.last_now.later(now);
-        self.pending = 0;
-        if running {
+    /// [`SupervisionError::Finished`] after the outcome, [`SupervisionError::Undrained`]
+    /// while actions wait to be drained; nothing changes.
+    pub fn handle_cancel(&mut self, policy: &SupervisionPolicy, now: Instant) -> Result<(), SupervisionError> {
+        let _ = policy;
+        if self.engine.cancel(now, TaskOutcomeKind::Canceled)? == Phase::Running {
             self.ended = Ended::Canceled;
-            self.pending = ENDED;
         }
-        self.finish(TaskOutcomeKind::Canceled);
         Ok(())
     }
 
-    /// The next event, in the documented drain order; `None` when there is nothing to do.
+    /// The next action, in the documented drain order; `None` when there is nothing to do.
     #[inline]
-    pub fn poll_action(&mut self) -> Option<TaskEvent<E>> {
-        let next = self.pending & self.pending.wrapping_neg();
-        self.pending &= !next;
-        let attempt = self.attempt;
-        match next {
-            0 => None,
-            ENDED => Some(match self.ended {
-                Ended::Succeeded => TaskEvent::AttemptSucceeded { attempt },
-                Ended::Failed(class) => TaskEvent::AttemptFailed { attempt, class },
-                Ended::TimedOut => TaskEvent::AttemptTimedOut { attempt },
-                Ended::Canceled => TaskEvent::AttemptCanceled { attempt },
-            }),
-            BACKOFF => match self.phase {
-                Phase::Waiting { until } => Some(TaskEvent::BackoffScheduled {
-                    next_attempt: attempt.saturating_add(1),
-                    delay: until.saturating_duration_since(self.last_now),
-                    until,
-                }),
-                _ => None,
+    pub fn poll_action(&mut self) -> Option<SupervisionAction<E>> {
+        Some(match self.engine.poll()? {
+            Output::Ended { attempt } => match self.ended {
+                Ended::Succeeded => SupervisionAction::AttemptSucceeded { attempt },
+                Ended::Failed(class) => SupervisionAction::AttemptFailed { attempt, class },
+                Ended::TimedOut => SupervisionAction::AttemptTimedOut { attempt },
+                Ended::Canceled => SupervisionAction::AttemptCanceled { attempt },
             },
-            STARTING => match self.phase {
-                Phase::Running { deadline } => Some(TaskEvent::AttemptStarting { attempt, deadline: some(deadline) }),
-                _ => None,
-            },
-            _ => match self.phase {
-                Phase::Finished(kind) => {
-                    Some(TaskEvent::TaskFinished { outcome: self.take_outcome(kind), attempts: self.attempt })
-                }
-                _ => None,
-            },
-        }
+            Output::Wait { next_attempt, delay, until } => {
+                SupervisionAction::BackoffScheduled { next_attempt, delay, until }
+            }
+            Output::Start { attempt, deadline } => SupervisionAction::AttemptStarting { attempt, deadline },
+            Output::Finish(kind) => {
+                SupervisionAction::TaskFinished { outcome: self.take_outcome(kind), attempts: self.engine.attempt() }
+            }
+        })
     }
 
     /// When [`handle_timeout`](Self::handle_timeout) is next due: the running attempt's
     /// deadline, or the end of the current wait; `None` when nothing is timed. A pure query.
     #[inline]
     pub fn poll_timeout(&self) -> Option<Instant> {
-        match self.phase {
-            Phase::Running { deadline } => some(deadline),
-            Phase::Waiting { until } => Some(until),
-            Phase::Idle | Phase::Abandoning | Phase::Finished(_) => None,
-        }
+        self.engine.poll_timeout()
     }
 
     /// Where the task is.
-    pub fn status(&self) -> TaskStatus {
-        match self.phase {
-            Phase::Idle => TaskStatus::Idle,
-            Phase::Running { deadline } => TaskStatus::Running { attempt: self.attempt, deadline: some(deadline) },
-            Phase::Abandoning => TaskStatus::Abandoning { attempt: self.attempt },
-            Phase::Waiting { until } => TaskStatus::Waiting { next_attempt: self.attempt.saturating_add(1), until },
-            Phase::Finished(kind) => TaskStatus::Finished(kind),
+    pub fn status(&self) -> SupervisionStatus {
+        let attempt = self.engine.attempt();
+        match self.engine.phase() {
+            Phase::Idle => SupervisionStatus::Idle,
+            Phase::Running => SupervisionStatus::Running { attempt, deadline: self.engine.deadline() },
+            Phase::Abandoning => SupervisionStatus::Abandoning { attempt },
+            Phase::Waiting => {
+                SupervisionStatus::Waiting { next_attempt: attempt.saturating_add(1), until: self.engine.timer() }
+            }
+            Phase::Finished(kind) => SupervisionStatus::Finished(kind),
         }
     }
 
     /// The number of the latest attempt started (0 before the start).
     pub const fn attempt(&self) -> u64 {
-        self.attempt
+        self.engine.attempt()
     }
 
-    /// Consecutive failed attempts since the last success (S3).
-    pub const fn failures(&self) -> u32 {
-        self.failures
+    /// Consecutive failed attempts since the last success (S3): the streak, as
+    /// [`Retry::streak`](crate::Retry::streak) and [`Flow::streak`](crate::Flow::streak) count it.
+    pub const fn streak(&self) -> u32 {
+        self.engine.streak()
+    }
+
+    /// The latest `now` the machine accepted.
+    pub const fn now(&self) -> Instant {
+        self.engine.last_now()
+    }
+
+    /// Whether actions wait to be drained.
+    pub const fn has_actions(&self) -> bool {
+        self.engine.has_actions()
     }
 
     /// The last failure since the last success (taken by the `TaskFinished` it ends with).
     pub const fn last_failure(&self) -> Option<&LastFailure<E>> {
-        self.last_failure.as_ref()
+        self.engine.last_failure()
     }
 
-    fn check_running(&self, attempt: u64) -> Result<(), SupervisionError> {
-        match self.phase {
-            Phase::Running { .. } if attempt == self.attempt => Ok(()),
-            Phase::Running { .. } => Err(SupervisionError::StaleAttempt { current: self.attempt, got: attempt }),
-            Phase::Abandoning | Phase::Waiting { .. } => Err(SupervisionError::NoAttemptRunning),
-            Phase::Idle => Err(SupervisionError::NotStarted),
-            Phase::Finished(kind) => Err(SupervisionError::Finished(kind)),
-        }
-    }
-
-    fn begin_attempt(&mut self, policy: &SupervisionPolicy, now: Instant) {
-        if self.attempt == 0 {
-            self.attempt = 1;
-        }
+    fn begin(&mut self, policy: &SupervisionPolicy, now: Instant) {
         self.last_start = now;
-        let deadline = now.saturating_add_nanos(policy.attempt_timeout_ns);
-        self.phase = Phase::Running { deadline };
-        self.pending = STARTING;
+        self.engine.begin(now, policy.attempt_timeout_ns);
     }
 
-    /// After a retryable failure: counts it, then waits for the next attempt or finishes with
-    /// `not_retried`. `self.pending` may already hold `ENDED`.
+    /// The running attempt ended: its end is reported first.
     #[inline(always)]
-    fn retry_or_finish<R: Rng + ?Sized>(
+    fn end(&mut self, ended: Ended) {
+        self.ended = ended;
+        self.engine.mark_ended();
+    }
+
+    /// Decides after a failure; a retryable failure that is not retried finishes the task
+    /// `not_retried` (`Failed`, or `TimedOut` after the machine's own timeout).
+    #[inline(always)]
+    fn decide<R: Rng + ?Sized>(
         &mut self,
         policy: &SupervisionPolicy,
         now: Instant,
-        hinted_ns: Option<u64>,
+        kind: FailureKind,
+        error: Option<E>,
         not_retried: TaskOutcomeKind,
         rng: &mut R,
     ) {
-        // Saturates at `u32::MAX`, which an unlimited policy allows.
-        self.failures = self.failures.saturating_add(1);
-        if self.failures > policy.retries_allowed {
-            self.finish(not_retried);
-            return;
+        match self.engine.fail(&policy.rules, now, kind, error, rng) {
+            Decision::Wait { delay_ns, .. } => self.wait(policy, now, delay_ns),
+            Decision::Stop(stop) => self.engine.stop(
+                stop,
+                Ends {
+                    fatal: TaskOutcomeKind::Fatal,
+                    canceled: TaskOutcomeKind::Canceled,
+                    limit: not_retried,
+                    deferred: TaskOutcomeKind::Deferred,
+                },
+            ),
         }
-        let delay_ns = match hinted_ns {
-            Some(hinted) => {
-                self.backoff.record_external(hinted);
-                hinted
-            }
-            None => self.backoff.next_delay_ns(&policy.backoff, rng),
-        };
-        self.wait(policy, now, delay_ns);
     }
 
     /// Waits `delay_ns` from `now`, and at least `min_spacing` from the last start (S5).
     #[inline]
     fn wait(&mut self, policy: &SupervisionPolicy, now: Instant, delay_ns: u64) {
-        let until =
-            now.saturating_add_nanos(delay_ns).later(self.last_start.saturating_add_nanos(policy.min_spacing_ns));
-        self.phase = Phase::Waiting { until };
-        self.pending |= BACKOFF;
-    }
-
-    fn finish(&mut self, kind: TaskOutcomeKind) {
-        self.phase = Phase::Finished(kind);
-        self.pending |= FINISH;
+        let spaced = self.last_start.saturating_add_nanos(policy.min_spacing_ns);
+        self.engine.wait(now.saturating_add_nanos(delay_ns).later(spaced));
     }
 
     fn take_outcome(&mut self, kind: TaskOutcomeKind) -> TaskOutcome<E> {
-        let last = self.last_failure.take();
+        let last = self.engine.take_last_failure();
         match (kind, last) {
             (TaskOutcomeKind::Completed, _) => TaskOutcome::Completed,
             (TaskOutcomeKind::TimedOut, _) => TaskOutcome::TimedOut,
@@ -946,13 +997,47 @@ impl<E> Supervision<E> {
             }
             (TaskOutcomeKind::Fatal, Some(failure)) => TaskOutcome::Fatal { failure },
             (TaskOutcomeKind::Failed, Some(last_failure)) => TaskOutcome::Failed { last_failure },
-            // Every other outcome is decided right after its failure was stored; this arm
-            // only serves a second drain of the same outcome, which the pending bit prevents.
+            (TaskOutcomeKind::Deferred, Some(last_failure)) => {
+                TaskOutcome::Deferred { retry_at: self.engine.timer(), last_failure }
+            }
+            // Every other outcome is decided right after its failure was stored (and a loaded
+            // state is validated to have it), so this arm is never taken.
             (_, last_failure) => TaskOutcome::Canceled { last_failure },
         }
     }
+
+    /// Whether a loaded state is one the transitions could have made.
+    #[cfg_attr(not(feature = "serde"), allow(dead_code))]
+    fn validate(&self) -> Result<(), &'static str> {
+        self.engine.validate(TaskOutcomeKind::has_failure, TaskOutcomeKind::Canceled)?;
+        if self.last_start > self.engine.last_now() {
+            return Err("the last attempt started after the latest accepted instant");
+        }
+        if let (Phase::Finished(TaskOutcomeKind::Panicked), Some(LastFailure { error: None, .. })) =
+            (self.engine.phase(), self.engine.last_failure())
+        {
+            return Err("a task that panicked has no panic to report");
+        }
+        if self.engine.ended_pending() {
+            let streak = self.engine.streak();
+            let fits = match (self.engine.phase(), self.ended) {
+                (Phase::Abandoning, Ended::TimedOut) => true,
+                (Phase::Waiting, Ended::Succeeded) => streak == 0,
+                (Phase::Waiting, Ended::Failed(class)) => streak > 0 && class.is_retryable(),
+                (Phase::Finished(TaskOutcomeKind::Completed), Ended::Succeeded) => true,
+                (Phase::Finished(TaskOutcomeKind::Canceled), Ended::Canceled) => true,
+                (
+                    Phase::Finished(TaskOutcomeKind::Fatal | TaskOutcomeKind::Failed | TaskOutcomeKind::Deferred),
+                    Ended::Failed(_),
+                ) => true,
+                _ => false,
+            };
+            if !fits {
+                return Err("the attempt's end to report does not fit what followed it");
+            }
+        }
+        Ok(())
+    }
 }
 
-const fn some(deadline: Instant) -> Option<Instant> {
-    if deadline.as_nanos() == u64::MAX { None } else { Some(deadline) }
-}
+crate::serde_validated!(Supervision<E>, "a Supervision");

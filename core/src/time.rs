@@ -129,6 +129,74 @@ impl Instant {
     }
 }
 
+/// `instant + span`, saturating at [`Instant::MAX`] (as [`Instant::saturating_add`]), so that
+/// code that moves a clock by hand reads naturally: `now + Duration::from_millis(5)`.
+///
+/// ```
+/// use core::time::Duration;
+/// use persevere::Instant;
+///
+/// let now = Instant::from_secs(1) + Duration::from_millis(500);
+/// assert_eq!(now, Instant::from_millis(1_500));
+/// assert_eq!(Instant::MAX + Duration::from_secs(1), Instant::MAX);
+/// ```
+impl core::ops::Add<Duration> for Instant {
+    type Output = Instant;
+
+    fn add(self, span: Duration) -> Instant {
+        self.saturating_add(span)
+    }
+}
+
+/// `instant += span`, saturating at [`Instant::MAX`].
+impl core::ops::AddAssign<Duration> for Instant {
+    fn add_assign(&mut self, span: Duration) {
+        *self = self.saturating_add(span);
+    }
+}
+
+/// `instant - span`, saturating at [`Instant::ZERO`] (as [`Instant::saturating_sub`]).
+///
+/// ```
+/// use core::time::Duration;
+/// use persevere::Instant;
+///
+/// assert_eq!(Instant::from_secs(2) - Duration::from_secs(1), Instant::from_secs(1));
+/// assert_eq!(Instant::ZERO - Duration::from_secs(1), Instant::ZERO);
+/// ```
+impl core::ops::Sub<Duration> for Instant {
+    type Output = Instant;
+
+    fn sub(self, span: Duration) -> Instant {
+        self.saturating_sub(span)
+    }
+}
+
+/// `instant -= span`, saturating at [`Instant::ZERO`].
+impl core::ops::SubAssign<Duration> for Instant {
+    fn sub_assign(&mut self, span: Duration) {
+        *self = self.saturating_sub(span);
+    }
+}
+
+/// `later - earlier`: the span between two instants, zero if `earlier` is in fact later (as
+/// [`Instant::saturating_duration_since`]; time never runs backwards here either).
+///
+/// ```
+/// use core::time::Duration;
+/// use persevere::Instant;
+///
+/// assert_eq!(Instant::from_secs(3) - Instant::from_secs(1), Duration::from_secs(2));
+/// assert_eq!(Instant::from_secs(1) - Instant::from_secs(3), Duration::ZERO);
+/// ```
+impl core::ops::Sub<Instant> for Instant {
+    type Output = Duration;
+
+    fn sub(self, earlier: Instant) -> Duration {
+        self.saturating_duration_since(earlier)
+    }
+}
+
 /// A span in whole nanoseconds, or `None` if it does not fit in `u64` (more than ~584 years).
 pub(crate) const fn nanos_of(span: Duration) -> Option<u64> {
     let secs_ns = match span.as_secs().checked_mul(1_000_000_000) {

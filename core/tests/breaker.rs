@@ -71,14 +71,14 @@ fn k1_automatic_states_closed_open_half_open_closed() {
 fn k1_isolated_rejects_everything_and_disabled_admits_everything_until_reset() {
     let p = policy(|b| b.consecutive_failures(1));
     let mut b = Breaker::new(&p, 1);
-    b.handle_isolate(at(0));
+    b.handle_isolate(&p, at(0));
     assert_eq!(b.status(), BreakerStatus::Isolated);
     assert_eq!(b.try_acquire(&p, at(1_000_000), &mut rng()), Err(Rejected { retry_after: None }));
     assert_eq!(b.poll_timeout(), None);
     b.handle_timeout(&p, Instant::MAX, &mut rng());
     assert_eq!(b.status(), BreakerStatus::Isolated);
 
-    b.handle_disable(at(1));
+    b.handle_disable(&p, at(1));
     assert_eq!(b.status(), BreakerStatus::Disabled);
     for i in 0..50 {
         fail(&mut b, &p, at(2 + i));
@@ -580,7 +580,7 @@ fn k5_closed_and_disabled_permits_are_counted_out_and_back_across_states() {
     ));
 
     // Disabled counts the same way.
-    b.handle_disable(at(1_000));
+    b.handle_disable(&p, at(1_000));
     let permit = b.try_acquire(&p, at(1_000), &mut rng()).unwrap();
     b.record(&p, at(1_000), permit, CallOutcome::Failure, &mut rng()).unwrap();
     assert!(matches!(
@@ -616,6 +616,120 @@ fn k1_state_and_policy_round_trip_through_serde() {
     assert_eq!(serde_json::from_str::<Breaker>(&text).unwrap(), b);
     let text = serde_json::to_string(&p).unwrap();
     assert_eq!(serde_json::from_str::<BreakerPolicy>(&text).unwrap(), p);
+}
+
+/// Any state that loads is safe to drive (DESIGN §3). A breaker saved under a policy with
+/// consecutive failures only keeps no window; driven under a failure-rate policy, its window is
+/// rebuilt for that policy at the next record, and the rate rule trips it. (Before, it kept
+/// counting into no window and the rate rule silently never tripped.)
+#[test]
+fn k2_a_breaker_saved_under_consecutive_failures_and_driven_under_a_failure_rate_policy_trips_on_the_rate() {
+    let consecutive = policy(|b| b.consecutive_failures(5));
+    let mut b = Breaker::new(&consecutive, 1);
+    for i in 0..3 {
+        succeed(&mut b, &consecutive, at(i));
+    }
+    assert_eq!(b.window_counts().unwrap().calls, 0, "consecutive failures alone keep no window");
+    #[cfg(feature = "serde")]
+    let mut b: Breaker = serde_json::from_str(&serde_json::to_string(&b).unwrap()).unwrap();
+
+    let rated = policy(|b| b.failure_rate(0.5).count_window(4).minimum_calls(4));
+    succeed(&mut b, &rated, at(10));
+    succeed(&mut b, &rated, at(11));
+    fail(&mut b, &rated, at(12));
+    let counts = b.window_counts().unwrap();
+    assert_eq!((counts.calls, counts.failures), (3, 1), "the rate policy's window counts every call");
+    assert_eq!(b.status(), BreakerStatus::Closed, "1 of 3 calls failed, fewer than minimum_calls");
+    fail(&mut b, &rated, at(13));
+    assert!(matches!(b.status(), BreakerStatus::Open { .. }), "2 of 4 is the 50 % rate: {:?}", b.status());
+}
+
+/// Any state that loads is safe to drive (DESIGN §3): a closed window made for another window
+/// shape is rebuilt empty at the next record (a rate is never computed over calls counted in
+/// another shape), keeping the consecutive failures, which no window shape changes.
+#[test]
+fn k2_a_breaker_driven_under_another_window_shape_rebuilds_its_window_empty() {
+    // A count window of 10, then of 20.
+    let ten = policy(|b| b.consecutive_failures(5).failure_rate(0.5).count_window(10).minimum_calls(10));
+    let twenty = policy(|b| b.consecutive_failures(5).failure_rate(0.5).count_window(20).minimum_calls(10));
+    let mut b = Breaker::new(&ten, 1);
+    for outcome in [CallOutcome::Success, CallOutcome::Success, CallOutcome::Success] {
+        call(&mut b, &ten, at(0), outcome).unwrap();
+    }
+    fail(&mut b, &ten, at(0));
+    fail(&mut b, &ten, at(0));
+    let counts = b.window_counts().unwrap();
+    assert_eq!((counts.calls, counts.failures, counts.consecutive_failures), (5, 2, 2));
+    let mut longer = b;
+    fail(&mut b, &twenty, at(1));
+    let counts = b.window_counts().unwrap();
+    assert_eq!(
+        (counts.calls, counts.failures, counts.consecutive_failures),
+        (1, 1, 3),
+        "the counts restart; the consecutive failures go on"
+    );
+    fail(&mut b, &twenty, at(1));
+    assert_eq!(b.status(), BreakerStatus::Closed);
+    fail(&mut b, &twenty, at(1));
+    assert!(matches!(b.status(), BreakerStatus::Open { .. }), "2 + 3 consecutive failures trip it");
+    // The rebuilt window is 20 calls long.
+    for _ in 0..25 {
+        succeed(&mut longer, &twenty, at(2));
+    }
+    assert_eq!(longer.window_counts().unwrap().calls, 20);
+
+    // A time window, then a count window.
+    let timed = policy(|b| {
+        b.consecutive_failures(5).failure_rate(0.5).time_window(Duration::from_secs(10), 10).minimum_calls(2)
+    });
+    let counted = policy(|b| b.consecutive_failures(5).failure_rate(0.5).count_window(10).minimum_calls(10));
+    let mut b = Breaker::new(&timed, 2);
+    succeed(&mut b, &timed, at(0));
+    succeed(&mut b, &timed, at(1_000));
+    fail(&mut b, &timed, at(2_000));
+    let counts = b.window_counts().unwrap();
+    assert_eq!((counts.calls, counts.failures, counts.consecutive_failures), (3, 1, 1));
+    fail(&mut b, &counted, at(3_000));
+    let counts = b.window_counts().unwrap();
+    assert_eq!((counts.calls, counts.failures, counts.consecutive_failures), (1, 1, 2));
+    fail(&mut b, &counted, at(3_000));
+    fail(&mut b, &counted, at(3_000));
+    assert_eq!(b.status(), BreakerStatus::Closed, "3 calls, fewer than minimum_calls; 4 consecutive");
+    fail(&mut b, &counted, at(3_000));
+    assert!(matches!(b.status(), BreakerStatus::Open { .. }), "1 + 4 consecutive failures trip it");
+}
+
+/// Any state that loads is safe to drive (DESIGN §3): a persisted breaker whose time window no
+/// sequence of calls could have made is refused when it loads. (Before, a zero bucket width
+/// divided by zero, and a current bucket near `u32::MAX` overflowed, on the next record.)
+#[cfg(feature = "serde")]
+#[test]
+fn k2_a_loaded_breaker_with_an_impossible_window_is_refused() {
+    let p = policy(|b| b.failure_rate(0.5).time_window(Duration::from_secs(10), 10).minimum_calls(5));
+    let mut b = Breaker::new(&p, 1);
+    succeed(&mut b, &p, at(0));
+    fail(&mut b, &p, at(1_500));
+    let json = serde_json::to_string(&b).unwrap();
+    let loaded: Breaker = serde_json::from_str(&json).unwrap();
+    assert_eq!(loaded, b, "the unedited state loads");
+    let value: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert!(value["phase"]["Closed"]["ring"]["Time"].is_object(), "the breaker's JSON shape changed: {json}");
+
+    type Edit = fn(&mut serde_json::Value);
+    let edits: [(&str, Edit); 5] = [
+        ("a zero bucket width", |v| v["phase"]["Closed"]["ring"]["Time"]["width"] = 0.into()),
+        ("a current bucket near u32::MAX", |v| v["phase"]["Closed"]["ring"]["Time"]["slot"] = u32::MAX.into()),
+        ("a current bucket past the bucket count", |v| v["phase"]["Closed"]["ring"]["Time"]["slot"] = 10.into()),
+        ("calls that are not the sum of the buckets", |v| v["phase"]["Closed"]["calls"] = 7.into()),
+        ("failures that are not the sum of the buckets", |v| v["phase"]["Closed"]["failures"] = 0.into()),
+    ];
+    for (what, edit) in edits {
+        let mut edited = value.clone();
+        edit(&mut edited);
+        assert_ne!(edited, value, "{what}: the edit changed nothing");
+        let err = serde_json::from_str::<Breaker>(&edited.to_string()).unwrap_err().to_string();
+        assert!(err.contains("invalid state of a Breaker"), "{what}: {err}");
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -724,8 +838,8 @@ proptest! {
                     told = false;
                     now = now.saturating_add(ms(d));
                 }
-                Op::Isolate => b.handle_isolate(now),
-                Op::Disable => b.handle_disable(now),
+                Op::Isolate => b.handle_isolate(&p, now),
+                Op::Disable => b.handle_disable(&p, now),
                 Op::Reset => b.handle_reset(&p, now),
             }
             if let BreakerStatus::HalfOpen { permits } = b.status() {

@@ -4,8 +4,8 @@
 use core::time::Duration;
 
 use persevere::{
-    Action, Backoff, BudgetRefused, Failure, FailureClass, Instant, OutcomeKind, PolicyError, RatioBudget,
-    RatioBudgetPolicy, Retry, RetryClass, RetryPolicy, TokenBucket, TokenBucketPolicy,
+    Backoff, BudgetRefused, Failure, FailureClass, Instant, OutcomeKind, PolicyError, RatioBudget, RatioBudgetPolicy,
+    Retry, RetryAction, RetryClass, RetryPolicy, TokenBucket, TokenBucketPolicy,
 };
 use proptest::prelude::*;
 use rand_chacha::ChaCha8Rng;
@@ -202,6 +202,56 @@ fn u2_invalid_ratio_budget_configurations_are_policy_errors() {
     assert!(b.try_acquire(&never, secs(0)).is_err());
 }
 
+/// Any state that loads is safe to drive (DESIGN §3): a ratio budget remembers the bucket
+/// width and count it was kept in, and under a policy with another width or count it starts
+/// over empty, so counts kept in one shape are never read as buckets of another.
+#[test]
+fn u2_a_ratio_budget_driven_under_another_bucket_shape_starts_over_empty() {
+    let ten = RatioBudgetPolicy::builder(0.5).ttl(Duration::from_secs(10)).buckets(10).min_retries_per_sec(0);
+    let first = ten.build().unwrap();
+    let other_count = ten.buckets(5).build().unwrap();
+    let other_width = ten.ttl(Duration::from_secs(5)).build().unwrap();
+    assert_eq!(other_count.bucket_width(), Duration::from_secs(2));
+    assert_eq!((other_width.buckets(), other_width.bucket_width()), (10, Duration::from_millis(500)));
+    for (name, second) in [("another bucket count", other_count), ("another bucket width", other_width)] {
+        let mut b = RatioBudget::new();
+        for _ in 0..10 {
+            b.record_request(&first, secs(3));
+        }
+        assert!(b.try_acquire(&first, secs(3)).is_ok());
+        assert_eq!((b.requests(), b.retries()), (10, 1));
+        // The same instant, another shape: empty, so no request backs a retry.
+        assert_eq!(b.try_acquire(&second, secs(3)), Err(BudgetRefused), "{name}");
+        assert_eq!((b.requests(), b.retries()), (0, 0), "{name}: the counts started over");
+        // From there it counts in the new shape.
+        for _ in 0..4 {
+            b.record_request(&second, secs(3));
+        }
+        assert_eq!((0..10).filter(|_| b.try_acquire(&second, secs(3)).is_ok()).count(), 2, "{name}");
+        assert_eq!((b.requests(), b.retries()), (4, 2), "{name}");
+        // And back under the first policy, it starts over again.
+        b.record_request(&first, secs(3));
+        assert_eq!((b.requests(), b.retries()), (1, 0), "{name}");
+    }
+}
+
+/// A token bucket filled under a larger capacity (a persisted bucket, a replaced policy) is
+/// read as full at the capacity of the policy it is driven under.
+#[test]
+fn u1_a_token_bucket_above_the_capacity_of_its_policy_grants_no_more_than_that_capacity() {
+    let large = TokenBucketPolicy::aws();
+    let small = TokenBucketPolicy::builder(10).success_refund_milli(0).build().unwrap();
+    let mut b = TokenBucket::new(&large);
+    assert_eq!(b.balance_milli(), 500_000);
+    let granted = (0..1_000).filter(|_| b.try_acquire(&small, RetryClass::Transient).is_ok()).count();
+    assert_eq!(granted, 10, "one token per retry, from at most 10 tokens");
+    assert_eq!(b.balance_milli(), 0);
+    // A refund is capped at the small capacity too.
+    let mut b = TokenBucket::new(&large);
+    b.record_success(&small, None);
+    assert_eq!(b.balance_milli(), 10_000);
+}
+
 #[test]
 fn u3_sixty_percent_ratio_grants_sixty_percent_not_all() {
     let p = RatioBudgetPolicy::builder(0.6).min_retries_per_sec(0).build().unwrap();
@@ -253,13 +303,13 @@ fn u3_fractional_token_refunds_add_up_exactly() {
 
 /// Runs `operations` retried operations against one shared budget: each fails until
 /// `failures_each` attempts have failed, then succeeds. Returns the outcome of each.
-fn run_shared(operations: usize, failures_each: u32, mut ask: impl FnMut(Instant) -> bool) -> Vec<(OutcomeKind, u32)> {
+fn run_shared(operations: usize, failures_each: u32, mut ask: impl FnMut(Instant) -> bool) -> Vec<(OutcomeKind, u64)> {
     let policy = RetryPolicy::builder(Backoff::constant(Duration::from_millis(10)).build().unwrap())
         .max_attempts(10)
         .build()
         .unwrap();
     let mut rng = ChaCha8Rng::seed_from_u64(4);
-    let mut retries: Vec<Retry<u32>> = (0..operations).map(|_| Retry::new()).collect();
+    let mut retries: Vec<Retry<u64>> = (0..operations).map(|_| Retry::new()).collect();
     let mut outcomes = vec![None; operations];
     let mut now = Instant::ZERO;
     for r in &mut retries {
@@ -269,17 +319,19 @@ fn run_shared(operations: usize, failures_each: u32, mut ask: impl FnMut(Instant
         for (i, r) in retries.iter_mut().enumerate() {
             while let Some(action) = r.poll_action() {
                 match action {
-                    Action::Start { attempt, .. } if attempt > failures_each => r.handle_success(now, attempt).unwrap(),
-                    Action::Start { attempt, .. } => {
+                    RetryAction::Start { attempt, .. } if attempt > u64::from(failures_each) => {
+                        r.handle_success(&policy, now, attempt).unwrap()
+                    }
+                    RetryAction::Start { attempt, .. } => {
                         r.handle_failure(&policy, now, attempt, Failure::retryable(attempt), &mut rng).unwrap()
                     }
-                    Action::Sleep { .. } => {
+                    RetryAction::Sleep { .. } => {
                         if !ask(now) {
-                            r.handle_rejected(now).unwrap();
+                            r.handle_rejected(&policy, now).unwrap();
                         }
                     }
-                    Action::Finish { outcome, stats } => outcomes[i] = Some((outcome.kind(), stats.attempts)),
-                    Action::Abandon { .. } => {}
+                    RetryAction::Finish { outcome, stats } => outcomes[i] = Some((outcome.kind(), stats.attempts)),
+                    RetryAction::Abandon { .. } => {}
                 }
             }
         }
@@ -492,4 +544,39 @@ fn u1_budgets_round_trip_through_serde() {
     let mut b = RatioBudget::new();
     b.record_request(&p, secs(3));
     assert_eq!(serde_json::from_str::<RatioBudget>(&serde_json::to_string(&b).unwrap()).unwrap(), b);
+}
+
+/// Any state that loads is safe to drive (DESIGN §3): a persisted ratio budget whose totals are
+/// not the sums of its buckets, or whose current bucket is not one of its buckets, is refused
+/// when it loads.
+#[cfg(feature = "serde")]
+#[test]
+fn u2_a_loaded_ratio_budget_whose_totals_or_current_bucket_are_impossible_is_refused() {
+    let p = RatioBudgetPolicy::finagle();
+    let mut b = RatioBudget::new();
+    for t in 0..3 {
+        b.record_request(&p, secs(t));
+        b.record_request(&p, secs(t));
+    }
+    b.try_acquire(&p, secs(2)).unwrap();
+    let json = serde_json::to_string(&b).unwrap();
+    assert_eq!(serde_json::from_str::<RatioBudget>(&json).unwrap(), b, "the unedited state loads");
+    let value: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(value["count"], 10, "the budget's JSON shape changed: {json}");
+
+    type Edit = fn(&mut serde_json::Value);
+    let edits: [(&str, Edit); 5] = [
+        ("requests that are not the sum of the buckets", |v| v["requests"] = 7.into()),
+        ("retries that are not the sum of the buckets", |v| v["retries"] = 0.into()),
+        ("a current bucket equal to the bucket count", |v| v["slot"] = 10.into()),
+        ("a current bucket near u32::MAX", |v| v["slot"] = u32::MAX.into()),
+        ("a bucket count past the maximum", |v| v["count"] = 17.into()),
+    ];
+    for (what, edit) in edits {
+        let mut edited = value.clone();
+        edit(&mut edited);
+        assert_ne!(edited, value, "{what}: the edit changed nothing");
+        let err = serde_json::from_str::<RatioBudget>(&edited.to_string()).unwrap_err().to_string();
+        assert!(err.contains("invalid state of a RatioBudget"), "{what}: {err}");
+    }
 }

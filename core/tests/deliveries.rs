@@ -5,7 +5,7 @@
 use core::time::Duration;
 
 use persevere::{
-    Backoff, Deliveries, DeliveryAction, DeliveryCounts, DeliveryError, DeliveryPolicy, DeliveryState, Failure,
+    Backoff, Deliveries, DeliveryAction, DeliveryCounts, DeliveryError, DeliveryPolicy, DeliveryStatus, Failure,
     FailurePolicy, FreeReturn, Instant, Interruption, RetryPolicy, TerminalKind,
 };
 use proptest::prelude::*;
@@ -102,7 +102,7 @@ fn d9_counts_cover_every_task_in_exactly_one_state() {
         assert_eq!(t.hand_out_next(&p, at(0), &id), Some(u32::from(id)));
     }
     t.handle_started(&p, at(0), &2, 1, &2).unwrap();
-    t.handle_completed(at(0), &3, 1, &3).unwrap();
+    t.handle_completed(&p, at(0), &3, 1, &3).unwrap();
     t.handle_failed(&p, at(0), &4, 1, &4, Failure::retryable("x"), &mut r).unwrap();
     t.handle_returned(&p, at(0), &5, 1, &5, FreeReturn::SendFailed).unwrap();
     let counts = t.counts();
@@ -148,7 +148,7 @@ fn a_worker_lost_interrupts_every_attempt_it_holds() {
     for (id, attempt) in [(1, 2), (2, 2), (3, 1)] {
         assert_eq!(t.get(&id).unwrap().attempt(), attempt, "task {id}");
     }
-    assert!(matches!(t.get(&3).unwrap().state(), DeliveryState::HandedOut { worker: 2, .. }));
+    assert!(matches!(t.get(&3).unwrap().status(), DeliveryStatus::HandedOut { worker: 2, .. }));
 }
 
 #[test]
@@ -159,14 +159,104 @@ fn g12_the_table_refuses_unknown_and_duplicate_ids_and_changes_nothing() {
     t.insert(&p, at(0), 1, "a", 0).unwrap();
     let before = t.clone();
     let err = t.insert(&p, at(0), 1, "b", 0).unwrap_err();
-    assert_eq!((err.error, err.input), (DeliveryError::DuplicateTask, 1));
-    assert_eq!(t.handle_completed(at(0), &9, 1, &1), Err(DeliveryError::UnknownTask));
+    assert_eq!((err.error, err.input), (DeliveryError::DuplicateTask, (1, "b")));
+    assert_eq!(t.handle_completed(&p, at(0), &9, 1, &1), Err(DeliveryError::UnknownTask));
     let err = t.handle_failed(&p, at(0), &9, 1, &1, Failure::fatal("kept"), &mut r).unwrap_err();
     assert_eq!((err.error, err.input), (DeliveryError::UnknownTask, Failure::fatal("kept")));
     let err = t.handle_heartbeat(&p, at(0), &9, 1, &1, Some(3)).unwrap_err();
     assert_eq!((err.error, err.input), (DeliveryError::UnknownTask, Some(3)));
-    assert_eq!(t.handle_completed(at(0), &1, 1, &1), Err(DeliveryError::NotHandedOut { attempt: 1 }));
+    assert_eq!(t.handle_completed(&p, at(0), &1, 1, &1), Err(DeliveryError::NotHandedOut { attempt: 1 }));
     assert_eq!(t, before);
+}
+
+/// `poll_action` yields the actions of every task in one queue, in the order they were made:
+/// not grouped by task, not in id order.
+#[test]
+fn actions_of_several_inputs_to_several_tasks_come_out_in_the_order_they_were_made() {
+    let p = policy(3, 3);
+    let mut r = ChaCha8Rng::seed_from_u64(6);
+    let mut t = Table::new();
+    // Inserted out of id order: each insert makes its task's `Ready`.
+    for (id, ty) in [(3, "a"), (1, "a"), (2, "b")] {
+        t.insert(&p, at(0), id, ty, u64::from(id)).unwrap();
+    }
+    // Hand-outs go by id (1, 2, 3), then reports come back for 3, 2, 1.
+    assert_eq!(t.hand_out_next(&p, at(0), &1), Some(1));
+    assert_eq!(t.hand_out_next(&p, at(0), &2), Some(2));
+    assert_eq!(t.hand_out_next(&p, at(0), &3), Some(3));
+    t.handle_returned(&p, at(5), &3, 1, &3, FreeReturn::Declined).unwrap();
+    t.handle_completed(&p, at(6), &2, 1, &2).unwrap();
+    t.handle_failed(&p, at(10), &1, 1, &1, Failure::retryable("busy"), &mut r).unwrap();
+    t.handle_timeout(&p, at(110), &mut r);
+    assert_eq!(t.hand_out_next(&p, at(110), &3), None, "worker 3 declined type \"a\"");
+    assert_eq!(t.hand_out_next(&p, at(110), &1), Some(1));
+
+    let summary: Vec<(u32, &str, u64)> = drain(&mut t)
+        .into_iter()
+        .map(|(id, action)| match action {
+            DeliveryAction::Ready { attempt } => (id, "ready", attempt),
+            DeliveryAction::HandOut(out) => (id, "hand-out", out.attempt),
+            DeliveryAction::Revoke { attempt, .. } => (id, "revoke", attempt),
+            DeliveryAction::Finish(terminal) => (id, "finish", u64::from(terminal.kind() == TerminalKind::Completed)),
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        vec![
+            (3, "ready", 1),
+            (1, "ready", 1),
+            (2, "ready", 1),
+            (1, "hand-out", 1),
+            (2, "hand-out", 1),
+            (3, "hand-out", 1),
+            (3, "ready", 1),
+            (2, "finish", 1),
+            (1, "ready", 2),
+            (1, "hand-out", 2),
+        ]
+    );
+    assert_eq!(t.poll_action(), None);
+}
+
+/// A table persists its tasks, the declines and the undrained actions, and resumes exactly.
+#[cfg(feature = "serde")]
+#[test]
+fn a_table_survives_a_serde_round_trip_with_its_tasks_declines_and_undrained_actions() {
+    // Owned types throughout (a `&'static str` cannot be loaded from a string that goes away).
+    type Owned = Deliveries<u32, u8, u8, u32, u32, u32>;
+    let retry = RetryPolicy::builder(Backoff::constant(Duration::from_millis(100)).build().unwrap())
+        .max_attempts(3)
+        .build()
+        .unwrap();
+    let p = DeliveryPolicy::builder(retry).on_failure(FailurePolicy::Divert(9u32)).build().unwrap();
+    let mut r = ChaCha8Rng::seed_from_u64(7);
+    let mut t = Owned::new();
+    for (id, ty) in [(1, 0u8), (2, 0), (3, 1)] {
+        t.insert(&p, at(0), id, ty, u64::from(id)).unwrap();
+    }
+    assert_eq!(t.hand_out_next(&p, at(0), &1), Some(1));
+    t.handle_returned(&p, at(1), &1, 1, &1, FreeReturn::Declined).unwrap();
+    assert_eq!(t.hand_out_next(&p, at(2), &2), Some(1));
+    t.handle_heartbeat(&p, at(3), &1, 1, &2, Some(44)).unwrap();
+    assert_eq!(t.hand_out_next(&p, at(4), &1), Some(3), "worker 1 declined type 0");
+    t.handle_failed(&p, at(5), &3, 1, &1, Failure::retryable(500), &mut r).unwrap();
+    // Nothing drained yet: seven actions wait (three `Ready`, a decline's `Ready`, three hand-outs).
+
+    let json = serde_json::to_string(&t).unwrap();
+    let mut back: Owned = serde_json::from_str(&json).unwrap();
+    assert_eq!(back, t, "tasks, declines and undrained actions all come back");
+    assert!(back.has_declined(&1, &0));
+    assert_eq!(back.counts(), t.counts());
+    assert_eq!(back.get(&1).unwrap().checkpoint(), Some(&44));
+    let actions: Vec<_> = core::iter::from_fn(|| t.poll_action()).collect();
+    assert_eq!(actions.len(), 7, "{actions:?}");
+    assert_eq!(core::iter::from_fn(|| back.poll_action()).collect::<Vec<_>>(), actions);
+
+    // Both resume alike: the loaded table still refuses worker 1 a type-0 task.
+    assert_eq!(back.hand_out_next(&p, at(200), &1), t.hand_out_next(&p, at(200), &1));
+    back.handle_completed(&p, at(201), &1, 1, &2).unwrap();
+    t.handle_completed(&p, at(201), &1, 1, &2).unwrap();
+    assert_eq!(back, t);
 }
 
 proptest! {
@@ -193,7 +283,7 @@ proptest! {
             let refused = match kind {
                 0 => { t.hand_out_next(&p, now, &worker); false }
                 1 => t.handle_started(&p, now, &id, attempt, &worker).is_err(),
-                2 => t.handle_completed(now, &id, attempt, &worker).is_err(),
+                2 => t.handle_completed(&p, now, &id, attempt, &worker).is_err(),
                 3 => t.handle_failed(&p, now, &id, attempt, &worker, Failure::retryable("e"), &mut r).is_err(),
                 4 => t.handle_returned(&p, now, &id, attempt, &worker,
                         [FreeReturn::Declined, FreeReturn::SendFailed, FreeReturn::ClosedBeforeStart][k as usize]).is_err(),
@@ -217,4 +307,30 @@ proptest! {
             }
         }
     }
+}
+
+/// Time never runs backwards inside a machine (DESIGN §3), and a table reads it as each of its
+/// tasks would: a timeout with a stale `now` expires what the task's own latest `now` makes due.
+#[test]
+fn a_stale_timeout_expires_what_each_tasks_latest_now_makes_due() {
+    // Async: the persisted start is an input with its own `now`.
+    let p = DeliveryPolicy::builder(*policy(3, 3).retry())
+        .durability(persevere::Durability::Async)
+        .start_timeout(Duration::from_secs(1))
+        .on_failure(FailurePolicy::Divert("recover"))
+        .build()
+        .unwrap();
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    let mut table = Table::new();
+    table.insert(&p, at(0), 1, "pdf", 1).unwrap();
+    assert_eq!(table.hand_out_next(&p, at(1_000), &7), Some(1)); // lease until 2 s
+    table.handle_persisted(&p, at(3_000), &1, 1).unwrap(); // the task has seen 3 s
+    drain(&mut table);
+    table.handle_timeout(&p, at(1_500), &mut rng); // a stale reading: read as 3 s
+    let actions = drain(&mut table);
+    assert!(
+        actions.iter().any(|(_, a)| matches!(a, DeliveryAction::Revoke { reason: Interruption::LeaseExpired, .. })),
+        "the lease ended at 2 s, before the task's latest 3 s: {actions:?}"
+    );
+    assert!(matches!(table.get(&1).unwrap().status(), DeliveryStatus::Pending { attempt: 2, .. }));
 }

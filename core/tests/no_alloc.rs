@@ -6,9 +6,9 @@
 use std::time::Duration;
 
 use persevere::{
-    Action, Backoff, BackoffState, Breaker, BreakerPolicy, CallOutcome, Failure, Flow, FlowPolicy, Instant, Jitter,
-    RatioBudget, RatioBudgetPolicy, Retry, RetryClass, RetryPolicy, Supervision, SupervisionPolicy, TaskDefaults,
-    TokenBucket, TokenBucketPolicy,
+    Backoff, BackoffState, Breaker, BreakerPolicy, CallOutcome, Failure, Flow, FlowPolicy, Instant, Jitter,
+    RatioBudget, RatioBudgetPolicy, Retry, RetryAction, RetryClass, RetryPolicy, Supervision, SupervisionPolicy,
+    TaskDefaults, TokenBucket, TokenBucketPolicy,
 };
 use rand_chacha::ChaCha8Rng;
 use rand_core::SeedableRng;
@@ -60,11 +60,11 @@ fn a_full_retry_cycle_allocates_nothing() {
             retry.handle_start(&policy, now).unwrap();
             loop {
                 match retry.poll_action() {
-                    Some(Action::Start { attempt, .. }) if attempt < 3 => {
+                    Some(RetryAction::Start { attempt, .. }) if attempt < 3 => {
                         retry.handle_failure(&policy, now, attempt, Failure::retryable(round), &mut rng).unwrap();
                     }
-                    Some(Action::Start { attempt, .. }) => retry.handle_success(now, attempt).unwrap(),
-                    Some(Action::Finish { outcome, .. }) => {
+                    Some(RetryAction::Start { attempt, .. }) => retry.handle_success(&policy, now, attempt).unwrap(),
+                    Some(RetryAction::Finish { outcome, .. }) => {
                         std::hint::black_box(outcome);
                         break;
                     }
@@ -97,7 +97,7 @@ fn the_supervision_decision_allocates_nothing() {
             }
             while task.poll_action().is_some() {}
             now = task.poll_timeout().unwrap();
-            task.handle_timeout(&policy, now);
+            task.handle_timeout(&policy, now, &mut rng);
         }
     });
     assert_eq!(task.attempt(), 10_001);
@@ -113,12 +113,12 @@ fn flow_outcome_transitions_allocate_nothing() {
     let n = allocations(|| {
         for run in 0..10_000u32 {
             now = flow.poll_timeout().unwrap().later(now);
-            flow.handle_timeout(now);
+            flow.handle_timeout(&policy, now, &mut rng);
             while flow.poll_action().is_some() {}
             match run % 3 {
-                0 => flow.handle_failure(&policy, now, run, &mut rng).unwrap(),
-                1 => flow.handle_cancel(now).unwrap(),
-                _ => flow.handle_success(now).unwrap(),
+                0 => flow.handle_failure(&policy, now, Failure::retryable(run), &mut rng).unwrap(),
+                1 => flow.handle_cancel(&policy, now).unwrap(),
+                _ => flow.handle_success(&policy, now).unwrap(),
             }
             let _ = flow.info();
         }

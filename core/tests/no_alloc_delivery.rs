@@ -53,34 +53,42 @@ fn the_per_task_delivery_path_allocates_nothing() {
                 let mut task = Task::new(&policy, now, task_id, task_id + 1);
                 drain(&mut task);
                 // A decline (free), a crash (a retry), a heartbeat timeout (a retry), a failover,
-                // then a success or a final failure.
+                // then a success or a final failure; drained after every input (the drain rule).
                 task.handle_hand_out(&policy, now, 1).unwrap();
                 drain(&mut task);
                 task.handle_returned(&policy, now, 1, &1, FreeReturn::Declined).unwrap();
+                drain(&mut task);
                 task.handle_hand_out(&policy, now, 2).unwrap();
-                task.handle_persisted(now, 1).unwrap();
+                drain(&mut task);
+                task.handle_persisted(&policy, now, 1).unwrap();
                 task.handle_started(&policy, now, 1, &2).unwrap();
                 task.handle_heartbeat(&policy, now, 1, &2, Some(task_id)).unwrap();
                 task.handle_interrupted(&policy, now, 1, &2, Interruption::WorkerCrashed, &mut rng).unwrap();
                 drain(&mut task);
                 now = task.poll_timeout().unwrap_or(now);
                 task.handle_timeout(&policy, now, &mut rng);
+                drain(&mut task);
                 task.handle_hand_out(&policy, now, 3).unwrap();
+                drain(&mut task);
                 task.handle_heartbeat(&policy, now, 2, &3, None).unwrap();
                 now = task.poll_timeout().unwrap();
                 task.handle_timeout(&policy, now, &mut rng);
                 drain(&mut task);
                 now = task.poll_timeout().unwrap_or(now);
                 task.handle_timeout(&policy, now, &mut rng);
+                drain(&mut task);
                 task.handle_hand_out(&policy, now, 4).unwrap();
-                task.handle_failover(&policy, now, &mut rng);
+                drain(&mut task);
+                task.handle_failover(&policy, now, &mut rng).unwrap();
                 drain(&mut task);
                 now = task.poll_timeout().unwrap_or(now);
                 task.handle_timeout(&policy, now, &mut rng);
+                drain(&mut task);
                 let attempt = task.attempt();
                 task.handle_hand_out(&policy, now, 5).unwrap();
+                drain(&mut task);
                 if task_id % 2 == 0 {
-                    task.handle_completed(now, attempt, &5).unwrap();
+                    task.handle_completed(&policy, now, attempt, &5).unwrap();
                 } else {
                     task.handle_failed(&policy, now, attempt, &5, Failure::retryable(1), &mut rng).unwrap();
                 }
@@ -109,7 +117,7 @@ fn the_counter_sees_allocations() {
 #[test]
 fn the_table_allocates_nothing_per_hand_out_and_result_once_warm() {
     use persevere::Deliveries;
-    let retry = RetryPolicy::builder(Backoff::constant(Duration::ZERO).build().unwrap()).build().unwrap();
+    let retry = RetryPolicy::builder(Backoff::constant(Duration::ZERO).build().unwrap()).unbounded().build().unwrap();
     let policy = DeliveryPolicy::builder(retry).build().unwrap();
     let mut table = Deliveries::<u64, u8, u32, u64, u32>::new();
     let now = Instant::ZERO;
@@ -122,7 +130,7 @@ fn the_table_allocates_nothing_per_hand_out_and_result_once_warm() {
             let id = table.hand_out_next(&policy, now, &worker).unwrap();
             while table.poll_action().is_some() {}
             table.handle_started(&policy, now, &id, 1, &worker).unwrap();
-            table.handle_completed(now, &id, 1, &worker).unwrap();
+            table.handle_completed(&policy, now, &id, 1, &worker).unwrap();
             while table.poll_action().is_some() {}
         }
     });

@@ -4,8 +4,8 @@ use core::time::Duration;
 
 use persevere::presets::{self, WorkflowCap, WorkflowRetryOn};
 use persevere::{
-    Action, Backoff, Failure, FailureClass, Flow, FlowPolicy, FlowStatus, Instant, Jitter, Outcome, Retry, RetryPolicy,
-    SupervisionPolicy, TaskDefaults,
+    Backoff, DEFAULT_MAX_HINT, Failure, FailureClass, Flow, FlowPolicy, FlowStatus, Instant, Jitter, LastFailure,
+    Outcome, Retry, RetryAction, RetryPolicy, SupervisionPolicy, TaskDefaults, TripReason,
 };
 use rand_chacha::ChaCha8Rng;
 use rand_core::SeedableRng;
@@ -15,8 +15,9 @@ fn secs(n: u64) -> Duration {
 }
 
 /// Fails every attempt with `failure` and returns the delays slept and the outcome (stops after
-/// `limit` attempts with a cancel).
-fn delays(policy: &RetryPolicy, failure: impl Fn(u32) -> Failure<u32>, limit: u32) -> (Vec<Duration>, Outcome<u32>) {
+/// `limit` attempts with a cancel). Each action is acted on as it is polled: a start or a sleep
+/// is always the last action of its input, so every input comes after a full drain.
+fn delays(policy: &RetryPolicy, failure: impl Fn(u64) -> Failure<u64>, limit: u64) -> (Vec<Duration>, Outcome<u64>) {
     let mut r = ChaCha8Rng::seed_from_u64(4);
     let mut retry = Retry::new();
     let mut now = Instant::ZERO;
@@ -24,17 +25,18 @@ fn delays(policy: &RetryPolicy, failure: impl Fn(u32) -> Failure<u32>, limit: u3
     retry.handle_start(policy, now).unwrap();
     loop {
         match retry.poll_action() {
-            Some(Action::Start { attempt, .. }) if attempt > limit => retry.handle_cancel(now).unwrap(),
-            Some(Action::Start { attempt, .. }) => {
+            Some(RetryAction::Start { attempt, .. }) if attempt > limit => retry.handle_cancel(policy, now).unwrap(),
+            Some(RetryAction::Start { attempt, .. }) => {
                 retry.handle_failure(policy, now, attempt, failure(attempt), &mut r).unwrap()
             }
-            Some(Action::Sleep { delay, until, .. }) => {
+            Some(RetryAction::Sleep { delay, until, .. }) => {
+                assert!(!retry.has_actions(), "a sleep is the last action of its input");
                 slept.push(delay);
                 now = until;
                 retry.handle_timeout(policy, now, &mut r);
             }
-            Some(Action::Finish { outcome, .. }) => return (slept, outcome),
-            Some(Action::Abandon { .. }) => {} // the cancel of the attempt past `limit`
+            Some(RetryAction::Finish { outcome, .. }) => return (slept, outcome),
+            Some(RetryAction::Abandon { .. }) => {} // the cancel of the attempt past `limit`
             None => panic!("no deadlines here, so there is always an action"),
         }
     }
@@ -49,8 +51,9 @@ fn p_the_scheduler_preset_is_f2_and_its_trip_counts_like_the_source() {
     assert_eq!(p, FlowPolicy::builder().with_trip(1).build().unwrap());
     let mut flow = Flow::<()>::cron(Instant::ZERO);
     flow.trigger(Instant::ZERO).unwrap();
-    flow.handle_failure(&p, Instant::ZERO, (), &mut ChaCha8Rng::seed_from_u64(1)).unwrap();
-    assert_eq!(flow.status(), FlowStatus::Tripped { streak: 1, last_error: &() });
+    while flow.poll_action().is_some() {}
+    flow.handle_failure(&p, Instant::ZERO, Failure::retryable(()), &mut ChaCha8Rng::seed_from_u64(1)).unwrap();
+    assert_eq!(flow.status(), FlowStatus::Tripped { streak: 1, last_error: &(), reason: TripReason::Streak });
     assert!(FlowPolicy::builder().with_trip(0).build().is_err());
 }
 
@@ -68,6 +71,9 @@ fn p_the_supervisor_preset_is_s2() {
     );
     let p = SupervisionPolicy::from_defaults().build(&d).unwrap();
     assert_eq!((p.attempt_timeout(), p.max_retries(), p.min_spacing()), (None, None, Duration::from_millis(1)));
+    // Hints are not in S2; the core honours them up to the default `max_hint` (B6).
+    assert_eq!((d.max_hint, d.restart_after_hint), (DEFAULT_MAX_HINT, false));
+    assert_eq!((p.max_hint(), p.restarts_after_hint()), (DEFAULT_MAX_HINT, false));
 }
 
 #[test]
@@ -80,6 +86,7 @@ fn p_the_workflow_engine_preset_makes_3_attempts_from_1s_capped_with_jitter_0_25
             .build()
             .unwrap();
         assert_eq!(p, RetryPolicy::builder(expected).max_attempts(3).build().unwrap());
+        assert_eq!(p.max_hint(), DEFAULT_MAX_HINT, "the workflow engine keeps the default max_hint");
         assert_eq!(cap.duration(), secs(cap_secs));
         let (slept, outcome) = delays(&p, Failure::retryable, 100);
         assert_eq!(slept.len(), 2, "3 attempts in all");
@@ -103,10 +110,7 @@ fn p_the_workflow_engine_retries_only_transient_failures_when_asked() {
     let only = WorkflowRetryOn::TransientOnly;
     let (slept, outcome) = delays(&p, |a| only.classify(false, a), 100);
     assert!(slept.is_empty());
-    assert_eq!(
-        outcome,
-        Outcome::Fatal { failure: persevere::LastFailure { class: FailureClass::Fatal, error: Some(1) } }
-    );
+    assert_eq!(outcome, Outcome::Fatal { failure: LastFailure { class: FailureClass::Fatal, error: Some(1) } });
     let (slept, _) = delays(&p, |a| only.classify(true, a), 100);
     assert_eq!(slept.len(), 2);
     let (slept, _) = delays(&p, |a| WorkflowRetryOn::default().classify(false, a), 100);
@@ -117,12 +121,38 @@ fn p_the_workflow_engine_retries_only_transient_failures_when_asked() {
 fn p_the_durable_step_preset_is_1s_x2_cap_100s_unlimited_without_jitter_and_honours_retry_after() {
     let p = presets::durable_step();
     let expected = Backoff::exponential(secs(1), 2.0).max_delay(secs(100)).build().unwrap();
-    assert_eq!(p, RetryPolicy::builder(expected).build().unwrap());
+    // Unlimited on purpose (R3: a policy without a limit must say so), and any hint is
+    // honoured in full (B6: `max_hint` is `Duration::MAX`).
+    assert_eq!(p, RetryPolicy::builder(expected).unbounded().max_hint(Duration::MAX).build().unwrap());
+    assert!(p.is_unbounded());
+    assert_eq!(p.max_hint(), Duration::MAX);
     let (slept, _) = delays(&p, Failure::retryable, 12);
     let want: Vec<_> = [1, 2, 4, 8, 16, 32, 64, 100, 100, 100, 100, 100].into_iter().map(secs).collect();
     assert_eq!(slept, want, "no jitter; unlimited until canceled");
     let (slept, _) = delays(&p, |a| if a == 2 { Failure::retry_after(secs(7), a) } else { Failure::retryable(a) }, 4);
     assert_eq!(slept, vec![secs(1), secs(7), secs(4), secs(8)], "the hint replaces one delay and counts as a step");
+    // However long: a day is waited in full, never shortened and never deferred.
+    let day = secs(86_400);
+    let (slept, _) = delays(&p, |a| if a == 2 { Failure::retry_after(day, a) } else { Failure::retryable(a) }, 3);
+    assert_eq!(slept, vec![secs(1), day, secs(4)]);
+}
+
+#[test]
+fn p_the_workflow_engine_defers_a_hint_past_the_default_max_hint() {
+    // B6: the workflow engine keeps the default `max_hint` (5 min): a longer hint ends the
+    // operation `Deferred` with the hinted instant, never shortened; a shorter one is waited.
+    let p = presets::workflow_engine(WorkflowCap::Secs30);
+    let (slept, outcome) = delays(&p, |a| Failure::retry_after(secs(3_600), a), 100);
+    assert!(slept.is_empty(), "{slept:?}");
+    assert_eq!(
+        outcome,
+        Outcome::Deferred {
+            retry_at: Instant::ZERO + secs(3_600),
+            last_failure: LastFailure { class: FailureClass::RetryAfter, error: Some(1) },
+        }
+    );
+    let (slept, _) = delays(&p, |a| Failure::retry_after(DEFAULT_MAX_HINT, a), 100);
+    assert_eq!(slept, vec![DEFAULT_MAX_HINT, DEFAULT_MAX_HINT], "past the 30 s cap: a hint is not the schedule's");
 }
 
 #[test]

@@ -300,12 +300,12 @@ impl<Rt: Runtime> Breaker<Rt> {
 
     /// Forces the breaker open until [`reset`](Self::reset).
     pub fn isolate(&self) {
-        self.shared.update(|breaker, _, now, _| breaker.handle_isolate(now));
+        self.shared.update(|breaker, policy, now, _| breaker.handle_isolate(policy, now));
     }
 
     /// Forces the breaker closed, counting nothing, until [`reset`](Self::reset).
     pub fn disable(&self) {
-        self.shared.update(|breaker, _, now, _| breaker.handle_disable(now));
+        self.shared.update(|breaker, policy, now, _| breaker.handle_disable(policy, now));
     }
 
     /// Returns to automatic operation, closed, with empty counts.
@@ -317,7 +317,7 @@ impl<Rt: Runtime> Breaker<Rt> {
 /// A breaker vetoes retries while it would reject calls: retrying into an open circuit only
 /// adds load (U4).
 impl<Rt: Runtime> RetryGate for Breaker<Rt> {
-    fn allow_retry(&self, _: Instant, _: FailureClass) -> bool {
+    fn allow_retry(&self, _: Option<Instant>, _: FailureClass) -> bool {
         !matches!(self.status(), BreakerStatus::Open { .. } | BreakerStatus::Isolated)
     }
 }

@@ -37,7 +37,7 @@ enum Kind {
 /// use persevere_driver::{Budget, RetryGate};
 ///
 /// let budget = Budget::tokens(Clock, TokenBucketPolicy::builder(10).costs(5, 5, 5).build()?);
-/// let granted = (0..3).filter(|_| budget.allow_retry(persevere::Instant::ZERO, persevere::FailureClass::Retryable)).count();
+/// let granted = (0..3).filter(|_| budget.allow_retry(None, persevere::FailureClass::Retryable)).count();
 /// assert_eq!(granted, 2); // 10 tokens at 5 a retry
 /// # Ok::<(), persevere::PolicyError>(())
 /// ```
@@ -87,10 +87,14 @@ impl<Rt: Runtime> RetryGate for Budget<Rt> {
         }
     }
 
-    fn allow_retry(&self, now: Instant, class: FailureClass) -> bool {
-        match &self.shared.1 {
+    fn allow_retry(&self, now: Option<Instant>, class: FailureClass) -> bool {
+        let (runtime, kind) = &*self.shared;
+        match kind {
             Kind::Tokens { policy, bucket } => lock(bucket).try_acquire(policy, RetryClass::from(class)).is_ok(),
-            Kind::Ratio { policy, budget } => lock(budget).try_acquire(policy, now).is_ok(),
+            Kind::Ratio { policy, budget } => {
+                let now = now.unwrap_or_else(|| runtime.now());
+                lock(budget).try_acquire(policy, now).is_ok()
+            }
         }
     }
 

@@ -87,7 +87,7 @@ pub struct RetryEvent<'a, E> {
     /// How the failure was classified.
     pub class: FailureClass,
     /// The attempt that starts after the delay.
-    pub next_attempt: u32,
+    pub next_attempt: u64,
     /// The delay before it.
     pub delay: Duration,
 }
@@ -121,15 +121,17 @@ pub trait RetryGate {
         let _ = now;
     }
 
-    /// May a retry after a failure of `class` be scheduled?
-    fn allow_retry(&self, now: Instant, class: FailureClass) -> bool;
+    /// May a retry after a failure of `class` be scheduled? `now` is `None` when the
+    /// operation runs without reading the clock (its policy has no budget and no deadline); a
+    /// gate that needs the time reads its own clock then.
+    fn allow_retry(&self, now: Option<Instant>, class: FailureClass) -> bool;
 
     /// An attempt succeeded.
     fn on_success(&self) {}
 }
 
 impl RetryGate for () {
-    fn allow_retry(&self, _: Instant, _: FailureClass) -> bool {
+    fn allow_retry(&self, _: Option<Instant>, _: FailureClass) -> bool {
         true
     }
 }
@@ -139,7 +141,7 @@ impl<G: RetryGate + ?Sized> RetryGate for &G {
         (**self).on_request(now)
     }
 
-    fn allow_retry(&self, now: Instant, class: FailureClass) -> bool {
+    fn allow_retry(&self, now: Option<Instant>, class: FailureClass) -> bool {
         (**self).allow_retry(now, class)
     }
 
@@ -153,7 +155,7 @@ impl<G: RetryGate + ?Sized> RetryGate for std::sync::Arc<G> {
         (**self).on_request(now)
     }
 
-    fn allow_retry(&self, now: Instant, class: FailureClass) -> bool {
+    fn allow_retry(&self, now: Option<Instant>, class: FailureClass) -> bool {
         (**self).allow_retry(now, class)
     }
 

@@ -19,8 +19,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use chrono::{DateTime, Utc};
 use croner::Cron;
 use event_listener::Event;
-use persevere::{Flow, FlowAction, FlowError, FlowInfo, FlowPolicy, Flows, Instant, PolicyError};
+use persevere::{Failure, FailureKind, Flow, FlowAction, FlowError, FlowInfo, FlowPolicy, Flows, Instant, PolicyError};
 
+use crate::classify::Classifier;
 use crate::job::{JobError, catch_create, poll_caught};
 use crate::runtime::Runtime;
 use crate::spawn::Spawn;
@@ -49,10 +50,12 @@ pub enum SchedulerError {
     #[error("invalid flow setting: {0}")]
     Policy(#[from] PolicyError),
     /// `trigger` on a tripped flow (F7): reset it first.
-    #[error("the flow is tripped after {streak} consecutive failures; call `reset_flow` first")]
+    #[error("the flow is tripped ({reason:?}, with {streak} consecutive failures); call `reset_flow` first")]
     Tripped {
         /// Its failure streak.
         streak: u32,
+        /// Why it tripped.
+        reason: persevere::TripReason,
     },
     /// `trigger` while a run of the flow is in flight (F7): runs of one flow never overlap.
     #[error("the flow is already running; runs of one flow never overlap")]
@@ -69,7 +72,7 @@ impl From<FlowError> for SchedulerError {
     fn from(error: FlowError) -> Self {
         match error {
             FlowError::UnknownId => SchedulerError::UnknownId,
-            FlowError::Tripped { streak } => SchedulerError::Tripped { streak },
+            FlowError::Tripped { streak, reason } => SchedulerError::Tripped { streak, reason },
             FlowError::Running => SchedulerError::Running,
             other => SchedulerError::Flow(other),
         }
@@ -79,6 +82,27 @@ impl From<FlowError> for SchedulerError {
 /// A job: makes one run's future.
 type Job<E> = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Result<(), E>> + Send>> + Send + Sync>;
 
+/// A flow's classifier, shared by its runs (which never overlap, so the lock is never waited on).
+type SharedClassifier<E> = Arc<Mutex<dyn Classifier<E> + Send>>;
+
+/// What one run of a flow needs: its job, and how its errors are classified.
+struct Work<E> {
+    job: Job<E>,
+    classifier: Option<SharedClassifier<E>>,
+}
+
+impl<E> Clone for Work<E> {
+    fn clone(&self) -> Self {
+        Work { job: self.job.clone(), classifier: self.classifier.clone() }
+    }
+}
+
+/// How a run ended, as fed back into the flow.
+enum RunEnd<E> {
+    Succeeded,
+    Failed(Failure<JobError<E>>),
+}
+
 enum Schedule {
     Every(Duration),
     Cron(Box<Cron>),
@@ -86,7 +110,7 @@ enum Schedule {
 
 struct Spec<E> {
     schedule: Schedule,
-    job: Job<E>,
+    work: Work<E>,
     policy: Option<FlowPolicy>,
 }
 
@@ -109,7 +133,10 @@ struct Spec<E> {
 ///   runtime's clock from there, so cron flows run on paused or simulated time too; a later
 ///   step of the system's wall clock (an NTP correction) is not followed.
 /// - **Jobs** return `Result<(), E>`; a panic while creating or polling a run is caught and is
-///   a failure with [`JobError::Panicked`].
+///   a failure with [`JobError::Panicked`] (retryable). Every error is retryable unless the
+///   flow has a [`classify`](Self::classify)er: then `Fatal` and `DoNotRetry` trip the flow at
+///   once (the status says why), a hint (`Retry-After`) sets the backoff window, and
+///   `Canceled` is a clean cancel (F3, F4).
 pub struct Scheduler<Rt, Sp, K, E> {
     rt: Rt,
     spawner: Sp,
@@ -193,7 +220,24 @@ where
             return Err(SchedulerError::DuplicateId);
         }
         let job: Job<E> = Arc::new(move || Box::pin(job()));
-        self.specs.insert(id, Spec { schedule, job, policy: None });
+        self.specs.insert(id, Spec { schedule, work: Work { job, classifier: None }, policy: None });
+        Ok(self)
+    }
+
+    /// Classifies the errors of the flow `id`'s runs (a closure `FnMut(&E) -> FailureKind`, or
+    /// [`ByTrait`](crate::ByTrait)), as `retry` does: `Fatal` and `DoNotRetry` trip the flow at
+    /// once, a hint sets the window (bounded by the policy's `max_hint`, B6), `Canceled` is a
+    /// clean cancel. Without one, every error is retryable. A classifier that panics counts the
+    /// run as panicked.
+    ///
+    /// # Errors
+    /// [`SchedulerError::UnknownId`]; nothing changes.
+    pub fn classify<C>(&mut self, id: &K, classifier: C) -> Result<&mut Self, SchedulerError>
+    where
+        C: Classifier<E> + Send + 'static,
+    {
+        let spec = self.specs.get_mut(id).ok_or(SchedulerError::UnknownId)?;
+        spec.work.classifier = Some(Arc::new(Mutex::new(classifier)));
         Ok(self)
     }
 
@@ -270,7 +314,7 @@ where
                     Some(cron)
                 }
             };
-            entries.insert(id, Entry { job: spec.job, policy, cron });
+            entries.insert(id, Entry { work: spec.work, policy, cron });
         }
         let seed = self.seed.unwrap_or_else(|| self.rt.entropy());
         let shared = Arc::new(Shared {
@@ -282,6 +326,7 @@ where
                 entries,
                 cron_due,
                 rng: SplitMix64::new(seed),
+                default_policy: policies[0].clone(),
                 sleeping_until: Instant::ZERO,
                 in_flight: 0,
                 stopped: false,
@@ -329,7 +374,7 @@ impl WallClock {
 }
 
 struct Entry<E> {
-    job: Job<E>,
+    work: Work<E>,
     policy: Arc<FlowPolicy>,
     cron: Option<Box<Cron>>,
 }
@@ -340,6 +385,9 @@ struct State<K, E> {
     /// The next tick of each cron flow.
     cron_due: BTreeSet<(Instant, K)>,
     rng: SplitMix64,
+    /// The policy of flows without their own; given to the registry's `handle_timeout`, which
+    /// dispatches what is due whatever its policy.
+    default_policy: Arc<FlowPolicy>,
     /// What the timer loop sleeps until (`Instant::MAX` for nothing); a change that makes
     /// something due earlier nudges it.
     sleeping_until: Instant,
@@ -369,23 +417,24 @@ where
     /// Takes note of run `id`, which the registry has just dispatched; the caller spawns it
     /// with [`launch`](Self::launch) once the lock is released (a spawner may drop a future at
     /// once, and its drop takes the lock).
-    fn take_run(state: &mut State<K, E>, id: K, batch: &mut Vec<(K, Job<E>)>) {
+    fn take_run(state: &mut State<K, E>, id: K, batch: &mut Vec<(K, Work<E>)>) {
         if let Some(entry) = state.entries.get(&id) {
             state.in_flight += 1;
-            batch.push((id, entry.job.clone()));
+            batch.push((id, entry.work.clone()));
         }
     }
 
     /// Spawns the runs of `batch`. Called without the lock.
-    fn launch(self: &Arc<Self>, batch: &mut Vec<(K, Job<E>)>) {
-        for (id, job) in batch.drain(..) {
-            self.spawner.spawn(run(RunGuard { shared: self.clone(), id: Some(id) }, job));
+    fn launch(self: &Arc<Self>, batch: &mut Vec<(K, Work<E>)>) {
+        for (id, work) in batch.drain(..) {
+            self.spawner.spawn(run(RunGuard { shared: self.clone(), id: Some(id) }, work));
         }
     }
 
     /// Dispatches everything due at `now` into `batch`; returns when the loop must wake next.
-    fn dispatch_due(&self, state: &mut State<K, E>, now: Instant, batch: &mut Vec<(K, Job<E>)>) -> Option<Instant> {
-        state.flows.handle_timeout(now);
+    fn dispatch_due(&self, state: &mut State<K, E>, now: Instant, batch: &mut Vec<(K, Work<E>)>) -> Option<Instant> {
+        let default_policy = state.default_policy.clone();
+        state.flows.handle_timeout(&default_policy, now, &mut state.rng);
         while let Some((id, action)) = state.flows.poll_action() {
             if let FlowAction::Dispatch { .. } = action {
                 Self::take_run(state, id, batch);
@@ -396,7 +445,8 @@ where
                 break;
             }
             state.cron_due.pop_first();
-            match state.flows.handle_tick(&id, now, tick) {
+            let Some(policy) = state.entries.get(&id).map(|e| e.policy.clone()) else { continue };
+            match state.flows.handle_tick(&policy, now, &id, tick) {
                 Ok(FlowAction::Dispatch { .. }) => Self::take_run(state, id.clone(), batch),
                 Ok(_) => state.skipped_ticks += 1,
                 Err(_) => continue,
@@ -415,26 +465,23 @@ where
         }
     }
 
-    /// Feeds a run's result back (one transition under the lock, F3); `None` when the run was
+    /// Feeds a run's end back (one transition under the lock, F3); `None` when the run was
     /// dropped before it ended (a clean cancel, F4).
-    fn complete(&self, id: &K, result: Option<Result<Result<(), E>, Arc<str>>>) {
+    fn complete(&self, id: &K, end: Option<RunEnd<E>>) {
         let now = self.rt.now();
         let mut guard = lock(&self.state);
         let state = &mut *guard;
-        let policy = state.entries.get(id).map(|e| e.policy.clone());
-        // The flow is running this run (only its result ends it), so the registry accepts it.
-        let _ = match (result, policy) {
-            (Some(Ok(Ok(()))), _) => state.flows.handle_success(id, now),
-            (Some(Ok(Err(error))), Some(policy)) => state
-                .flows
-                .handle_failure(&policy, id, now, JobError::Error(error), &mut state.rng)
-                .map_err(|r| r.error),
-            (Some(Err(message)), Some(policy)) => state
-                .flows
-                .handle_failure(&policy, id, now, JobError::Panicked(message), &mut state.rng)
-                .map_err(|r| r.error),
-            _ => state.flows.handle_cancel(id, now),
-        };
+        // The flow is running this run (only its end ends it), and the registry drains its
+        // flows itself, so it accepts the run's end.
+        if let Some(policy) = state.entries.get(id).map(|e| e.policy.clone()) {
+            let _ = match end {
+                Some(RunEnd::Succeeded) => state.flows.handle_success(&policy, now, id),
+                Some(RunEnd::Failed(failure)) => {
+                    state.flows.handle_failure(&policy, now, id, failure, &mut state.rng).map_err(|r| r.error)
+                }
+                None => state.flows.handle_cancel(&policy, now, id),
+            };
+        }
         state.in_flight -= 1;
         let due = state.flows.get(id).and_then(Flow::poll_timeout);
         let wake = due.is_some_and(|due| due < state.sleeping_until);
@@ -478,7 +525,7 @@ where
 }
 
 /// One run of a flow.
-async fn run<Rt, Sp, K, E>(mut guard: RunGuard<Rt, Sp, K, E>, job: Job<E>)
+async fn run<Rt, Sp, K, E>(mut guard: RunGuard<Rt, Sp, K, E>, work: Work<E>)
 where
     Rt: Runtime + Send + Sync + 'static,
     Rt::Sleep: Send,
@@ -486,12 +533,23 @@ where
     K: Ord + Clone + Send + 'static,
     E: Clone + Send + 'static,
 {
-    let result = match catch_create(|| job()) {
+    let result = match catch_create(|| (work.job)()) {
         Ok(mut future) => poll_fn(|cx| poll_caught(future.as_mut(), cx)).await,
         Err(message) => Err(message),
     };
+    let end = match result {
+        Ok(Ok(())) => RunEnd::Succeeded,
+        Ok(Err(error)) => {
+            let kind = match &work.classifier {
+                Some(classifier) => catch_create(|| lock(classifier).classify(&error)).unwrap_or(FailureKind::Panicked),
+                None => FailureKind::Retryable,
+            };
+            RunEnd::Failed(Failure::new(kind, JobError::Error(error)))
+        }
+        Err(message) => RunEnd::Failed(Failure::panicked(JobError::Panicked(message))),
+    };
     if let Some(id) = guard.id.take() {
-        guard.shared.complete(&id, Some(result));
+        guard.shared.complete(&id, Some(end));
     }
 }
 
@@ -607,7 +665,7 @@ where
         if state.stopped {
             return Err(SchedulerError::Stopped);
         }
-        state.flows.trigger(id, now)?;
+        state.flows.trigger(now, id)?;
         let mut batch = Vec::with_capacity(1);
         Shared::<Rt, Sp, K, E>::take_run(&mut state, id.clone(), &mut batch);
         drop(state);
@@ -624,7 +682,7 @@ where
     pub fn reset_flow(&self, id: &K) -> Result<(), SchedulerError> {
         let now = self.shared.rt.now();
         let mut state = lock(&self.shared.state);
-        state.flows.reset_flow(id, now)?;
+        state.flows.reset_flow(now, id)?;
         let due = state.flows.get(id).and_then(Flow::poll_timeout);
         let wake = due.is_some_and(|due| due < state.sleeping_until);
         drop(state);

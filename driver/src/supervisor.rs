@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use event_listener::Event;
 use persevere::{
-    Backoff, Failure, Instant, PolicyError, Restart, Setting, Supervision, SupervisionPolicy, SupervisionPolicyBuilder,
-    TaskDefaults, TaskEvent, TaskOutcome, TaskOutcomeKind,
+    Failure, Instant, PolicyError, Supervision, SupervisionAction, SupervisionPolicy, SupervisionPolicyBuilder,
+    TaskDefaults, TaskOutcome, TaskOutcomeKind,
 };
 use pin_project_lite::pin_project;
 
@@ -35,9 +35,11 @@ const ABORT: u8 = 3;
 /// The default capacity of the event channel.
 pub const DEFAULT_EVENT_CAPACITY: usize = 1024;
 
-/// How one task restarts (S1): a restart mode and the settings that override the supervisor's
-/// [`TaskDefaults`]. Every setting not given is inherited; `without_*` switches an inherited
-/// setting off.
+/// How one task restarts (S1): the core's [`SupervisionPolicyBuilder`], under the name a
+/// supervisor's user reaches for. Start from [`TaskSpec::once`], [`TaskSpec::restartable`],
+/// [`TaskSpec::periodic`] or [`TaskSpec::from_defaults`]; every setting not given is inherited
+/// from the supervisor's [`TaskDefaults`], and `no_*` / `unlimited_retries` switch an inherited
+/// setting off. The supervisor resolves it with [`build`](SupervisionPolicyBuilder::build).
 ///
 /// ```
 /// use std::time::Duration;
@@ -45,105 +47,16 @@ pub const DEFAULT_EVENT_CAPACITY: usize = 1024;
 /// use persevere_driver::TaskSpec;
 ///
 /// let spec = TaskSpec::restartable()
-///     .with_backoff(Backoff::exponential(Duration::from_millis(100), 2.0).jitter(Jitter::Equal).build()?)
-///     .with_timeout(Duration::from_secs(5))
-///     .with_max_retries(3);
-/// let policy = spec.policy(&TaskDefaults::new())?;
+///     .backoff(Backoff::exponential(Duration::from_millis(100), 2.0).jitter(Jitter::Equal).build()?)
+///     .attempt_timeout(Duration::from_secs(5))
+///     .max_retries(3);
+/// let policy = spec.build(&TaskDefaults::new())?;
 /// assert_eq!(policy.restart(), Restart::Restartable);
 /// assert_eq!(policy.max_retries(), Some(3));
-/// assert!(TaskSpec::once().with_max_retries(0).policy(&TaskDefaults::new()).is_err());
+/// assert!(TaskSpec::once().max_retries(0).build(&TaskDefaults::new()).is_err());
 /// # Ok::<(), persevere::PolicyError>(())
 /// ```
-#[derive(Clone, Copy, Debug, PartialEq)]
-#[must_use = "a spec does nothing until it is given to `Supervisor::add`"]
-pub struct TaskSpec {
-    builder: SupervisionPolicyBuilder,
-}
-
-impl TaskSpec {
-    /// Runs once: stops after a success and after a failure.
-    pub const fn once() -> Self {
-        TaskSpec { builder: SupervisionPolicy::once() }
-    }
-
-    /// Stops after a success; retries a retryable failure.
-    pub const fn restartable() -> Self {
-        TaskSpec { builder: SupervisionPolicy::restartable() }
-    }
-
-    /// Repeats `interval` after each successful attempt ends (S5); retries a retryable failure.
-    pub const fn periodic(interval: Duration) -> Self {
-        TaskSpec { builder: SupervisionPolicy::periodic(interval) }
-    }
-
-    /// Inherits everything, the restart mode included, from the supervisor's [`TaskDefaults`].
-    pub const fn from_defaults() -> Self {
-        TaskSpec { builder: SupervisionPolicy::from_defaults() }
-    }
-
-    /// Sets the restart mode.
-    pub const fn with_restart(mut self, restart: Restart) -> Self {
-        self.builder.restart = Setting::Set(restart);
-        self
-    }
-
-    /// Sets the backoff after consecutive failures.
-    pub const fn with_backoff(mut self, backoff: Backoff) -> Self {
-        self.builder = self.builder.backoff(backoff);
-        self
-    }
-
-    /// Restarts after a failure without delay (starts stay `min_spacing` apart).
-    pub const fn without_backoff(mut self) -> Self {
-        self.builder = self.builder.no_backoff();
-        self
-    }
-
-    /// Sets the per-attempt timeout: an attempt still running after it is dropped, and the
-    /// task sees [`TaskEvent::AttemptTimedOut`] (S4).
-    pub const fn with_timeout(mut self, timeout: Duration) -> Self {
-        self.builder = self.builder.attempt_timeout(timeout);
-        self
-    }
-
-    /// Switches off an inherited attempt timeout.
-    pub const fn without_timeout(mut self) -> Self {
-        self.builder = self.builder.no_attempt_timeout();
-        self
-    }
-
-    /// At most `n` retries after the first failure of a streak (S3); zero is refused when the
-    /// task is added.
-    pub const fn with_max_retries(mut self, n: u32) -> Self {
-        self.builder = self.builder.max_retries(n);
-        self
-    }
-
-    /// Switches off an inherited retry limit.
-    pub const fn with_unlimited_retries(mut self) -> Self {
-        self.builder = self.builder.unlimited_retries();
-        self
-    }
-
-    /// Sets the least time between two attempt starts (S5).
-    pub const fn with_min_spacing(mut self, spacing: Duration) -> Self {
-        self.builder = self.builder.min_spacing(spacing);
-        self
-    }
-
-    /// The core builder behind this spec.
-    pub const fn builder(&self) -> SupervisionPolicyBuilder {
-        self.builder
-    }
-
-    /// The policy this spec resolves to under `defaults`.
-    ///
-    /// # Errors
-    /// As [`SupervisionPolicyBuilder::build`]: a zero retry limit or attempt timeout.
-    pub fn policy(&self, defaults: &TaskDefaults) -> Result<SupervisionPolicy, PolicyError> {
-        self.builder.build(defaults)
-    }
-}
+pub type TaskSpec = SupervisionPolicyBuilder;
 
 /// A lifecycle event of one task (S6), as sent on the supervisor's [`Events`] stream.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -153,7 +66,7 @@ pub struct SupervisorEvent<K, E> {
     /// When the driver saw it, on the supervisor's runtime clock.
     pub at: Instant,
     /// What happened.
-    pub event: TaskEvent<JobError<E>>,
+    pub event: SupervisionAction<JobError<E>>,
 }
 
 /// How a task ended: its outcome (S4), the attempts it started, and whether the supervisor
@@ -224,7 +137,7 @@ struct Inner<Rt, Sp, K, E> {
 }
 
 impl<Rt, Sp, K, E> Inner<Rt, Sp, K, E> {
-    fn emit(&self, id: &K, at: Instant, event: TaskEvent<JobError<E>>)
+    fn emit(&self, id: &K, at: Instant, event: SupervisionAction<JobError<E>>)
     where
         K: Clone,
     {
@@ -333,7 +246,7 @@ impl<Rt, Sp> SupervisorBuilder<Rt, Sp> {
 ///   and its backoff or interval elapsed. An error is classified by the task's
 ///   [`Classifier`] ([`RetryAll`] for [`add`](Self::add)).
 /// - **Timeouts.** An attempt past its timeout is dropped; the task sees
-///   [`TaskEvent::AttemptTimedOut`] and retries like after any retryable failure. A panic while
+///   [`SupervisionAction::AttemptTimedOut`] and retries like after any retryable failure. A panic while
 ///   dropping it ends the task [`Panicked`](TaskOutcome::Panicked) (S4).
 /// - **Panics.** A panic while creating or polling an attempt is caught and is a retryable
 ///   failure with [`JobError::Panicked`] (S4).
@@ -410,7 +323,7 @@ where
         Fut: Future<Output = Result<(), E>> + Send + 'static,
     {
         let inner = &self.inner;
-        let policy = spec.policy(&inner.defaults)?;
+        let policy = spec.build(&inner.defaults)?;
         let control = Arc::new(Signal::default());
         let serial = {
             let mut registry = lock(&inner.registry);
@@ -435,15 +348,16 @@ where
             id,
             serial,
             machine: Supervision::new(),
+            policy,
             exit: Some(exit_tx),
             aborted: false,
         };
-        inner.spawner.spawn(drive(guard, policy, control.clone(), SplitMix64::new(seed), classifier, task));
+        inner.spawner.spawn(drive(guard, control.clone(), SplitMix64::new(seed), classifier, task));
         Ok(TaskHandle { control, exit: exit_rx })
     }
 
     /// Cancels the task `id` now: its running attempt is dropped
-    /// ([`TaskEvent::AttemptCanceled`]) or its wait ends, and it finishes
+    /// ([`SupervisionAction::AttemptCanceled`]) or its wait ends, and it finishes
     /// [`Canceled`](TaskOutcome::Canceled). Its id stays taken until it has finished.
     ///
     /// # Errors
@@ -631,12 +545,13 @@ struct TaskGuard<Rt: Runtime, Sp, K: Ord + Clone, E: Clone> {
     id: K,
     serial: u64,
     machine: Supervision<JobError<E>>,
+    policy: SupervisionPolicy,
     exit: Option<OneshotSender<TaskExit<E>>>,
     aborted: bool,
 }
 
 impl<Rt: Runtime, Sp, K: Ord + Clone, E: Clone> TaskGuard<Rt, Sp, K, E> {
-    fn emit(&self, at: Instant, event: TaskEvent<JobError<E>>) {
+    fn emit(&self, at: Instant, event: SupervisionAction<JobError<E>>) {
         self.inner.emit(&self.id, at, event);
     }
 
@@ -653,7 +568,7 @@ impl<Rt: Runtime, Sp, K: Ord + Clone, E: Clone> TaskGuard<Rt, Sp, K, E> {
                 registry.ended.push((self.id.clone(), outcome.kind(), self.aborted));
             }
         }
-        self.emit(at, TaskEvent::TaskFinished { outcome: outcome.clone(), attempts });
+        self.emit(at, SupervisionAction::TaskFinished { outcome: outcome.clone(), attempts });
         exit.send(TaskExit { outcome, attempts, aborted: self.aborted });
         self.inner.changed.notify(usize::MAX);
     }
@@ -669,10 +584,10 @@ impl<Rt: Runtime, Sp, K: Ord + Clone, E: Clone> Drop for TaskGuard<Rt, Sp, K, E>
         }
         self.aborted = true;
         let at = self.inner.rt.now();
-        let _ = self.machine.handle_cancel(at);
+        let _ = self.machine.handle_cancel(&self.policy, at);
         while let Some(event) = self.machine.poll_action() {
             match event {
-                TaskEvent::TaskFinished { outcome, attempts } => return self.finish(at, outcome, attempts),
+                SupervisionAction::TaskFinished { outcome, attempts } => return self.finish(at, outcome, attempts),
                 other => self.emit(at, other),
             }
         }
@@ -697,7 +612,6 @@ enum Step<E> {
 /// One task's driving loop.
 async fn drive<Rt, Sp, K, E, C, F, Fut>(
     mut guard: TaskGuard<Rt, Sp, K, E>,
-    policy: SupervisionPolicy,
     control: Arc<Signal>,
     mut rng: SplitMix64,
     mut classifier: C,
@@ -711,6 +625,7 @@ async fn drive<Rt, Sp, K, E, C, F, Fut>(
     Fut: Future<Output = Result<(), E>>,
 {
     let inner = guard.inner.clone();
+    let policy = guard.policy;
     let rt = &inner.rt;
     let mut attempt = pin!(None::<Fut>);
     let mut timer = pin!(None::<Rt::Sleep>);
@@ -718,7 +633,7 @@ async fn drive<Rt, Sp, K, E, C, F, Fut>(
     let mut current = 0;
     if control.level() >= STOP {
         // Stopped before its first attempt: finishes Canceled without one.
-        let _ = guard.machine.handle_cancel(now);
+        let _ = guard.machine.handle_cancel(&policy, now);
     } else {
         // A fresh machine accepts its start.
         let _ = guard.machine.handle_start(&policy, now);
@@ -726,7 +641,7 @@ async fn drive<Rt, Sp, K, E, C, F, Fut>(
     loop {
         while let Some(event) = guard.machine.poll_action() {
             match event {
-                TaskEvent::AttemptStarting { attempt: n, deadline } => {
+                SupervisionAction::AttemptStarting { attempt: n, deadline } => {
                     guard.emit(now, event);
                     current = n;
                     match catch_create(&mut task) {
@@ -741,28 +656,28 @@ async fn drive<Rt, Sp, K, E, C, F, Fut>(
                         }
                     }
                 }
-                TaskEvent::AttemptTimedOut { attempt: n } => {
+                SupervisionAction::AttemptTimedOut { attempt: n } => {
                     guard.emit(now, event);
                     timer.set(None);
                     let panic = drop_caught(|| attempt.set(None));
                     // The machine waits for exactly this drop.
                     let _ = guard.machine.handle_abandoned(&policy, now, n, panic.map(JobError::Panicked), &mut rng);
                 }
-                TaskEvent::BackoffScheduled { until, .. } => {
+                SupervisionAction::BackoffScheduled { until, .. } => {
                     if control.level() >= STOP {
                         // No attempt follows after all: the task is being stopped.
-                        let _ = guard.machine.handle_cancel(now);
+                        let _ = guard.machine.handle_cancel(&policy, now);
                     } else {
                         guard.emit(now, event);
                         if until <= now {
                             // A zero wait never touches the timer.
-                            guard.machine.handle_timeout(&policy, now);
+                            guard.machine.handle_timeout(&policy, now, &mut rng);
                         } else {
                             timer.set(Some(rt.sleep_until(until)));
                         }
                     }
                 }
-                TaskEvent::TaskFinished { outcome, attempts } => {
+                SupervisionAction::TaskFinished { outcome, attempts } => {
                     guard.finish(now, outcome, attempts);
                     return;
                 }
@@ -817,20 +732,20 @@ async fn drive<Rt, Sp, K, E, C, F, Fut>(
                     now = now.later(due);
                 }
                 if control.level() >= STOP && attempt.is_none() {
-                    let _ = guard.machine.handle_cancel(now);
+                    let _ = guard.machine.handle_cancel(&policy, now);
                 } else {
-                    guard.machine.handle_timeout(&policy, now);
+                    guard.machine.handle_timeout(&policy, now, &mut rng);
                 }
             }
             Step::Stop => {
                 timer.set(None);
-                let _ = guard.machine.handle_cancel(now);
+                let _ = guard.machine.handle_cancel(&policy, now);
             }
             Step::Cancel(abort) => {
                 timer.set(None);
                 let _ = drop_caught(|| attempt.set(None));
                 guard.aborted = abort;
-                let _ = guard.machine.handle_cancel(now);
+                let _ = guard.machine.handle_cancel(&policy, now);
             }
         }
     }

@@ -8,7 +8,7 @@ use std::task::{Context, Poll, Waker};
 
 /// Locks `mutex`, ignoring poisoning: nothing the driver does under its locks can panic in the
 /// middle of a transition (user code never runs under them).
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T: ?Sized>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 

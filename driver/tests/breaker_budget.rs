@@ -169,7 +169,7 @@ fn u2_a_ratio_budget_counts_requests_and_grants_its_ratio() {
     for _ in 0..4 {
         budget.on_request(Some(Instant::ZERO));
     }
-    let granted = (0..10).filter(|_| budget.allow_retry(Instant::ZERO, FailureClass::Retryable)).count();
+    let granted = (0..10).filter(|_| budget.allow_retry(Some(Instant::ZERO), FailureClass::Retryable)).count();
     assert_eq!(granted, 2, "50% of 4 requests");
     budget.on_request(None); // the fast path: the budget reads its own clock
     assert!(rt.reads.get() >= 1);

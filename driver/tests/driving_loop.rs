@@ -182,7 +182,7 @@ fn cancel_on_stops_a_hanging_attempt_and_reports_canceled() {
 struct Refuse(Cell<u32>);
 
 impl RetryGate for Refuse {
-    fn allow_retry(&self, _: Instant, _: FailureClass) -> bool {
+    fn allow_retry(&self, _: Option<Instant>, _: FailureClass) -> bool {
         self.0.set(self.0.get() + 1);
         self.0.get() < 2
     }
@@ -214,6 +214,66 @@ fn the_same_seed_gives_the_same_delays() {
     };
     assert_eq!(delays(1), delays(1));
     assert_ne!(delays(1), delays(2));
+}
+
+#[test]
+fn r5_zero_delay_failures_read_no_clock_and_seed_no_rng() {
+    let rt = Virtual::default();
+    let p = policy(Backoff::constant(Duration::ZERO).build().unwrap(), 5);
+    let mut calls = 0;
+    let done = block_on(retry(&rt, &p, || {
+        calls += 1;
+        let n = calls;
+        async move { if n < 4 { Err(n) } else { Ok(n) } }
+    }));
+    assert_eq!(done.result, Ok(4));
+    assert_eq!((done.stats.attempts, done.stats.slept, done.stats.elapsed), (4, Duration::ZERO, None));
+    assert_eq!((rt.reads.get(), rt.sleeps.get()), (0, 0), "no clock read and no timer for zero delays");
+    assert_eq!(rt.entropies.get(), 0, "a schedule without jitter draws nothing, so no RNG is seeded");
+}
+
+#[test]
+fn r5_a_clock_free_policy_measures_each_sleep_as_it_really_took() {
+    // Timers here fire 3 ms late; the policy has no budget or deadline, so the clock is read
+    // only around the sleeps, and `slept` is what they really took.
+    let rt = Virtual::default();
+    rt.lateness.set(ms(3).as_nanos() as u64);
+    let p = policy(Backoff::constant(ms(10)).build().unwrap(), 3);
+    let done = block_on(retry(&rt, &p, || async { Err::<(), _>("busy") }));
+    assert_eq!(done.result.unwrap_err().outcome, OutcomeKind::Exhausted);
+    assert_eq!(done.stats.slept, ms(26), "two sleeps of 10 ms that each took 13 ms");
+    assert_eq!(done.stats.elapsed, None, "the first start was not timed");
+    assert_eq!((rt.sleeps.get(), rt.reads.get()), (2, 4), "one read as each sleep begins and one as it ends");
+}
+
+#[test]
+fn the_jitter_rng_is_seeded_at_the_first_draw_from_the_runtime_or_the_seed() {
+    let rt = Virtual::default();
+    let jittered = policy(Backoff::constant(ms(10)).jitter(persevere::Jitter::Full).build().unwrap(), 3);
+    let _ = block_on(retry(&rt, &jittered, || async { Err::<(), _>(()) }));
+    assert_eq!(rt.entropies.get(), 1, "seeded once, at the first jittered delay");
+    let _ = block_on(retry(&rt, &jittered, || async { Err::<(), _>(()) }).seed(3));
+    assert_eq!(rt.entropies.get(), 1, "an explicit seed needs no entropy");
+}
+
+#[test]
+fn b6_a_hint_past_max_hint_gives_up_deferred_with_the_time_to_come_back() {
+    let rt = Virtual::default();
+    let p = policy(Backoff::constant(ms(10)).build().unwrap(), 5);
+    let done = block_on(
+        retry(&rt, &p, || async { Err::<(), _>("429") })
+            .classify(|_: &&str| FailureKind::Hinted(Hint::After(Duration::from_secs(600)))),
+    );
+    let gave_up = done.result.unwrap_err();
+    assert_eq!(
+        (gave_up.outcome, gave_up.class, gave_up.retry_after(), gave_up.error),
+        (OutcomeKind::Deferred, Some(FailureClass::RetryAfter), Some(Duration::from_secs(600)), Some("429"))
+    );
+    assert_eq!((done.stats.attempts, done.stats.slept, rt.sleeps.get()), (1, Duration::ZERO, 0), "no sleep at all");
+    assert_eq!(
+        gave_up.to_string(),
+        "gave up: the other side asked to be retried later than the policy waits (retry after 600s); last error: 429"
+    );
 }
 
 #[test]

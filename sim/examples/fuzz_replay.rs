@@ -1,6 +1,6 @@
 //! Replays one fuzz input on stable and prints what it decodes to:
 //! `cargo run -p sim --example fuzz_replay -- <target> <file>`
-//! (targets: backoff, retry, supervision, flow, breaker, budget, delivery). A broken guarantee
+//! (targets: `sim::fuzzing::TARGETS`, the `*_state` ones included). A broken guarantee
 //! panics with the rule's id, as in the fuzzer.
 
 fn main() {

@@ -324,8 +324,8 @@ pub fn run(seed: u64, bug: Option<BreakerBug>) -> Result<Summary, Violation> {
                     let op = world.between(0, 2);
                     world.record(u32::MAX, "operator", op, 0);
                     match op {
-                        0 => breaker.handle_isolate(reported),
-                        1 => breaker.handle_disable(reported),
+                        0 => breaker.handle_isolate(policy, reported),
+                        1 => breaker.handle_disable(policy, reported),
                         _ => breaker.handle_reset(policy, reported),
                     }
                     check_transition(&mut world, &scenario, &mut model, &breaker, before, reported, false)?;

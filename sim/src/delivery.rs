@@ -7,12 +7,12 @@
 use std::time::Duration;
 
 use persevere::{
-    AttemptProgress, Deliveries, Delivery, DeliveryAction, DeliveryPolicy, DeliveryState, Durability, Failure,
-    FailureKind, FailurePolicy, FreeReturn, Hint, Instant, Interruption, OutcomeKind, RetryPolicy, Terminal,
-    TerminalKind,
+    AttemptProgress, Deliveries, Delivery, DeliveryAction, DeliveryError, DeliveryPolicy, DeliveryStatus, Durability,
+    Failure, FailureClass, FailureKind, FailurePolicy, FreeReturn, Hint, Instant, Interruption, OutcomeKind,
+    RetryPolicy, Stats, Terminal, TerminalKind,
 };
 
-use crate::world::{Summary, Violation, World, delay_bounds, draw_backoff};
+use crate::world::{Summary, Violation, World, clamp_hint, delay_bounds, draw_backoff};
 
 /// Task ids, task types, worker ids, checkpoints, errors and recovery routes.
 type Table = Deliveries<u32, u8, u16, u32, u32, u8>;
@@ -28,6 +28,9 @@ pub enum DeliveryBug {
     DeclineAsDisconnect,
     /// A completed task is dropped from the table.
     LoseCompleted,
+    /// A worker's hint past `max_hint` is shortened to it before it is fed (the rule before
+    /// issue 12; B6 now ends retries with `Deferred` and the hinted instant instead).
+    ClampHint,
 }
 
 /// The drawn configuration of one delivery scenario (swarm testing: the seed chooses it).
@@ -147,7 +150,7 @@ enum Report {
 #[derive(Clone, Debug)]
 struct Job {
     task: u32,
-    attempt: u32,
+    attempt: u64,
     plan: Vec<(Instant, Report)>,
     next: usize,
 }
@@ -165,14 +168,16 @@ struct Worker {
 #[derive(Clone, Debug, Default)]
 struct Model {
     inserted: bool,
+    /// When the table was told it was inserted: its embedded retry's first start (R5).
+    inserted_at: Instant,
     /// Some hand-out reached a worker (D5).
     received: bool,
     /// Attempt numbers whose worker may have run them: `(attempt, worker)`.
-    may_run: Vec<(u32, u16)>,
+    may_run: Vec<(u64, u16)>,
     /// Attempts rolled back (`Async`): their number may reach a second worker.
-    rolled_back: Vec<u32>,
+    rolled_back: Vec<u64>,
     /// Attempts retired by a failure or an interruption: never handed out again (D2).
-    retired: Vec<u32>,
+    retired: Vec<u64>,
     finishes: u32,
     terminal: Option<TerminalKind>,
     /// The last checkpoint stored (D7), and the one the attempt out was handed out with.
@@ -184,7 +189,7 @@ struct Model {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Fp {
     state: St,
-    retries_used: u32,
+    retries_used: u64,
     redeliveries: u32,
     progress: AttemptProgress,
     checkpoint: Option<u32>,
@@ -192,22 +197,22 @@ struct Fp {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum St {
-    Pending { attempt: u32, not_before: Option<Instant> },
-    Out { attempt: u32, worker: u16, started: bool, durable: bool, deadline: Instant },
+    Pending { attempt: u64, not_before: Option<Instant> },
+    Out { attempt: u64, worker: u16, started: bool, durable: bool, deadline: Instant },
     Done(TerminalKind),
 }
 
 impl Fp {
     fn of(task: &Task) -> Fp {
-        let state = match *task.state() {
-            DeliveryState::Pending { attempt, not_before } => St::Pending { attempt, not_before },
-            DeliveryState::HandedOut { attempt, worker, deadline, durable } => {
+        let state = match *task.status() {
+            DeliveryStatus::Pending { attempt, not_before } => St::Pending { attempt, not_before },
+            DeliveryStatus::HandedOut { attempt, worker, deadline, durable } => {
                 St::Out { attempt, worker, started: false, durable, deadline }
             }
-            DeliveryState::Running { attempt, worker, heartbeat_deadline, durable } => {
+            DeliveryStatus::Running { attempt, worker, heartbeat_deadline, durable } => {
                 St::Out { attempt, worker, started: true, durable, deadline: heartbeat_deadline }
             }
-            DeliveryState::Done(ref terminal) => St::Done(terminal.kind()),
+            DeliveryStatus::Done(ref terminal) => St::Done(terminal.kind()),
         };
         Fp {
             state,
@@ -219,7 +224,7 @@ impl Fp {
     }
 
     /// Where its attempt is out: `(attempt, worker, started, durable)`.
-    fn out(&self) -> Option<(u32, u16, bool, bool)> {
+    fn out(&self) -> Option<(u64, u16, bool, bool)> {
         match self.state {
             St::Out { attempt, worker, started, durable, .. } => Some((attempt, worker, started, durable)),
             _ => None,
@@ -329,6 +334,7 @@ pub fn run(seed: u64, bug: Option<DeliveryBug>) -> Result<Summary, Violation> {
                 .insert(policy, reported, i as u32, ty, 1_000 + i as u64)
                 .map_err(|e| world.violation("G12", format!("task {i}: insert refused: {e}")))?;
             models[i].inserted = true;
+            models[i].inserted_at = reported;
         } else {
             let w = what;
             if workers[w].job.is_none() {
@@ -404,7 +410,7 @@ fn report(
     let finished = job.next >= job.plan.len();
     let i = task as usize;
     let worker = w as u16;
-    world.record(task, "report", u64::from(attempt), at.as_nanos());
+    world.record(task, "report", attempt, at.as_nanos());
     let Some(b) = before[i] else {
         return Err(world.violation("G11", format!("task {i} was lost from the table")));
     };
@@ -415,7 +421,7 @@ fn report(
     }
     let (accepted, expected, cause) = match what {
         Report::Persisted => {
-            let ok = table.handle_persisted(now, &task, attempt).is_ok();
+            let ok = table.handle_persisted(policy, now, &task, attempt).is_ok();
             (ok, b.out().is_some_and(|o| o.0 == attempt), Cause::Progress)
         }
         Report::Started => {
@@ -427,12 +433,20 @@ fn report(
             (ok, holds.is_some(), Cause::Progress)
         }
         Report::Completed => {
-            let ok = table.handle_completed(now, &task, attempt, &worker).is_ok();
+            let ok = table.handle_completed(policy, now, &task, attempt, &worker).is_ok();
             (ok, holds.is_some(), Cause::Completed)
         }
         Report::Failed(kind) => {
-            let failure = Failure::new(kind, attempt);
+            let fed = match bug {
+                Some(DeliveryBug::ClampHint) => clamp_hint(kind, now, policy.retry().max_hint()),
+                _ => kind,
+            };
+            let failure = Failure::new(fed, attempt as u32);
+            let stats = table.get(&task).map(Delivery::stats);
             let ok = table.handle_failed(policy, now, &task, attempt, &worker, failure, world.rng()).is_ok();
+            if let (true, FailureKind::Hinted(Hint::After(hint)), Some(stats)) = (ok, kind, stats) {
+                check_hint(world, scenario, &models[i], i, table.get(&task), stats, hint)?;
+            }
             (ok, holds.is_some(), Cause::Consumes)
         }
         Report::Returned(reason) => {
@@ -466,7 +480,7 @@ fn report(
             });
         }
     };
-    world.record(task, if accepted { "report accepted" } else { "report refused" }, u64::from(attempt), 0);
+    world.record(task, if accepted { "report accepted" } else { "report refused" }, attempt, 0);
     world.check("G12", accepted == expected, || {
         format!(
             "task {i}: {what:?} for attempt {attempt} from worker {w} was {}",
@@ -501,15 +515,21 @@ fn drain(
     now: Instant,
 ) -> Result<(), Violation> {
     let policy = &scenario.policy;
+    // One queue for every task, in the order the actions were made: a task's `Finish` is its
+    // last action (D9).
     while let Some((task, action)) = table.poll_action() {
         world.steps += 1;
         let i = task as usize;
+        let finished = models[i].terminal;
+        world.check("D9", finished.is_none() || matches!(action, DeliveryAction::Finish(_)), || {
+            format!("task {i}: {action:?} after it finished ({finished:?})")
+        })?;
         match action {
             DeliveryAction::Ready { attempt } => {
-                world.record(task, "ready", u64::from(attempt), 0);
+                world.record(task, "ready", attempt, 0);
             }
             DeliveryAction::Revoke { worker, attempt, reason } => {
-                world.record(task, "revoke", u64::from(attempt), u64::from(worker));
+                world.record(task, "revoke", attempt, u64::from(worker));
                 let w = &mut workers[usize::from(worker)];
                 if w.job.as_ref().is_some_and(|j| j.task == task && j.attempt == attempt) {
                     w.job = None;
@@ -522,7 +542,7 @@ fn drain(
                 )?;
             }
             DeliveryAction::HandOut(h) => {
-                world.record(task, "hand-out sent", u64::from(h.attempt), u64::from(h.worker));
+                world.record(task, "hand-out sent", h.attempt, u64::from(h.worker));
                 let m = &mut models[i];
                 receive(world, scenario, m, i, h.attempt, h.worker)?;
                 world.check("D7", h.checkpoint == m.checkpoint, || {
@@ -577,7 +597,7 @@ fn receive(
     scenario: &DeliveryScenario,
     m: &mut Model,
     i: usize,
-    attempt: u32,
+    attempt: u64,
     worker: u16,
 ) -> Result<(), Violation> {
     world.check("G10", !m.retired.contains(&attempt), || {
@@ -598,7 +618,7 @@ fn plan(
     scenario: &DeliveryScenario,
     declines: u8,
     task: u32,
-    attempt: u32,
+    attempt: u64,
     faulty: bool,
     now: Instant,
 ) -> Vec<(Instant, Report)> {
@@ -631,7 +651,7 @@ fn plan(
         let mut t = if late { soon(world, start_by * 2) } else { soon(world, start_by) };
         plan.push((t, Report::Started));
         let end = t.saturating_add(Duration::from_nanos(world.between(0, scenario.run_ns)));
-        let mut checkpoint = attempt * 100;
+        let mut checkpoint = (attempt as u32).wrapping_mul(100);
         loop {
             let lost = chance(world, LOST_HEARTBEAT);
             let gap = if lost { beat * 2 } else { beat };
@@ -688,7 +708,7 @@ fn check_task(
     let was = b.out();
     match (b.state, a.state) {
         (St::Done(_), _) => {
-            return Err(world.violation("G11", format!("task {i}: a terminal state changed to {:?}", task.state())));
+            return Err(world.violation("G11", format!("task {i}: a terminal state changed to {:?}", task.status())));
         }
         (St::Pending { attempt, .. }, St::Pending { attempt: now_attempt, not_before: None }) => {
             world.check("D1", cause == Cause::Ready && attempt == now_attempt && consumed == 0, || {
@@ -768,7 +788,7 @@ fn check_task(
                         )
                     })?;
                     m.retired.push(old);
-                    let limit = policy.retry().max_attempts().unwrap_or(u32::MAX);
+                    let limit = policy.retry().max_attempts().map_or(u64::MAX, u64::from);
                     world.check("G2", attempt <= limit, || {
                         format!("task {i}: attempt {attempt} over the limit {limit}")
                     })?;
@@ -803,6 +823,71 @@ fn check_task(
     Ok(())
 }
 
+/// B6 in the embedded retry: an accepted failure of task `i` with a `Retry-After` of `hint`
+/// (`stats` were the task's statistics before it). Unless the limit ended retries first, a hint
+/// past `max_hint`, or one that ends past the total budget, ends retries at once with
+/// `Deferred` and the hinted instant; any other is waited exactly (never shortened): the
+/// retry delay is the hint, counted into the time slept, and the next attempt is not handed
+/// out before it ends.
+fn check_hint(
+    world: &mut World,
+    scenario: &DeliveryScenario,
+    m: &Model,
+    i: usize,
+    task: Option<&Task>,
+    stats: Stats,
+    hint: Duration,
+) -> Result<(), Violation> {
+    let Some(task) = task else { return Ok(()) };
+    let retry = scenario.policy.retry();
+    let hint_ns = hint.as_nanos() as u64;
+    // The failure was accepted at the task's latest time: its first start plus the elapsed time.
+    let at = |stats: Stats| m.inserted_at.saturating_add(stats.elapsed.unwrap_or_default());
+    match task.status() {
+        DeliveryStatus::Done(terminal) => {
+            let Some(error) = terminal.recovery_error() else { return Ok(()) };
+            let retry_at = at(error.stats).saturating_add(hint);
+            let budget_end = retry.total().map_or(Instant::MAX, |t| m.inserted_at.saturating_add(t));
+            let deferred = hint > retry.max_hint() || retry_at > budget_end;
+            let limited = retry.max_attempts().is_some_and(|n| error.stats.attempts >= u64::from(n));
+            let expected = if limited {
+                Some(OutcomeKind::Exhausted)
+            } else if deferred {
+                Some(OutcomeKind::Deferred)
+            } else {
+                // A hint within max_hint and the budget is waited, not the end.
+                None
+            };
+            let ok = Some(error.ended) == expected
+                && (expected != Some(OutcomeKind::Deferred) || error.retry_at == Some(retry_at));
+            world.check("G1", ok, || {
+                format!(
+                    "task {i}: a hint of {hint:?} (max_hint {:?}, budget end {budget_end:?}) ended retries {:?} \
+                     with retry_at {:?}; expected {expected:?} at {retry_at:?}",
+                    retry.max_hint(),
+                    error.ended,
+                    error.retry_at
+                )
+            })
+        }
+        DeliveryStatus::Pending { not_before, .. } => {
+            let after = task.stats();
+            let slept = after.slept.saturating_sub(stats.slept);
+            let until = at(after);
+            let budget_end = retry.total().map_or(Instant::MAX, |t| m.inserted_at.saturating_add(t));
+            let ok = slept == hint && *not_before == (hint_ns > 0).then_some(until);
+            world.check("G1", ok && hint <= retry.max_hint() && until <= budget_end, || {
+                format!(
+                    "task {i}: a hint of {hint:?} (max_hint {:?}, budget end {budget_end:?}) was waited {slept:?}, \
+                     not before {not_before:?}",
+                    retry.max_hint()
+                )
+            })
+        }
+        other => Err(world.violation("D1", format!("task {i}: a failure left {other:?}"))),
+    }
+}
+
 /// The terminal state agrees with the policy and what happened (D4, D8, G2, G4, G10, G13).
 fn check_terminal(
     world: &mut World,
@@ -835,14 +920,20 @@ fn check_terminal(
         let class = error.last_failure.class;
         let ok = match error.ended {
             OutcomeKind::Exhausted => {
-                class.is_retryable() && Some(error.stats.attempts) == policy.retry().max_attempts()
+                class.is_retryable() && Some(error.stats.attempts) == policy.retry().max_attempts().map(u64::from)
             }
             OutcomeKind::Fatal => !class.is_retryable(),
-            OutcomeKind::Canceled => class == persevere::FailureClass::Canceled,
+            OutcomeKind::Canceled => class == FailureClass::Canceled,
             OutcomeKind::OutOfTime => policy.retry().total().is_some(),
+            // B6: only a hint (past max_hint or the budget; see `check_hint`) defers a task.
+            OutcomeKind::Deferred => class == FailureClass::RetryAfter && error.retry_at.is_some(),
             _ => false,
+        } && (error.retry_at.is_some() == (error.ended == OutcomeKind::Deferred));
+        let rule = match error.ended {
+            OutcomeKind::Exhausted => "G2",
+            OutcomeKind::Deferred => "G1",
+            _ => "G4",
         };
-        let rule = if error.ended == OutcomeKind::Exhausted { "G2" } else { "G4" };
         world.check(rule, ok, || {
             format!("task {i}: retries ended {:?} after {class:?}, {:?}", error.ended, error.stats)
         })?;
@@ -877,23 +968,45 @@ fn misuse(
     let before = table.clone();
     let task = world.between(0, u64::from(n) - 1) as u32;
     let current = table.get(&task).map(|d| (d.attempt(), Fp::of(d).out()));
+    // The table drains every task into its own queue, so it never refuses as undrained: each
+    // refusal names the mistake.
     let refused = match (world.between(0, 3), current) {
         (0, Some((_, Some((attempt, worker, _, _))))) => {
             // The right attempt from the wrong worker.
-            table.handle_completed(now, &task, attempt, &worker.wrapping_add(1)).is_err()
+            table.handle_completed(policy, now, &task, attempt, &worker.wrapping_add(1))
+                == Err(DeliveryError::WrongWorker { attempt })
         }
         (1, Some((attempt, _))) => {
             // An attempt that is not out.
             let r = world.rng();
-            table.handle_failed(policy, now, &task, attempt + 1, &0, Failure::retryable(0), r).is_err()
+            let failure = Failure::retryable(0);
+            table.handle_failed(policy, now, &task, attempt + 1, &0, failure, r).is_err_and(|r| {
+                r.input == failure && matches!(r.error, DeliveryError::StaleAttempt { .. } | DeliveryError::Finished(_))
+            })
         }
         (2, Some((_, Some((attempt, worker, true, _))))) => {
             // A free return of a started attempt.
-            table.handle_returned(policy, now, &task, attempt, &worker, FreeReturn::Declined).is_err()
+            table.handle_returned(policy, now, &task, attempt, &worker, FreeReturn::Declined)
+                == Err(DeliveryError::AlreadyStarted { attempt })
         }
-        _ => table.handle_started(policy, now, &(n + 1), 1, &0).is_err(),
+        _ => table.handle_started(policy, now, &(n + 1), 1, &0) == Err(DeliveryError::UnknownTask),
     };
     world.record(task, "misuse fed", 0, 0);
     world.check("G12", refused, || format!("task {task}: a wrong report was accepted"))?;
     world.check("G12", *table == before, || format!("task {task}: a refused report changed the table"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{DeliveryBug, run};
+
+    #[test]
+    fn b6_an_injected_shortened_worker_hint_is_caught_as_g1() {
+        // B6 in the embedded retry: a hint past `max_hint` ends retries `Deferred` with the
+        // hinted instant; shortened to `max_hint` (the rule before issue 12) the task would wait.
+        let violation = (0..5_000)
+            .find_map(|seed| run(seed, Some(DeliveryBug::ClampHint)).err())
+            .unwrap_or_else(|| panic!("ClampHint was never caught"));
+        assert_eq!(violation.rule, "G1", "{violation}");
+    }
 }

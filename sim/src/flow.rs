@@ -1,13 +1,20 @@
 //! Flow scenarios: many recurring flows in one real [`persevere::Flows`] registry, on `every`
 //! and cron schedules (cron as "a tick is due at t", the ticks drawn by the simulator), with
-//! run outcomes drawn with faults, and operator triggers, resets and clean cancels at random,
-//! checked against a reference model after every input (G1, G3, G5, G6, G11–G13, F3–F10).
+//! run outcomes drawn with faults (failures of every class: transient, timeouts, panics,
+//! fatal, canceled, `Retry-After` hints within and past `max_hint`, do-not-retry), and
+//! operator triggers, resets and clean cancels at random, checked against a reference model
+//! after every input (G1, G3–G6, G11–G13, F3–F10).
 
 use std::time::Duration;
 
-use persevere::{FlowAction, FlowError, FlowPolicy, FlowStatusKind, Flows, Instant, SkipReason};
+use persevere::{
+    Failure, FailureKind, FlowAction, FlowError, FlowPolicy, FlowStatus, FlowStatusKind, Flows, Hint, Instant,
+    SkipReason, TripReason,
+};
 
-use crate::world::{Summary, Violation, World, delay_bounds, draw_backoff};
+use crate::world::{
+    Summary, Violation, World, clamp_hint, delay_bounds, draw_backoff, draw_failure, draw_fault_weights,
+};
 
 /// A deliberate defect, to prove the checks can fail.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -16,6 +23,12 @@ pub enum FlowBug {
     DispatchWhileTripped,
     /// A driver that replays a skipped cron tick once the backoff window has ended.
     ReplaySkippedTick,
+    /// A driver that reports a fatal run failure as a transient one (the flow backs off and
+    /// runs again instead of tripping).
+    RetryFatal,
+    /// A driver that shortens a hint to `max_hint` before feeding it (the rule before issue 12;
+    /// B6 and F3 now trip the flow with the hinted instant instead).
+    ClampHint,
 }
 
 /// One flow of a scenario.
@@ -38,6 +51,10 @@ pub struct FlowScenario {
     pub flows: Vec<FlowSpec>,
     /// Per-mille chance that a run fails (before the fault horizon).
     pub failure_rate: u64,
+    /// Relative weights of each failure class of a failed run, for [`draw_failure`].
+    pub fault_weights: [u64; 7],
+    /// Longest `Retry-After` hint a failed run carries, in nanoseconds.
+    pub hint_ns: u64,
     /// Per-mille chance that a run is canceled cleanly (before the fault horizon).
     pub cancel_rate: u64,
     /// Per-mille chance that an operator action is a trigger (else a reset).
@@ -70,6 +87,11 @@ impl FlowScenario {
         if world.chance(700) {
             builder = builder.with_trip(world.between(1, 5) as u32);
         }
+        if world.chance(500) {
+            // B6: hints past it trip the flow (`TripReason::Deferred`).
+            builder = builder.max_hint(ms(world.between(1, 3_000)));
+        }
+        builder = builder.restart_after_hint(world.chance(400));
         let policy = builder.build().expect("drawn flow policies are valid");
         let count = world.between(1, 12);
         let cron_share = world.between(0, 1000);
@@ -88,6 +110,8 @@ impl FlowScenario {
             policy,
             flows,
             failure_rate: world.between(0, 1000),
+            fault_weights: draw_fault_weights(world),
+            hint_ns: ms(world.between(0, 4_000)).as_nanos() as u64,
             cancel_rate: world.between(0, 100),
             trigger_share: world.between(0, 1000),
             operator_gap_ns: ms(world.between(50, 5_000)).as_nanos() as u64,
@@ -114,7 +138,14 @@ struct Model {
     interval_due: Instant,
     /// The run in flight and when it ends.
     running: Option<(u64, Instant)>,
+    /// The delay of the last window (a hint's, or the schedule's), for a decorrelated schedule.
     previous_delay: u64,
+    /// The schedule's place: failures since it started, the first of a streak or the one after
+    /// a hint with `restart_after_hint` (B6); the streak itself keeps counting.
+    place: u32,
+    /// The last failed run's error, and why the flow tripped (F3).
+    last_error: u32,
+    reason: TripReason,
     last_now: Instant,
     /// The latest cron tick fed, and the next one due.
     last_tick: Option<Instant>,
@@ -135,11 +166,37 @@ impl Model {
             interval_due: spec.created,
             running: None,
             previous_delay: 0,
+            place: 0,
+            last_error: 0,
+            reason: TripReason::Streak,
             last_now: spec.created,
             last_tick: None,
             next_tick: spec.created.saturating_add(spec.period),
             replay: None,
         }
+    }
+
+    /// What the flow must show (F1, F3).
+    fn status(&self) -> FlowStatus<u32> {
+        match (self.status, self.next_eligible) {
+            (FlowStatusKind::Running, _) => FlowStatus::Running,
+            (FlowStatusKind::Completed, _) => FlowStatus::Completed,
+            (FlowStatusKind::Backoff, Some(until)) => {
+                FlowStatus::Backoff { until, streak: self.streak, last_error: self.last_error }
+            }
+            (FlowStatusKind::Tripped, _) => {
+                FlowStatus::Tripped { streak: self.streak, last_error: self.last_error, reason: self.reason }
+            }
+            _ => FlowStatus::Idle,
+        }
+    }
+
+    /// Ends the streak (a success or a reset, F3, F8).
+    fn clear_streak(&mut self) {
+        self.streak = 0;
+        self.place = 0;
+        self.previous_delay = 0;
+        self.next_eligible = None;
     }
 
     /// When an every-flow is due (F5): `max(run_end + interval, next_eligible)`.
@@ -221,7 +278,7 @@ pub fn run(seed: u64, bug: Option<FlowBug>) -> Result<Summary, Violation> {
             Step::Timeout => {
                 registry_now = registry_now.later(reported);
                 world.record(u32::MAX, "registry timeout", registry_now.as_nanos(), 0);
-                flows.handle_timeout(reported);
+                flows.handle_timeout(policy, reported, world.rng());
                 while let Some((id, action)) = flows.poll_action() {
                     world.steps += 1;
                     let i = id as usize;
@@ -260,7 +317,7 @@ pub fn run(seed: u64, bug: Option<FlowBug>) -> Result<Summary, Violation> {
                 })?;
                 m.last_tick = Some(tick);
                 let action = flows
-                    .handle_tick(&(i as u32), reported, tick)
+                    .handle_tick(policy, reported, &(i as u32), tick)
                     .map_err(|e| world.violation("G12", format!("flow {i}: tick refused: {e}")))?;
                 m.last_now = m.last_now.later(reported);
                 let now = m.last_now;
@@ -310,35 +367,28 @@ pub fn run(seed: u64, bug: Option<FlowBug>) -> Result<Summary, Violation> {
                 let faulty = world.now < scenario.horizon;
                 if faulty && world.chance(scenario.cancel_rate) {
                     world.record(id, "run canceled", run, 0);
-                    flows.handle_cancel(&id, reported).map_err(|e| world.violation("G12", format!("{e}")))?;
+                    flows.handle_cancel(policy, reported, &id).map_err(|e| world.violation("G12", format!("{e}")))?;
+                    // F4: idle, the streak and the window unchanged.
                     m.status = FlowStatusKind::Idle;
                 } else if faulty && world.chance(scenario.failure_rate) {
-                    world.record(id, "run fails", run, 0);
+                    let (kind, hinted) = draw_failure(&mut world, &scenario.fault_weights, scenario.hint_ns, now);
+                    world.record(id, "run fails", run, kind.class() as u64);
+                    let error = run as u32;
+                    let fed = match (bug, kind) {
+                        (Some(FlowBug::RetryFatal), FailureKind::Fatal) => FailureKind::Retryable,
+                        (Some(FlowBug::ClampHint), kind) => clamp_hint(kind, now, policy.max_hint()),
+                        _ => kind,
+                    };
                     flows
-                        .handle_failure(policy, &id, reported, run as u32, world.rng())
-                        .map_err(|e| world.violation("G12", format!("{e}")))?;
-                    m.streak += 1;
-                    if policy.trip_after().is_some_and(|limit| m.streak >= limit) {
-                        m.status = FlowStatusKind::Tripped;
-                        m.next_eligible = None;
-                    } else {
-                        m.status = FlowStatusKind::Backoff;
-                        let until = flows.get(&id).and_then(persevere::Flow::next_eligible).unwrap_or(Instant::ZERO);
-                        let delay = until.saturating_duration_since(now).as_nanos() as u64;
-                        let (lo, hi) = delay_bounds(policy.backoff(), m.streak, m.previous_delay);
-                        world.check("G1", until >= now && (lo..=hi).contains(&delay), || {
-                            format!("flow {i}: window until {until:?} from {now:?}: {delay} ns outside [{lo}, {hi}]")
-                        })?;
-                        m.previous_delay = delay;
-                        m.next_eligible = Some(until);
-                    }
+                        .handle_failure(policy, reported, &id, Failure::new(fed, error), world.rng())
+                        .map_err(|r| world.violation("G12", format!("flow {i}: a failure refused: {}", r.error)))?;
+                    let status = flows.info(&id).map(|info| info.status.cloned());
+                    failed(&mut world, policy, i, m, (kind, hinted), error, now, status)?;
                 } else {
                     world.record(id, "run succeeds", run, 0);
-                    flows.handle_success(&id, reported).map_err(|e| world.violation("G12", format!("{e}")))?;
+                    flows.handle_success(policy, reported, &id).map_err(|e| world.violation("G12", format!("{e}")))?;
                     m.status = FlowStatusKind::Completed;
-                    m.streak = 0;
-                    m.previous_delay = 0;
-                    m.next_eligible = None;
+                    m.clear_streak();
                 }
                 if world.now >= scenario.horizon
                     && let Some(due) = m.due()
@@ -358,17 +408,17 @@ pub fn run(seed: u64, bug: Option<FlowBug>) -> Result<Summary, Violation> {
                 if world.chance(scenario.trigger_share) {
                     world.record(id, "operator triggers", m.streak.into(), 0);
                     let before = flows.clone();
-                    let result = flows.trigger(&id, reported);
+                    let result = flows.trigger(reported, &id);
                     let result = match (result, bug) {
                         (Err(FlowError::Tripped { .. }), Some(FlowBug::DispatchWhileTripped)) => {
                             // The defect: the trip is forgotten and the flow dispatched anyway.
-                            let _ = flows.reset_flow(&id, reported);
-                            flows.trigger(&id, reported)
+                            let _ = flows.reset_flow(reported, &id);
+                            flows.trigger(reported, &id)
                         }
                         (result, _) => result,
                     };
                     match (result, m.status) {
-                        (Err(FlowError::Tripped { streak }), FlowStatusKind::Tripped) => {
+                        (Err(FlowError::Tripped { streak, .. }), FlowStatusKind::Tripped) => {
                             world.check("G5", streak == m.streak, || format!("flow {i}: trip streak {streak}"))?;
                             world
                                 .check("G12", flows == before, || format!("flow {i}: a refused trigger changed it"))?;
@@ -394,11 +444,9 @@ pub fn run(seed: u64, bug: Option<FlowBug>) -> Result<Summary, Violation> {
                     }
                 } else {
                     world.record(id, "operator resets", m.streak.into(), 0);
-                    flows.reset_flow(&id, reported).map_err(|e| world.violation("G12", format!("{e}")))?;
+                    flows.reset_flow(reported, &id).map_err(|e| world.violation("G12", format!("{e}")))?;
                     m.last_now = m.last_now.later(reported);
-                    m.streak = 0;
-                    m.previous_delay = 0;
-                    m.next_eligible = None;
+                    m.clear_streak();
                     if m.status != FlowStatusKind::Running {
                         m.status = FlowStatusKind::Idle;
                     }
@@ -408,6 +456,95 @@ pub fn run(seed: u64, bug: Option<FlowBug>) -> Result<Summary, Violation> {
         check_registry(&mut world, &flows, &models)?;
     }
     Err(world.violation("G13", "the scenario did not finish within 200000 steps".into()))
+}
+
+/// The model's reading of a failed run (F3, F4, B6), from the failure's class and the streak:
+/// `Canceled` is a clean cancel; `Fatal` and `DoNotRetry` trip at once; a streak at the trip
+/// limit trips (before any hint is looked at); a hint past `max_hint` trips with the hinted
+/// instant; a hint within it is the window, exactly (never shortened); anything else waits the
+/// schedule's next delay, from the schedule's place (which a hint with `restart_after_hint`
+/// starts over, while the streak keeps counting). `status` is what the flow shows after the
+/// failure: a trip must name its reason (`Fatal` and `DoNotRetry` are never retried, G4; a hint
+/// is never shortened, G1), a window must be the hint's exactly (G1) or within the schedule's
+/// bounds (G1). `kind` is the failure the run reported, with its hinted delay from `now`.
+#[allow(clippy::too_many_arguments)]
+fn failed(
+    world: &mut World,
+    policy: &FlowPolicy,
+    i: usize,
+    m: &mut Model,
+    (kind, hinted): (FailureKind, Option<u64>),
+    error: u32,
+    now: Instant,
+    status: Option<FlowStatus<u32>>,
+) -> Result<(), Violation> {
+    let window = match status {
+        Some(FlowStatus::Backoff { until, .. }) => Some(until),
+        _ => None,
+    };
+    if kind == FailureKind::Canceled {
+        m.status = FlowStatusKind::Idle;
+        return Ok(());
+    }
+    m.streak += 1;
+    m.last_error = error;
+    let trip = match kind {
+        FailureKind::Fatal => Some(TripReason::Fatal),
+        FailureKind::Hinted(Hint::DoNotRetry) => Some(TripReason::DoNotRetry),
+        _ if policy.trip_after().is_some_and(|limit| m.streak >= limit) => Some(TripReason::Streak),
+        _ => match hinted {
+            Some(d) if u128::from(d) > policy.max_hint().as_nanos() => {
+                Some(TripReason::Deferred { retry_at: now.saturating_add(Duration::from_nanos(d)) })
+            }
+            _ => None,
+        },
+    };
+    if let Some(reason) = trip {
+        let rule = match reason {
+            TripReason::Fatal | TripReason::DoNotRetry => "G4",
+            TripReason::Deferred { .. } => "G1",
+            _ => "F3",
+        };
+        let tripped = matches!(status, Some(FlowStatus::Tripped { reason: r, .. }) if r == reason);
+        world.check(rule, tripped, || {
+            format!("flow {i}: a {:?} failure at streak {} left {status:?}, not tripped for {reason:?}", kind, m.streak)
+        })?;
+        m.status = FlowStatusKind::Tripped;
+        m.reason = reason;
+        m.next_eligible = None;
+        return Ok(());
+    }
+    m.status = FlowStatusKind::Backoff;
+    let until = match hinted {
+        Some(d) => {
+            // B6: the window is the hint, exactly: never shortened, no delay drawn.
+            let until = now.saturating_add(Duration::from_nanos(d));
+            world.check("G1", window == Some(until), || {
+                format!("flow {i}: a hint of {d} ns at {now:?} set the window to {window:?}, not {until:?}")
+            })?;
+            if policy.restarts_after_hint() {
+                m.place = 0;
+                m.previous_delay = 0;
+            } else {
+                m.place += 1;
+                m.previous_delay = d;
+            }
+            until
+        }
+        None => {
+            m.place += 1;
+            let until = window.unwrap_or(Instant::ZERO);
+            let delay = until.saturating_duration_since(now).as_nanos() as u64;
+            let (lo, hi) = delay_bounds(policy.backoff(), m.place, m.previous_delay);
+            world.check("G1", until >= now && (lo..=hi).contains(&delay), || {
+                format!("flow {i}: window until {until:?} from {now:?}: {delay} ns outside [{lo}, {hi}]")
+            })?;
+            m.previous_delay = delay;
+            until
+        }
+    };
+    m.next_eligible = Some(until);
+    Ok(())
 }
 
 /// A dispatch of run `run`: never while tripped (G5), never overlapping (G3), numbered in order.
@@ -437,22 +574,27 @@ fn check_registry(world: &mut World, flows: &Flows<u32, u32>, models: &[Model]) 
         let Some(info) = flows.info(&(i as u32)) else {
             return Err(world.violation("G11", format!("flow {i} was lost")));
         };
+        let status = info.status.cloned();
         let ok = info.failure_streak == m.streak
             && info.next_eligible == m.next_eligible
             && info.run_count == m.run_count
-            && info.status.kind() == m.status;
+            && status == m.status();
         world.check("F3", ok, || {
             format!(
-                "flow {i}: shows streak {}, next_eligible {:?}, runs {}, {:?}; the model says {}, {:?}, {}, {:?}",
+                "flow {i}: shows streak {}, next_eligible {:?}, runs {}, {status:?}; the model says {}, {:?}, {}, {:?}",
                 info.failure_streak,
                 info.next_eligible,
                 info.run_count,
-                info.status.kind(),
                 m.streak,
                 m.next_eligible,
                 m.run_count,
-                m.status
+                m.status()
             )
+        })?;
+        // Time never runs backwards inside a flow: it holds the latest `now` it accepted.
+        let now = flows.get(&(i as u32)).map(persevere::Flow::now);
+        world.check("§3", now == Some(m.last_now), || {
+            format!("flow {i}: holds now {now:?}, the model {:?}", m.last_now)
         })?;
         if let Some(due) = m.due() {
             earliest = Some(earliest.map_or(due, |e| e.earlier(due)));
@@ -476,19 +618,56 @@ fn misuse(
     let m = &models[i];
     let id = i as u32;
     let unknown = (n + world.between(0, 3)) as u32;
-    let refused = match world.between(0, 5) {
+    let refused = match world.between(0, 6) {
         0 if m.status != FlowStatusKind::Running => {
-            flows.handle_success(&id, now) == Err(FlowError::NotRunning(m.status))
+            flows.handle_success(policy, now, &id) == Err(FlowError::NotRunning(m.status))
         }
         1 if m.status != FlowStatusKind::Running => {
-            flows.handle_failure(policy, &id, now, 99, world.rng()).is_err_and(|r| r.last_error == 99)
+            let failure = Failure::fatal(99);
+            flows
+                .handle_failure(policy, now, &id, failure, world.rng())
+                .is_err_and(|r| r.error == FlowError::NotRunning(m.status) && r.input == failure)
         }
-        2 if m.status != FlowStatusKind::Running => flows.handle_cancel(&id, now).is_err(),
-        3 if m.spec.every.is_some() => flows.handle_tick(&id, now, now) == Err(FlowError::NotCron),
-        4 => flows.reset_flow(&unknown, now) == Err(FlowError::UnknownId),
-        _ => flows.trigger(&unknown, now) == Err(FlowError::UnknownId),
+        2 if m.status != FlowStatusKind::Running => {
+            flows.handle_cancel(policy, now, &id) == Err(FlowError::NotRunning(m.status))
+        }
+        3 if m.spec.every.is_some() => flows.handle_tick(policy, now, &id, now) == Err(FlowError::NotCron),
+        4 => flows.reset_flow(now, &unknown) == Err(FlowError::UnknownId),
+        5 => {
+            let failure = Failure::retryable(98);
+            flows
+                .handle_failure(policy, now, &unknown, failure, world.rng())
+                .is_err_and(|r| r.error == FlowError::UnknownId && r.input == failure)
+        }
+        _ => flows.trigger(now, &unknown) == Err(FlowError::UnknownId),
     };
     world.record(id, "misuse fed", u64::from(unknown), 0);
     world.check("G12", refused, || format!("flow {i}: a wrong input was accepted"))?;
     world.check("G12", *flows == before, || format!("flow {i}: a refused input changed the registry"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{FlowBug, run};
+
+    /// Runs seeds with `bug` until it is caught; returns the violated rule.
+    fn caught(bug: FlowBug) -> &'static str {
+        (0..5_000)
+            .find_map(|seed| run(seed, Some(bug)).err())
+            .unwrap_or_else(|| panic!("{bug:?} was never caught"))
+            .rule
+    }
+
+    #[test]
+    fn f3_an_injected_retry_of_a_fatal_run_is_caught_as_g4() {
+        // F3: a run that failed `Fatal` trips the flow at once (`TripReason::Fatal`).
+        assert_eq!(caught(FlowBug::RetryFatal), "G4");
+    }
+
+    #[test]
+    fn f3_an_injected_shortened_hint_is_caught_as_g1() {
+        // F3, B6: a hint past `max_hint` trips the flow with the hinted instant; shortened to
+        // `max_hint` (the rule before issue 12) the flow would back off instead.
+        assert_eq!(caught(FlowBug::ClampHint), "G1");
+    }
 }

@@ -22,6 +22,7 @@
 //! | [`breaker`]       | `Breaker`                            | K1–K5, G8, G12, against a model with a plain list as its window  |
 //! | [`budget`]        | `TokenBucket`, `RatioBudget`         | U1–U3, G9, against exact models                                  |
 //! | [`delivery`]      | `Delivery`                           | D1–D9, G10–G12, against a model built on the retry model         |
+//! | [`retry_state`], [`supervision_state`], [`flow_state`], [`breaker_state`], [`budget_state`], [`delivery_state`], [`backoff_state`] | a *loaded* state of each | DESIGN §3: a state decoded from arbitrary bytes is refused or driven, under an arbitrary policy, without a panic or an overflow; it stays loadable after every operation; refused inputs change nothing (see [`state`]) |
 
 use core::fmt::Debug;
 use core::time::Duration;
@@ -37,6 +38,7 @@ mod budget_model;
 mod delivery_model;
 mod flow_model;
 mod retry_model;
+pub mod state;
 mod supervision_model;
 
 /// The most operations one input runs (TIGER_STYLE: a bound on every loop).
@@ -77,8 +79,59 @@ pub fn delivery(data: &[u8]) {
     delivery_model::run(data);
 }
 
+/// A loaded [`persevere::Retry`] state driven under any policy (DESIGN §3).
+pub fn retry_state(data: &[u8]) {
+    state::retry(data);
+}
+
+/// A loaded [`persevere::Supervision`] state driven under any policy (DESIGN §3).
+pub fn supervision_state(data: &[u8]) {
+    state::supervision(data);
+}
+
+/// A loaded [`persevere::Flow`] state driven under any policy (DESIGN §3).
+pub fn flow_state(data: &[u8]) {
+    state::flow(data);
+}
+
+/// A loaded [`persevere::Breaker`] state driven under any policy (DESIGN §3).
+pub fn breaker_state(data: &[u8]) {
+    state::breaker(data);
+}
+
+/// Loaded [`persevere::TokenBucket`] and [`persevere::RatioBudget`] states driven under any
+/// policies (DESIGN §3).
+pub fn budget_state(data: &[u8]) {
+    state::budget(data);
+}
+
+/// A loaded [`persevere::Delivery`] state driven under any policy (DESIGN §3).
+pub fn delivery_state(data: &[u8]) {
+    state::delivery(data);
+}
+
+/// A loaded [`persevere::BackoffState`] driven under any backoff (DESIGN §3).
+pub fn backoff_state(data: &[u8]) {
+    state::backoff(data);
+}
+
 /// The fuzz targets, by name, in report order.
-pub const TARGETS: [&str; 7] = ["backoff", "retry", "supervision", "flow", "breaker", "budget", "delivery"];
+pub const TARGETS: [&str; 14] = [
+    "backoff",
+    "retry",
+    "supervision",
+    "flow",
+    "breaker",
+    "budget",
+    "delivery",
+    "backoff_state",
+    "retry_state",
+    "supervision_state",
+    "flow_state",
+    "breaker_state",
+    "budget_state",
+    "delivery_state",
+];
 
 /// Runs the target `name` on `data`; `false` for an unknown name.
 pub fn run(name: &str, data: &[u8]) -> bool {
@@ -90,6 +143,13 @@ pub fn run(name: &str, data: &[u8]) -> bool {
         "breaker" => breaker(data),
         "budget" => budget(data),
         "delivery" => delivery(data),
+        "backoff_state" => backoff_state(data),
+        "retry_state" => retry_state(data),
+        "supervision_state" => supervision_state(data),
+        "flow_state" => flow_state(data),
+        "breaker_state" => breaker_state(data),
+        "budget_state" => budget_state(data),
+        "delivery_state" => delivery_state(data),
         _ => return false,
     }
     true
@@ -106,6 +166,7 @@ pub fn describe(name: &str, data: &[u8]) -> Option<String> {
         "breaker" => breaker_model::describe(data),
         "budget" => budget_model::describe(data),
         "delivery" => delivery_model::describe(data),
+        name if name.ends_with("_state") => format!("{} bytes of encoded state, policy and operations", data.len()),
         _ => return None,
     })
 }
@@ -291,6 +352,7 @@ pub(crate) enum ErrorKind {
     DurationOverflow,
     LimitTooLarge,
     Conflict,
+    Unbounded,
 }
 
 pub(crate) fn error_kind(error: &persevere::PolicyError) -> Option<ErrorKind> {
@@ -304,6 +366,7 @@ pub(crate) fn error_kind(error: &persevere::PolicyError) -> Option<ErrorKind> {
         P::DurationOverflow { .. } => ErrorKind::DurationOverflow,
         P::LimitTooLarge { .. } => ErrorKind::LimitTooLarge,
         P::Conflict { .. } => ErrorKind::Conflict,
+        P::Unbounded => ErrorKind::Unbounded,
         _ => return None,
     })
 }

@@ -1,15 +1,25 @@
 //! Retry scenarios: several operations interleaved on virtual time, each a real
 //! [`persevere::Retry`] machine, with drawn policies and faults, checked against a reference
-//! model after every step (G1–G4, G7, G11–G13).
+//! model after every step (G1–G4, G7, G11–G13, R3–R6, B6).
+//!
+//! The model follows the one failure decision (issue 12): the failure's class, then the attempt
+//! limit, then a hint (never shortened: past `max_hint` or past the total budget it ends the
+//! operation `Deferred` at the hinted instant) or the schedule (past the budget: `OutOfTime`).
+//! Every failure but a cancel counts into the streak; a hinted delay under
+//! `restart_after_hint` restarts only the schedule's place. Between an input and the drain of
+//! its actions the driver sometimes feeds a timeout and a cancel: the first must do nothing,
+//! the second be refused (the drain rule).
 
 use std::time::Duration;
 
 use persevere::{
-    Action, Failure, FailureClass, FailureKind, Instant, Jitter, Outcome, OutcomeKind, Retry, RetryPolicy, Schedule,
+    Failure, FailureClass, FailureKind, Instant, Outcome, OutcomeKind, Retry, RetryAction, RetryError, RetryPolicy,
     TokenBucket, TokenBucketPolicy,
 };
 
-use crate::world::{Summary, Violation, World, draw_backoff, draw_failure, draw_fault_weights};
+use crate::world::{
+    Summary, Violation, World, clamp_hint, delay_bounds, draw_backoff, draw_failure, draw_fault_weights,
+};
 
 /// A deliberate defect, to prove the checks can fail.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -20,6 +30,9 @@ pub enum RetryBug {
     DelayPastCap,
     /// The driver starts one attempt more than the machine allowed, after an exhaustion.
     ExtraAttempt,
+    /// The driver shortens a hint to `max_hint` before feeding it (the rule before issue 12;
+    /// B6 now defers the operation instead).
+    ClampHint,
 }
 
 /// The drawn configuration of one retry scenario (swarm testing: the seed chooses it).
@@ -39,7 +52,7 @@ pub struct RetryScenario {
     pub stall_rate: u64,
     /// Per-mille chance that a step first feeds a wrong input (G12).
     pub misuse_rate: u64,
-    /// Per-mille chance that the driver cancels an operation at a step.
+    /// Per-mille chance that the driver cancels an operation at a step (also before it starts).
     pub cancel_rate: u64,
     /// Longest attempt, in nanoseconds.
     pub attempt_ns: u64,
@@ -60,12 +73,16 @@ impl RetryScenario {
     pub fn draw(world: &mut World) -> Self {
         let backoff = draw_backoff(world, 200, 5_000);
         let mut policy = RetryPolicy::builder(backoff);
-        policy = match world.between(0, 2) {
+        // R3: every policy has a limit, or says it has none on purpose.
+        let limit = world.between(0, 4);
+        policy = match limit {
             0 => policy.max_attempts(world.between(1, 8) as u32),
             1 => policy.max_retries(world.between(0, 7) as u32),
-            _ => policy.max_attempts(world.between(1, 40) as u32),
+            2 => policy.max_attempts(world.between(1, 40) as u32),
+            3 => policy.total(ms(world.between(1, 20_000))),
+            _ => policy.unbounded(),
         };
-        if world.chance(400) {
+        if limit < 3 && world.chance(400) {
             policy = policy.total(ms(world.between(1, 20_000)));
         }
         if world.chance(400) {
@@ -73,6 +90,8 @@ impl RetryScenario {
         }
         if world.chance(300) {
             policy = policy.max_hint(ms(world.between(1, 3_000)));
+        } else if world.chance(100) {
+            policy = policy.max_hint(Duration::MAX);
         }
         policy = policy.restart_after_hint(world.chance(500));
         let policy = policy.build().expect("drawn policies are valid");
@@ -107,15 +126,20 @@ struct Model {
     started: bool,
     finished: bool,
     /// The attempt running, when it reports (`None`: it hangs), and its deadline.
-    running: Option<(u32, Option<Instant>, Option<Instant>)>,
-    attempts: u32,
+    running: Option<(u64, Option<Instant>, Option<Instant>)>,
+    attempts: u64,
     first_start: Instant,
     last_now: Instant,
     /// The last failure fed: class, hint delay (ns) if hinted.
     last: Option<(FailureClass, Option<u64>)>,
-    /// Consecutive failures counted by the schedule, and the last scheduled delay.
+    /// The streak: consecutive failures (every one but a cancel).
     streak: u32,
+    /// The schedule's place (failures since it last started over), and the last delay.
+    place: u32,
     previous_delay: u64,
+    /// Time asleep so far, and when the current sleep began.
+    slept: Duration,
+    sleep_from: Instant,
     /// The retry budget's grant was refused for this operation.
     refused: bool,
     canceled: bool,
@@ -131,10 +155,10 @@ pub fn run(seed: u64, bug: Option<RetryBug>) -> Result<Summary, Violation> {
     let scenario = RetryScenario::draw(&mut world);
     let policy = scenario.policy;
     let n = scenario.operations as usize;
-    let mut machines: Vec<Retry<u32>> = vec![Retry::new(); n];
+    let mut machines: Vec<Retry<u64>> = vec![Retry::new(); n];
     let mut models: Vec<Model> = vec![Model::default(); n];
     let mut budget = scenario.budget.as_ref().map(TokenBucket::new);
-    let limit = policy.max_attempts().unwrap_or(u32::MAX);
+    let limit = policy.max_attempts().map_or(u64::MAX, u64::from);
     // Operations start at staggered instants.
     let mut starts: Vec<Instant> = (0..n).map(|_| Instant::from_millis(world.between(0, 1_000))).collect();
 
@@ -172,7 +196,19 @@ pub fn run(seed: u64, bug: Option<RetryBug>) -> Result<Summary, Violation> {
             misuse(&mut world, i as u32, &policy, &mut machines[i], &models[i], reported)?;
         }
         let (machine, model) = (&mut machines[i], &mut models[i]);
-        if !model.started {
+        let mut expects = true;
+        if !model.started && world.chance(scenario.cancel_rate) {
+            // Canceled before it started: no attempt, no time.
+            machine
+                .handle_cancel(&policy, reported)
+                .map_err(|e| world.violation("G12", format!("cancel refused: {e}")))?;
+            model.started = true;
+            model.canceled = true;
+            model.first_start = reported;
+            model.last_now = reported;
+            world.record(i as u32, "driver cancels before the start", 0, 0);
+            starts[i] = Instant::MAX;
+        } else if !model.started {
             machine
                 .handle_start(&policy, reported)
                 .map_err(|e| world.violation("G12", format!("start refused: {e}")))?;
@@ -181,8 +217,10 @@ pub fn run(seed: u64, bug: Option<RetryBug>) -> Result<Summary, Violation> {
             model.last_now = reported;
             world.record(i as u32, "start", 0, 0);
             starts[i] = Instant::MAX;
-        } else if model.started && world.chance(scenario.cancel_rate) {
-            machine.handle_cancel(reported).map_err(|e| world.violation("G12", format!("cancel refused: {e}")))?;
+        } else if world.chance(scenario.cancel_rate) {
+            machine
+                .handle_cancel(&policy, reported)
+                .map_err(|e| world.violation("G12", format!("cancel refused: {e}")))?;
             model.canceled = true;
             model.last_now = model.last_now.later(reported);
             world.record(i as u32, "driver cancels", 0, 0);
@@ -194,47 +232,47 @@ pub fn run(seed: u64, bug: Option<RetryBug>) -> Result<Summary, Violation> {
             if past_horizon || !world.chance(scenario.failure_rate) {
                 model.succeeded = true;
                 machine
-                    .handle_success(reported, attempt)
+                    .handle_success(&policy, reported, attempt)
                     .map_err(|e| world.violation("G12", format!("success refused: {e}")))?;
                 model.streak = 0;
-                world.record(i as u32, "attempt succeeds", u64::from(attempt), report_at.as_nanos());
+                model.place = 0;
+                world.record(i as u32, "attempt succeeds", attempt, report_at.as_nanos());
             } else {
                 let (kind, hint_ns) = draw_failure(&mut world, &scenario.fault_weights, scenario.hint_ns, eff);
                 let class = kind.class();
-                let fed = if bug == Some(RetryBug::RetryFatal) && class == FailureClass::Fatal {
-                    FailureKind::Retryable
-                } else {
-                    kind
+                let fed = match bug {
+                    Some(RetryBug::RetryFatal) if class == FailureClass::Fatal => FailureKind::Retryable,
+                    Some(RetryBug::ClampHint) => clamp_hint(kind, eff, policy.max_hint()),
+                    _ => kind,
                 };
-                world.record(i as u32, "attempt fails", u64::from(attempt), class as u64);
+                world.record(i as u32, "attempt fails", attempt, class as u64);
                 model.last = Some((class, hint_ns));
+                if fed != FailureKind::Canceled {
+                    model.streak += 1;
+                }
                 machine
                     .handle_failure(&policy, reported, attempt, Failure::new(fed, attempt), world.rng())
                     .map_err(|e| world.violation("G12", format!("failure refused: {e}")))?;
             }
         } else {
             let eff = model.last_now.later(reported);
-            // The machine's own timeout: an attempt's deadline or the end of a sleep.
+            // The machine's own timeout: an attempt's deadline or the end of a sleep; an
+            // early one does nothing.
+            expects = match model.running {
+                Some((_, _, deadline)) => deadline.is_some_and(|d| d <= eff),
+                None => model.wake.is_some_and(|w| w <= eff),
+            };
             if let Some((_, _, Some(deadline))) = model.running
                 && eff >= deadline
             {
                 model.last = Some((FailureClass::Timeout, None));
+                model.streak += 1;
             }
             world.record(i as u32, "timeout", eff.as_nanos(), 0);
             machine.handle_timeout(&policy, reported, world.rng());
         }
-        drain(
-            &mut world,
-            &scenario,
-            &policy,
-            limit,
-            bug,
-            budget.as_mut(),
-            i,
-            &mut machines[i],
-            &mut models[i],
-            reported,
-        )?;
+        let step = Step { limit, bug, subject: i as u32, reported, expects };
+        drain(&mut world, &scenario, &policy, step, budget.as_mut(), &mut machines[i], &mut models[i])?;
     }
     Err(world.violation("G13", "the scenario did not finish within 200000 steps".into()))
 }
@@ -244,49 +282,67 @@ fn misuse(
     world: &mut World,
     subject: u32,
     policy: &RetryPolicy,
-    machine: &mut Retry<u32>,
+    machine: &mut Retry<u64>,
     model: &Model,
     now: Instant,
 ) -> Result<(), Violation> {
     let before = *machine;
     let running = model.running.map(|r| r.0);
-    let wrong = running.map_or(model.attempts.wrapping_add(1), |a| a.wrapping_add(world.between(1, 3) as u32));
+    let wrong = running.map_or(model.attempts.wrapping_add(1), |a| a.wrapping_add(world.between(1, 3)));
     let refused = match world.between(0, 3) {
-        0 => machine.handle_success(now, wrong).is_err(),
+        0 => machine.handle_success(policy, now, wrong).is_err(),
         1 => machine.handle_failure(policy, now, wrong, Failure::retryable(0), world.rng()).is_err(),
         2 if model.started => machine.handle_start(policy, now).is_err(),
-        _ if running.is_some() || model.finished => machine.handle_rejected(now).is_err(),
+        _ if running.is_some() || model.finished => machine.handle_rejected(policy, now).is_err(),
         // Nothing wrong to feed in this state (a sleeping machine may be rejected).
         _ => return Ok(()),
     };
-    world.record(subject, "misuse fed", u64::from(wrong), 0);
+    world.record(subject, "misuse fed", wrong, 0);
     world.check("G12", refused, || "a wrong input was accepted".into())?;
     world.check("G12", *machine == before, || "a refused input changed the state".into())
 }
 
+/// What the step that fed an input knows, for the drain after it.
+#[derive(Clone, Copy)]
+struct Step {
+    limit: u64,
+    bug: Option<RetryBug>,
+    subject: u32,
+    reported: Instant,
+    /// Whether the model expects the input to have left actions.
+    expects: bool,
+}
+
 /// Drains the machine's actions and checks each against the model.
-#[allow(clippy::too_many_arguments)]
 fn drain(
     world: &mut World,
     scenario: &RetryScenario,
     policy: &RetryPolicy,
-    limit: u32,
-    bug: Option<RetryBug>,
+    step: Step,
     mut budget: Option<&mut TokenBucket>,
-    i: usize,
-    machine: &mut Retry<u32>,
+    machine: &mut Retry<u64>,
     model: &mut Model,
-    reported: Instant,
 ) -> Result<(), Violation> {
+    let Step { limit, bug, subject, reported, expects } = step;
     let eff = model.last_now.later(reported);
-    model.last_now = eff;
-    let subject = i as u32;
+    if expects {
+        // An early timeout is not accepted: the machine's time stays where it was.
+        model.last_now = eff;
+    }
     let budget_end = policy.total().map(|t| model.first_start.saturating_add(t));
+    world.check("R6", machine.has_actions() == expects, || {
+        format!("has_actions() is {}, the model expects {expects}", machine.has_actions())
+    })?;
+    let probed =
+        if expects && world.chance(scenario.misuse_rate) { probe(world, subject, policy, machine)? } else { None };
+    // The outcome the input itself made (not a rejection fed during this drain).
+    let mut finished_as = None;
+    let mut rejected_here = false;
     while let Some(action) = machine.poll_action() {
         world.steps += 1;
         match action {
-            Action::Start { attempt, deadline } => {
-                world.record(subject, "start attempt", u64::from(attempt), deadline.map_or(0, |d| d.as_nanos()));
+            RetryAction::Start { attempt, deadline } => {
+                world.record(subject, "start attempt", attempt, deadline.map_or(0, |d| d.as_nanos()));
                 world
                     .check("G3", model.running.is_none(), || format!("attempt {attempt} started while another runs"))?;
                 world.check("G2", attempt == model.attempts + 1, || {
@@ -298,6 +354,9 @@ fn drain(
                 }
                 let expected = policy.attempt_timeout().map(|t| eff.saturating_add(t)).filter(|d| *d != Instant::MAX);
                 world.check("R3", deadline == expected, || format!("deadline {deadline:?}, expected {expected:?}"))?;
+                if attempt > 1 {
+                    model.slept += eff.saturating_duration_since(model.sleep_from);
+                }
                 model.attempts = attempt;
                 let faulty = world.now < scenario.horizon;
                 let hang = world.chance(scenario.hang_rate) && faulty;
@@ -310,14 +369,14 @@ fn drain(
                 // An attempt that reports after its deadline is timed out first.
                 model.running = Some((attempt, report, deadline));
             }
-            Action::Abandon { attempt } => {
-                world.record(subject, "abandon", u64::from(attempt), 0);
+            RetryAction::Abandon { attempt } => {
+                world.record(subject, "abandon", attempt, 0);
                 let ok = matches!(model.running, Some((a, _, Some(d))) if a == attempt && d <= eff) || model.canceled;
                 world.check("G7", ok, || format!("attempt {attempt} was cut before its own deadline"))?;
                 model.running = None;
             }
-            Action::Sleep { next_attempt, delay, until } => {
-                world.record(subject, "sleep", u64::from(next_attempt), delay.as_nanos() as u64);
+            RetryAction::Sleep { next_attempt, delay, until } => {
+                world.record(subject, "sleep", next_attempt, delay.as_nanos() as u64);
                 let (class, hint) = model.last.unwrap_or((FailureClass::Retryable, None));
                 world.check("G4", class.is_retryable(), || format!("a {class:?} failure is retried"))?;
                 world.check("G2", model.attempts < limit, || {
@@ -335,28 +394,37 @@ fn drain(
                 } else {
                     delay_ns
                 };
-                check_delay(world, policy, model, hint, delay_ns, eff, budget_end)?;
+                check_delay(world, policy, model, hint, delay_ns)?;
                 model.wake = Some(until);
+                model.sleep_from = eff;
                 // The shared budget decides whether this retry may happen (U4).
                 if let (Some(bucket), Some(budget_policy)) = (budget.as_deref_mut(), scenario.budget.as_ref()) {
                     let retry_class = persevere::RetryClass::from(class);
                     if bucket.try_acquire(budget_policy, retry_class).is_err() {
                         world.record(subject, "budget refuses", 0, bucket.balance_milli());
                         machine
-                            .handle_rejected(eff)
+                            .handle_rejected(policy, eff)
                             .map_err(|e| world.violation("G12", format!("rejection refused: {e}")))?;
                         model.refused = true;
+                        rejected_here = true;
                     }
                 }
             }
-            Action::Finish { outcome, stats } => {
-                world.record(subject, "finish", stats.attempts.into(), outcome.kind() as u64);
+            RetryAction::Finish { outcome, stats } => {
+                world.record(subject, "finish", stats.attempts, outcome.kind() as u64);
                 world.check("G11", !model.finished, || "a second outcome".into())?;
+                if !rejected_here {
+                    finished_as = Some(outcome.kind());
+                }
                 model.finished = true;
                 model.running = None;
                 model.wake = None;
                 world.check("R5", stats.attempts == model.attempts, || {
                     format!("stats say {} attempts, {} started", stats.attempts, model.attempts)
+                })?;
+                let elapsed = eff.saturating_duration_since(model.first_start);
+                world.check("R5", stats.elapsed == Some(elapsed) && stats.slept == model.slept, || {
+                    format!("stats {stats:?}, expected elapsed {elapsed:?} and slept {:?}", model.slept)
                 })?;
                 check_outcome(world, policy, model, limit, &outcome, budget_end, eff)?;
                 if bug == Some(RetryBug::ExtraAttempt) && outcome.kind() == OutcomeKind::Exhausted {
@@ -371,11 +439,10 @@ fn drain(
                     bucket.record_success(scenario.budget.as_ref().expect("a bucket has a policy"), None);
                 }
                 // G13: once faults stop, an operation finishes within a bound from its policy: a
-                // report already drawn, a hang cut at its deadline, one longest sleep, one attempt.
-                let longest_sleep = policy
-                    .backoff()
-                    .max_delay()
-                    .max(policy.max_hint().unwrap_or(Duration::from_nanos(scenario.hint_ns)));
+                // report already drawn, a hang cut at its deadline, one longest sleep (a hint is
+                // waited only up to max_hint), one attempt.
+                let longest_sleep =
+                    policy.backoff().max_delay().max(policy.max_hint().min(Duration::from_nanos(scenario.hint_ns)));
                 let attempt = Duration::from_nanos(scenario.attempt_ns);
                 let bound = scenario
                     .horizon
@@ -389,6 +456,17 @@ fn drain(
             }
         }
     }
+    if let Some(refused) = probed {
+        // Validity errors come first: a cancel is refused as finished exactly when this input
+        // finished the operation, and as undrained otherwise.
+        let expected = finished_as.map_or(RetryError::Undrained, RetryError::Finished);
+        world.check("G12", refused == expected, || {
+            format!("a cancel while undrained: {refused:?}, expected {expected:?}")
+        })?;
+    }
+    world.check("R4", machine.streak() == model.streak, || {
+        format!("streak {}, the model counts {}", machine.streak(), model.streak)
+    })?;
     if !model.finished {
         model.wake = machine.poll_timeout().filter(|_| model.running.is_none_or(|(_, _, d)| d.is_some()));
         if let Some((_, _, Some(deadline))) = model.running {
@@ -398,93 +476,115 @@ fn drain(
     Ok(())
 }
 
-/// G1: a scheduled delay respects its schedule's bounds, or its hint.
+/// The drain rule: while actions wait to be drained, a timeout (even at the end of time) does
+/// nothing and a cancel is refused, both without any change (G12). Returns the cancel's error.
+fn probe(
+    world: &mut World,
+    subject: u32,
+    policy: &RetryPolicy,
+    machine: &mut Retry<u64>,
+) -> Result<Option<RetryError>, Violation> {
+    let before = *machine;
+    machine.handle_timeout(policy, Instant::MAX, world.rng());
+    world.record(subject, "timeout while undrained", 0, 0);
+    world.check("G12", *machine == before, || "a timeout acted while actions waited to be drained".into())?;
+    let refused = machine.handle_cancel(policy, Instant::MAX);
+    world.record(subject, "cancel while undrained", 0, 0);
+    world.check("G12", *machine == before, || format!("a cancel while undrained ({refused:?}) changed the state"))?;
+    match refused {
+        Ok(()) => Err(world.violation("G12", "a cancel was accepted while actions waited to be drained".into())),
+        Err(error) => Ok(Some(error)),
+    }
+}
+
+/// G1, B6: a scheduled delay respects its schedule's bounds; a hinted one is the hint, in full.
 fn check_delay(
     world: &mut World,
     policy: &RetryPolicy,
     model: &mut Model,
     hint: Option<u64>,
     delay_ns: u64,
-    now: Instant,
-    budget_end: Option<Instant>,
 ) -> Result<(), Violation> {
-    let backoff = policy.backoff();
     if let Some(hinted) = hint {
-        let mut expected = hinted.min(policy.max_hint().map_or(u64::MAX, |d| d.as_nanos() as u64));
-        if let Some(end) = budget_end {
-            expected = expected.min(end.saturating_duration_since(now).as_nanos() as u64);
-        }
-        world.check("G1", delay_ns == expected, || format!("hinted delay {delay_ns} ns, expected {expected} ns"))?;
+        world.check("G1", delay_ns == hinted, || format!("hinted delay {delay_ns} ns, the hint asked {hinted} ns"))?;
+        let max_hint = policy.max_hint();
+        world.check("G1", Duration::from_nanos(hinted) <= max_hint, || {
+            format!("a hint of {hinted} ns waited past max_hint {max_hint:?}")
+        })?;
         if policy.restarts_after_hint() {
-            model.streak = 0;
+            model.place = 0;
             model.previous_delay = 0;
         } else {
-            model.streak += 1;
+            model.place += 1;
             model.previous_delay = delay_ns;
         }
         return Ok(());
     }
-    model.streak += 1;
-    let cap = backoff.max_delay().as_nanos() as u64;
-    let floor = backoff.min_delay().as_nanos() as u64;
-    world.check("G1", delay_ns <= cap, || format!("delay {delay_ns} ns over the cap {cap} ns"))?;
-    world.check("G1", delay_ns >= floor, || format!("delay {delay_ns} ns under the floor {floor} ns"))?;
-    let envelope = backoff.envelope(model.streak).as_nanos() as u64;
-    let most = match (backoff.schedule(), backoff.jitter_kind()) {
-        (Schedule::Decorrelated { base }, _) => {
-            let base = base.as_nanos() as u64;
-            model.previous_delay.max(base).saturating_mul(3)
-        }
-        (_, Jitter::Proportional(f)) => envelope.saturating_add((envelope as f64 * f) as u64 + 1),
-        _ => envelope,
-    };
-    world.check("G1", delay_ns <= most.max(floor).min(cap), || {
-        format!("delay {delay_ns} ns over its bound {most} ns for failure {}", model.streak)
+    model.place += 1;
+    let (lo, hi) = delay_bounds(policy.backoff(), model.place, model.previous_delay);
+    world.check("G1", (lo..=hi).contains(&delay_ns), || {
+        format!("delay {delay_ns} ns outside [{lo}, {hi}] ns at the schedule's place {}", model.place)
     })?;
     model.previous_delay = delay_ns;
     Ok(())
 }
 
-/// G2, G4, G7, G11: the outcome is the one the model expects.
+/// G2, G4, G7, G11, B6: the outcome is the one the model expects.
 fn check_outcome(
     world: &mut World,
     policy: &RetryPolicy,
     model: &Model,
-    limit: u32,
-    outcome: &Outcome<u32>,
+    limit: u64,
+    outcome: &Outcome<u64>,
     budget_end: Option<Instant>,
     now: Instant,
 ) -> Result<(), Violation> {
     let last = model.last.map(|l| l.0);
-    match outcome.kind() {
-        OutcomeKind::Succeeded => {
+    let hint = model.last.and_then(|l| l.1);
+    match *outcome {
+        Outcome::Succeeded => {
             world.check("G11", model.succeeded, || format!("succeeded after {last:?}, no success was fed"))
         }
-        OutcomeKind::Exhausted => {
+        Outcome::Exhausted { .. } => {
             world.check("G2", model.attempts == limit, || format!("exhausted after {} of {limit}", model.attempts))?;
             world.check("G4", last.is_some_and(FailureClass::is_retryable), || format!("exhausted by {last:?}"))
         }
-        OutcomeKind::Fatal => {
+        Outcome::Fatal { .. } => {
             world.check("G4", matches!(last, Some(FailureClass::Fatal | FailureClass::DoNotRetry)), || {
                 format!("fatal outcome after {last:?}")
             })
         }
-        OutcomeKind::Canceled => world.check("G4", model.canceled || last == Some(FailureClass::Canceled), || {
+        Outcome::Canceled { .. } => world.check("G4", model.canceled || last == Some(FailureClass::Canceled), || {
             format!("canceled outcome after {last:?}")
         }),
-        OutcomeKind::OutOfTime => {
+        Outcome::OutOfTime { .. } => {
             let Some(end) = budget_end else {
                 return Err(world.violation("G7", "out of time without a total budget".into()));
             };
-            // A hint is clamped to the budget, so only an expired budget ends a hinted failure;
-            // a scheduled delay ends it only if the longest possible delay would overrun.
-            let possible = if model.last.is_some_and(|l| l.1.is_some()) {
-                now > end
-            } else {
-                now.saturating_add(policy.backoff().max_delay()) > end
-            };
+            // The limit is judged first, and a hint past the budget defers: only a scheduled
+            // delay that may overrun the budget ends it out of time, or a wake-up that comes
+            // after the budget ran out (no attempt starts past it, R3).
+            world.check("G2", model.attempts < limit, || format!("out of time after the last attempt {limit}"))?;
+            world.check("B6", hint.is_none() || now > end, || {
+                "a hinted failure ended out of time, not deferred".into()
+            })?;
+            let possible = now.saturating_add(policy.backoff().max_delay()) > end;
             world.check("G7", possible, || format!("out of time at {now:?} with the budget ending {end:?}"))
         }
-        OutcomeKind::Rejected => world.check("U4", model.refused, || "rejected without a refusal".into()),
+        Outcome::Rejected { .. } => world.check("U4", model.refused, || "rejected without a refusal".into()),
+        Outcome::Deferred { retry_at, .. } => {
+            // B6: the limit first, then a hint past max_hint or past the budget ends the
+            // operation at once, carrying the hinted instant.
+            world.check("G2", model.attempts < limit, || format!("deferred after the last attempt {limit}"))?;
+            let Some(hinted) = hint else {
+                return Err(world.violation("B6", format!("deferred after an unhinted {last:?} failure")));
+            };
+            let expected = now.saturating_add(Duration::from_nanos(hinted));
+            world.check("B6", retry_at == expected, || {
+                format!("deferred to {retry_at:?}, the hint asked {expected:?}")
+            })?;
+            let past = Duration::from_nanos(hinted) > policy.max_hint() || budget_end.is_some_and(|end| retry_at > end);
+            world.check("B6", past, || format!("a hint of {hinted} ns within max_hint and the budget deferred"))
+        }
     }
 }

@@ -3,16 +3,25 @@
 //! `periodic`, `from_defaults`, settings inherited, switched off or overridden), attempt
 //! failures of every class, attempt timeouts, panics while dropping a timed-out attempt,
 //! driver cancels and stalled clocks, checked against a reference model after every event
-//! (G1–G4, G6, G7, G11–G13, S1, S3–S6).
+//! (G1–G4, G6, G7, G11–G13, S1, S3–S6, B6).
+//!
+//! The model follows the one failure decision (issue 12): the failure's class, then the limit
+//! (`once`, or a streak past `max_retries`), then a hint (never shortened; past `max_hint` the
+//! task finishes `Deferred` at the hinted instant) or the backoff. Every decided failure counts
+//! into the streak; a hinted delay under `restart_after_hint` restarts only the backoff's
+//! place. Between an input and the drain of its events the driver sometimes feeds a timeout
+//! and a cancel: the first must do nothing, the second be refused (the drain rule).
 
 use std::time::Duration;
 
 use persevere::{
-    Backoff, Failure, FailureClass, FailureKind, Instant, Restart, Setting, Supervision, SupervisionPolicy,
-    SupervisionPolicyBuilder, TaskDefaults, TaskEvent, TaskOutcome, TaskOutcomeKind,
+    Backoff, Failure, FailureClass, FailureKind, Instant, Restart, Setting, Supervision, SupervisionAction,
+    SupervisionError, SupervisionPolicy, SupervisionPolicyBuilder, TaskDefaults, TaskOutcome, TaskOutcomeKind,
 };
 
-use crate::world::{Summary, Violation, World, delay_bounds, draw_backoff, draw_failure, draw_fault_weights};
+use crate::world::{
+    Summary, Violation, World, clamp_hint, delay_bounds, draw_backoff, draw_failure, draw_fault_weights,
+};
 
 /// A deliberate defect, to prove the checks can fail.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -23,6 +32,9 @@ pub enum SupervisionBug {
     IntervalFromStart,
     /// The driver delivers a task's `TaskFinished` twice.
     DoubleFinish,
+    /// The driver shortens a hint to `max_hint` before feeding it (the rule before issue 12;
+    /// B6 now finishes the task `Deferred` instead).
+    ClampHint,
 }
 
 /// The drawn configuration of one supervision scenario (swarm testing: the seed chooses it).
@@ -87,6 +99,12 @@ impl SupervisionScenario {
             attempt_timeout: world.chance(400).then(|| ms(world.between(1, 2_000))),
             max_retries: world.chance(500).then(|| world.between(1, 6) as u32),
             min_spacing: ms(world.pick(&[0, 1, 1, 5, 20])),
+            max_hint: match world.between(0, 3) {
+                0 => ms(world.between(1, 3_000)),
+                1 => Duration::MAX,
+                _ => TaskDefaults::new().max_hint,
+            },
+            restart_after_hint: world.chance(300),
         };
         let count = world.between(1, 10);
         let tasks = (0..count)
@@ -108,6 +126,12 @@ impl SupervisionScenario {
                 }
                 if world.chance(300) {
                     builder.min_spacing = draw_setting(world, |w| ms(w.between(0, 30)));
+                }
+                if world.chance(300) {
+                    builder.max_hint = draw_setting(world, |w| ms(w.between(1, 3_000)));
+                }
+                if world.chance(300) {
+                    builder.restart_after_hint = draw_setting(world, |w| w.chance(500));
                 }
                 let policy = builder.build(&defaults).expect("drawn policies are valid");
                 (builder, policy)
@@ -174,8 +198,12 @@ struct Model {
     /// When the driver reports the drop of a timed-out attempt.
     abandon_at: Option<Instant>,
     attempts: u64,
-    /// Consecutive failed attempts, the latest included.
+    /// The streak: consecutive failed attempts the failure decision counted, the latest
+    /// included (every failure but a cancel; a panic while dropping is final and not counted).
     streak: u32,
+    /// The backoff's place: failures since it last started over (after a hinted delay under
+    /// `restart_after_hint`).
+    place: u32,
     /// An upper bound of the backoff's previous delay (exact unless `min_spacing` hid it).
     previous_delay: u64,
     first_start: Instant,
@@ -204,7 +232,7 @@ pub fn run(seed: u64, bug: Option<SupervisionBug>) -> Result<Summary, Violation>
     for (i, (builder, policy)) in scenario.tasks.iter().enumerate() {
         check_resolution(&mut world, &scenario.defaults, i, builder, policy)?;
     }
-    let mut machines: Vec<Supervision<u32>> = vec![Supervision::new(); n];
+    let mut machines: Vec<Supervision<u64>> = vec![Supervision::new(); n];
     let mut models: Vec<Model> = vec![Model::default(); n];
     let mut starts: Vec<Option<Instant>> =
         (0..n).map(|_| Some(Instant::from_millis(world.between(0, 1_000)))).collect();
@@ -246,6 +274,7 @@ pub fn run(seed: u64, bug: Option<SupervisionBug>) -> Result<Summary, Violation>
         }
         let (machine, model) = (&mut machines[i], &mut models[i]);
         let eff = model.last_now.later(reported);
+        let mut expects = true;
         if starts[i].is_some() {
             starts[i] = None;
             world.record(i as u32, "start task", 0, 0);
@@ -255,7 +284,9 @@ pub fn run(seed: u64, bug: Option<SupervisionBug>) -> Result<Summary, Violation>
             model.first_start = eff;
         } else if periodic_done(&scenario, i, model) || world.chance(scenario.cancel_rate) {
             world.record(i as u32, "driver cancels", 0, 0);
-            machine.handle_cancel(reported).map_err(|e| world.violation("G12", format!("cancel refused: {e}")))?;
+            machine
+                .handle_cancel(policy, reported)
+                .map_err(|e| world.violation("G12", format!("cancel refused: {e}")))?;
             model.driver_canceled = true;
             if model.running.take().is_some() {
                 model.end = Some(End::Canceled);
@@ -273,13 +304,13 @@ pub fn run(seed: u64, bug: Option<SupervisionBug>) -> Result<Summary, Violation>
                 let class = kind.class();
                 world.record(i as u32, "attempt fails", attempt, class as u64);
                 model.end = Some(End::Failed(class, hint));
-                let fed = if bug == Some(SupervisionBug::RetryFatal) && class == FailureClass::Fatal {
-                    FailureKind::Retryable
-                } else {
-                    kind
+                let fed = match bug {
+                    Some(SupervisionBug::RetryFatal) if class == FailureClass::Fatal => FailureKind::Retryable,
+                    Some(SupervisionBug::ClampHint) => clamp_hint(kind, eff, policy.max_hint()),
+                    _ => kind,
                 };
                 machine
-                    .handle_failure(policy, reported, attempt, Failure::new(fed, attempt as u32), world.rng())
+                    .handle_failure(policy, reported, attempt, Failure::new(fed, attempt), world.rng())
                     .map_err(|e| world.violation("G12", format!("failure refused: {e}")))?;
             }
         } else if model.abandon_at == Some(due) {
@@ -287,15 +318,19 @@ pub fn run(seed: u64, bug: Option<SupervisionBug>) -> Result<Summary, Violation>
             let panics = world.now < scenario.horizon && world.chance(scenario.panic_rate);
             world.record(i as u32, "attempt dropped", model.attempts, u64::from(panics));
             model.end = Some(if panics { End::Panicked } else { End::TimedOut });
+            // The timed-out attempt failed: counted, whether its drop was clean (then decided,
+            // S4) or panicked (then final).
+            model.streak += 1;
             machine
                 .handle_abandoned(policy, reported, model.attempts, panics.then_some(7), world.rng())
                 .map_err(|e| world.violation("G12", format!("drop refused: {e}")))?;
             model.gram = check_gram(&mut world, i, model.gram, Gram::Abandoning, Gram::Dropped, "the drop")?;
         } else {
             world.record(i as u32, "timeout", eff.as_nanos(), 0);
-            machine.handle_timeout(policy, reported);
+            expects = model.wake.is_some_and(|w| w <= eff);
+            machine.handle_timeout(policy, reported, world.rng());
         }
-        drain(&mut world, &scenario, bug, i, machine, model, eff)?;
+        drain(&mut world, &scenario, bug, i, machine, model, eff, expects)?;
     }
     Err(world.violation("G13", "the scenario did not finish within 200000 steps".into()))
 }
@@ -336,6 +371,17 @@ fn check_resolution(
         Setting::Off => Duration::ZERO,
         Setting::Set(s) => s,
     };
+    // "Off" honours any hint (B6).
+    let max_hint = match builder.max_hint {
+        Setting::Inherit => defaults.max_hint,
+        Setting::Off => Duration::MAX,
+        Setting::Set(d) => d,
+    };
+    let restart_after_hint = match builder.restart_after_hint {
+        Setting::Inherit => defaults.restart_after_hint,
+        Setting::Off => false,
+        Setting::Set(b) => b,
+    };
     let backoff = match builder.backoff {
         Setting::Inherit => defaults.backoff,
         Setting::Off => Backoff::constant(Duration::ZERO).build().expect("a constant zero backoff is valid"),
@@ -345,7 +391,9 @@ fn check_resolution(
         && policy.attempt_timeout() == timeout
         && policy.max_retries() == retries
         && policy.min_spacing() == spacing
-        && *policy.backoff() == backoff;
+        && *policy.backoff() == backoff
+        && policy.max_hint() == max_hint
+        && policy.restarts_after_hint() == restart_after_hint;
     world.check("S1", ok, || format!("task {i}: {builder:?} resolved against {defaults:?} to {policy:?}"))
 }
 
@@ -353,7 +401,7 @@ fn check_resolution(
 fn misuse(
     world: &mut World,
     policy: &SupervisionPolicy,
-    machine: &mut Supervision<u32>,
+    machine: &mut Supervision<u64>,
     model: &Model,
     now: Instant,
 ) -> Result<(), Violation> {
@@ -367,11 +415,11 @@ fn misuse(
             machine.handle_abandoned(policy, now, model.attempts + 1, None, world.rng()).is_err()
         }
         2 => machine.handle_abandoned(policy, now, wrong, Some(1), world.rng()).is_err(),
-        3 if model.finished => machine.handle_cancel(now).is_err(),
+        3 if model.finished => machine.handle_cancel(policy, now).is_err(),
         // Early is before the wake-up time, at the latest time the machine has seen.
         4 if machine.poll_timeout().is_none_or(|t| t > model.last_now.later(now)) => {
             // A spurious, early timeout changes nothing (and is no error).
-            machine.handle_timeout(policy, now);
+            machine.handle_timeout(policy, now, world.rng());
             world.record(0, "spurious timeout", now.as_nanos(), 0);
             return world.check("§3", *machine == before, || {
                 format!("an early timeout at {now:?} changed {before:?} to {machine:?}")
@@ -390,26 +438,55 @@ fn check_gram(world: &mut World, i: usize, now: Gram, from: Gram, to: Gram, what
     Ok(to)
 }
 
-/// Drains the machine's events and checks each against the model.
+/// The drain rule: while events wait to be drained, a timeout (even at the end of time) does
+/// nothing and a cancel is refused, both without any change (G12). Returns the cancel's error.
+fn probe(
+    world: &mut World,
+    subject: u32,
+    policy: &SupervisionPolicy,
+    machine: &mut Supervision<u64>,
+) -> Result<SupervisionError, Violation> {
+    let before = *machine;
+    machine.handle_timeout(policy, Instant::MAX, world.rng());
+    world.record(subject, "timeout while undrained", 0, 0);
+    world.check("G12", *machine == before, || "a timeout acted while events waited to be drained".into())?;
+    let refused = machine.handle_cancel(policy, Instant::MAX);
+    world.record(subject, "cancel while undrained", 0, 0);
+    world.check("G12", *machine == before, || format!("a cancel while undrained ({refused:?}) changed the state"))?;
+    refused
+        .err()
+        .ok_or_else(|| world.violation("G12", "a cancel was accepted while events waited to be drained".into()))
+}
+
+/// Drains the machine's events and checks each against the model; `expects` says whether the
+/// model expects the input to have left events.
+#[allow(clippy::too_many_arguments)]
 fn drain(
     world: &mut World,
     scenario: &SupervisionScenario,
     bug: Option<SupervisionBug>,
     i: usize,
-    machine: &mut Supervision<u32>,
+    machine: &mut Supervision<u64>,
     model: &mut Model,
     eff: Instant,
+    expects: bool,
 ) -> Result<(), Violation> {
     let policy = &scenario.tasks[i].1;
     let subject = i as u32;
     let spacing = policy.min_spacing();
     let mut acted = false;
+    let probed = if expects && world.chance(scenario.misuse_rate) {
+        Some(probe(world, subject, policy, machine)?)
+    } else {
+        None
+    };
+    let mut finished_as = None;
     while let Some(event) = machine.poll_action() {
         world.steps += 1;
         acted = true;
         world.check("G11", !model.finished, || format!("task {i}: {event:?} after TaskFinished"))?;
         match event {
-            TaskEvent::AttemptStarting { attempt, deadline } => {
+            SupervisionAction::AttemptStarting { attempt, deadline } => {
                 world.record(subject, "attempt starting", attempt, deadline.map_or(0, Instant::as_nanos));
                 let from = if model.attempts == 0 { Gram::Idle } else { Gram::Waiting };
                 model.gram = check_gram(world, i, model.gram, from, Gram::Running, "AttemptStarting")?;
@@ -441,30 +518,30 @@ fn drain(
                 let report = (!hang).then(|| eff.saturating_add(Duration::from_nanos(world.between(0, longest))));
                 model.running = Some((attempt, report));
             }
-            TaskEvent::AttemptSucceeded { attempt } => {
+            SupervisionAction::AttemptSucceeded { attempt } => {
                 world.record(subject, "attempt succeeded", attempt, 0);
                 model.gram = check_gram(world, i, model.gram, Gram::Running, Gram::Ended, "AttemptSucceeded")?;
                 world.check("S6", model.end == Some(End::Succeeded) && attempt == model.attempts, || {
                     format!("task {i}: AttemptSucceeded {attempt} after {:?}", model.end)
                 })?;
                 model.streak = 0;
+                model.place = 0;
                 model.previous_delay = 0;
                 if world.now >= scenario.horizon {
                     model.successes_after_horizon += 1;
                 }
             }
-            TaskEvent::AttemptFailed { attempt, class } => {
+            SupervisionAction::AttemptFailed { attempt, class } => {
                 world.record(subject, "attempt failed", attempt, class as u64);
                 model.gram = check_gram(world, i, model.gram, Gram::Running, Gram::Ended, "AttemptFailed")?;
                 let fed = matches!(model.end, Some(End::Failed(c, _)) if c == class || bug == Some(SupervisionBug::RetryFatal));
                 world.check("S4", fed && attempt == model.attempts, || {
                     format!("task {i}: AttemptFailed {attempt} {class:?} after {:?}", model.end)
                 })?;
-                if class.is_retryable() || bug == Some(SupervisionBug::RetryFatal) {
-                    model.streak += 1;
-                }
+                // Every decided failure counts, a fatal one too (a cancel ends as canceled).
+                model.streak += 1;
             }
-            TaskEvent::AttemptTimedOut { attempt } => {
+            SupervisionAction::AttemptTimedOut { attempt } => {
                 world.record(subject, "attempt timed out", attempt, 0);
                 model.gram = check_gram(world, i, model.gram, Gram::Running, Gram::Abandoning, "AttemptTimedOut")?;
                 let deadline = model.deadline.unwrap_or(Instant::MAX);
@@ -472,16 +549,15 @@ fn drain(
                     format!("task {i}: attempt {attempt} timed out at {eff:?}, before its deadline {deadline:?}")
                 })?;
                 model.running = None;
-                model.streak += 1;
                 model.abandon_at = Some(eff.saturating_add(Duration::from_nanos(world.between(0, scenario.drop_ns))));
             }
-            TaskEvent::AttemptCanceled { attempt } => {
+            SupervisionAction::AttemptCanceled { attempt } => {
                 world.record(subject, "attempt canceled", attempt, 0);
                 model.gram = check_gram(world, i, model.gram, Gram::Running, Gram::Ended, "AttemptCanceled")?;
                 let why = matches!(model.end, Some(End::Canceled | End::Failed(FailureClass::Canceled, _)));
                 world.check("S4", why, || format!("task {i}: AttemptCanceled after {:?}", model.end))?;
             }
-            TaskEvent::BackoffScheduled { next_attempt, delay, until } => {
+            SupervisionAction::BackoffScheduled { next_attempt, delay, until } => {
                 world.record(subject, "backoff scheduled", next_attempt, delay.as_nanos() as u64);
                 let from = if model.gram == Gram::Dropped { Gram::Dropped } else { Gram::Ended };
                 model.gram = check_gram(world, i, model.gram, from, Gram::Waiting, "BackoffScheduled")?;
@@ -496,9 +572,10 @@ fn drain(
                 check_wait(world, policy, i, model, until, eff)?;
                 model.until = Some(until);
             }
-            TaskEvent::TaskFinished { outcome, attempts } => {
+            SupervisionAction::TaskFinished { outcome, attempts } => {
                 world.record(subject, "task finished", attempts, outcome.kind() as u64);
                 world.check("G11", model.gram != Gram::Finished, || format!("task {i}: a second TaskFinished"))?;
+                finished_as = Some(outcome.kind());
                 let ends = matches!(model.gram, Gram::Ended | Gram::Dropped)
                     || model.driver_canceled && matches!(model.gram, Gram::Waiting | Gram::Abandoning);
                 world.check("S6", ends, || format!("task {i}: TaskFinished while {:?}", model.gram))?;
@@ -519,6 +596,18 @@ fn drain(
     if acted {
         model.last_now = eff;
     }
+    world.check("S6", acted == expects, || format!("task {i}: the input left events: {acted}, expected {expects}"))?;
+    if let Some(refused) = probed {
+        // Validity errors come first: a cancel is refused as finished exactly when this input
+        // finished the task, and as undrained otherwise.
+        let expected = finished_as.map_or(SupervisionError::Undrained, SupervisionError::Finished);
+        world.check("G12", refused == expected, || {
+            format!("task {i}: a cancel while undrained: {refused:?}, expected {expected:?}")
+        })?;
+    }
+    world.check("S3", machine.streak() == model.streak, || {
+        format!("task {i}: {} failures, the model counts {}", machine.streak(), model.streak)
+    })?;
     model.wake = machine.poll_timeout();
     if !model.finished {
         let expected = match model.gram {
@@ -574,18 +663,29 @@ fn check_wait(
         format!("task {i}: failure {} of a streak retried under max_retries {limit}", model.streak)
     })?;
     if let Some(hinted) = failure {
+        // B6: the hint in full (spacing may only lengthen it), and only within max_hint.
         let expected = eff.saturating_add(Duration::from_nanos(hinted)).later(spaced);
         world.check("G1", until == expected, || {
             format!("task {i}: hinted wait until {until:?}, expected {expected:?}")
         })?;
-        model.previous_delay = hinted;
+        world.check("G1", Duration::from_nanos(hinted) <= policy.max_hint(), || {
+            format!("task {i}: a hint of {hinted} ns waited past max_hint {:?}", policy.max_hint())
+        })?;
+        if policy.restarts_after_hint() {
+            model.place = 0;
+            model.previous_delay = 0;
+        } else {
+            model.place += 1;
+            model.previous_delay = hinted;
+        }
         return Ok(());
     }
-    let (lo, hi) = delay_bounds(policy.backoff(), model.streak, model.previous_delay);
+    model.place += 1;
+    let (lo, hi) = delay_bounds(policy.backoff(), model.place, model.previous_delay);
     let d = until.saturating_duration_since(eff).as_nanos() as u64;
     if until > spaced {
         world.check("G1", (lo..=hi).contains(&d), || {
-            format!("task {i}: delay {d} ns outside [{lo}, {hi}] for failure {}", model.streak)
+            format!("task {i}: delay {d} ns outside [{lo}, {hi}] at the backoff's place {}", model.place)
         })?;
         model.previous_delay = d;
     } else {
@@ -603,31 +703,38 @@ fn check_outcome(
     scenario: &SupervisionScenario,
     i: usize,
     model: &Model,
-    outcome: &TaskOutcome<u32>,
+    outcome: &TaskOutcome<u64>,
     eff: Instant,
 ) -> Result<(), Violation> {
     let policy = &scenario.tasks[i].1;
     let not_retried =
         policy.restart() == Restart::Once || policy.max_retries().is_some_and(|m| model.streak == m.saturating_add(1));
     let end = model.end;
-    let ok = match outcome.kind() {
-        TaskOutcomeKind::Completed => {
-            end == Some(End::Succeeded) && !matches!(policy.restart(), Restart::Periodic { .. })
-        }
-        TaskOutcomeKind::Failed => matches!(end, Some(End::Failed(c, _)) if c.is_retryable()) && not_retried,
-        TaskOutcomeKind::TimedOut => end == Some(End::TimedOut) && not_retried,
-        TaskOutcomeKind::Fatal => {
+    let ok = match *outcome {
+        TaskOutcome::Completed => end == Some(End::Succeeded) && !matches!(policy.restart(), Restart::Periodic { .. }),
+        TaskOutcome::Failed { .. } => matches!(end, Some(End::Failed(c, _)) if c.is_retryable()) && not_retried,
+        TaskOutcome::TimedOut => end == Some(End::TimedOut) && not_retried,
+        TaskOutcome::Fatal { .. } => {
             matches!(end, Some(End::Failed(FailureClass::Fatal | FailureClass::DoNotRetry, _)))
         }
-        TaskOutcomeKind::Canceled => {
+        TaskOutcome::Canceled { .. } => {
             model.driver_canceled || matches!(end, Some(End::Failed(FailureClass::Canceled, _)))
         }
-        TaskOutcomeKind::Panicked => end == Some(End::Panicked),
+        TaskOutcome::Panicked { .. } => end == Some(End::Panicked),
+        // B6: the limit first; then only a hint past max_hint defers, to the hinted instant.
+        TaskOutcome::Deferred { retry_at, .. } => match end {
+            Some(End::Failed(FailureClass::RetryAfter, Some(hinted))) => {
+                let hinted = Duration::from_nanos(hinted);
+                !not_retried && hinted > policy.max_hint() && retry_at == eff.saturating_add(hinted)
+            }
+            _ => false,
+        },
     };
-    // A failure that must end the task (G4) is judged first; then the limits (G2).
+    // A failure that must end the task (G4) is judged first; then the limits (G2), the hint.
     let rule = match (end, outcome.kind()) {
         (Some(End::Failed(c, _)), _) if !c.is_retryable() => "G4",
         (_, TaskOutcomeKind::Failed | TaskOutcomeKind::TimedOut) => "G2",
+        (_, TaskOutcomeKind::Deferred) => "B6",
         _ => "G4",
     };
     world.check(rule, ok, || {
@@ -635,8 +742,9 @@ fn check_outcome(
     })?;
     // G13: once faults stop, a task finishes within a bound computed from its policy.
     let longest_delay = Duration::from_nanos(delay_bounds(policy.backoff(), u32::MAX, u64::MAX).1);
+    // A hint is waited only up to max_hint (a longer one ends the task at once).
     let longest_sleep = longest_delay
-        .max(Duration::from_nanos(scenario.hint_ns))
+        .max(Duration::from_nanos(scenario.hint_ns).min(policy.max_hint()))
         .max(policy.min_spacing())
         .saturating_add(policy.min_spacing());
     let attempt = Duration::from_nanos(scenario.attempt_ns);

@@ -134,6 +134,16 @@ pub fn draw_failure(world: &mut World, weights: &[u64; 7], hint_ns: u64, now: In
     }
 }
 
+/// A hint shortened to `max_hint` from `now`, as the rule was before issue 12 (B6 now never
+/// shortens a hint): the defect the families inject to prove that their hint checks can fail.
+pub fn clamp_hint(kind: FailureKind, now: Instant, max_hint: Duration) -> FailureKind {
+    match kind {
+        FailureKind::Hinted(Hint::After(d)) => FailureKind::Hinted(Hint::After(d.min(max_hint))),
+        FailureKind::Hinted(Hint::At(at)) => FailureKind::Hinted(Hint::At(at.earlier(now.saturating_add(max_hint)))),
+        kind => kind,
+    }
+}
+
 /// One thing that happened, compact and `Copy` so that tracing costs no allocation. Formatted
 /// only when a violation is reported.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]

@@ -98,6 +98,12 @@ fn an_injected_extra_attempt_is_caught_as_g2() {
     assert_eq!(caught(RetryBug::ExtraAttempt), "G2");
 }
 
+#[test]
+fn b6_an_injected_shortened_hint_is_caught_as_g1() {
+    // A hint past max_hint shortened to it (the rule before issue 12) instead of deferring.
+    assert_eq!(caught(RetryBug::ClampHint), "G1");
+}
+
 /// Runs seeds of a family with an injected bug until it is caught; returns the violated rule.
 fn caught_by(name: &str, run: impl Fn(u64) -> Result<sim::Summary, sim::Violation>) -> &'static str {
     (0..5_000).find_map(|seed| run(seed).err()).unwrap_or_else(|| panic!("{name} was never caught")).rule
@@ -119,6 +125,11 @@ fn an_injected_periodic_interval_from_the_start_is_caught_as_g6() {
 #[test]
 fn an_injected_second_task_finished_is_caught_as_g11() {
     assert_eq!(caught_by("DoubleFinish", |s| sim::supervision::run(s, Some(SupervisionBug::DoubleFinish))), "G11");
+}
+
+#[test]
+fn b6_an_injected_shortened_task_hint_is_caught_as_g1() {
+    assert_eq!(caught_by("ClampHint", |s| sim::supervision::run(s, Some(SupervisionBug::ClampHint))), "G1");
 }
 
 #[test]

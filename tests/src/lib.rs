@@ -3,6 +3,12 @@
 //! tokio, smol and async-std's executor can be compared for equality.
 #![deny(missing_docs)]
 
+/// The README's examples, compiled and run as doctests (`cargo test -p persevere-tests --doc`),
+/// so that they cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+mod readme {}
+
 use std::time::Duration;
 
 use persevere::{Backoff, FailureKind, Hint, Jitter, RetryPolicy};
@@ -14,7 +20,7 @@ pub enum Decision {
     /// A retry was scheduled.
     Retry {
         /// The attempt that starts next.
-        next_attempt: u32,
+        next_attempt: u64,
         /// The chosen delay.
         delay: Duration,
         /// The failed attempt's error.
@@ -25,7 +31,7 @@ pub enum Decision {
         /// `Ok(value)` or the outcome's name.
         result: Result<u32, String>,
         /// Attempts started.
-        attempts: u32,
+        attempts: u64,
     },
 }
 

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, UNIX_EPOCH};
 
 use common::{Exec, ms, sleep, until};
-use persevere::{Backoff, FlowInfo, FlowPolicy, FlowStatus, FlowStatusKind, Instant, Jitter, PolicyError};
+use persevere::{Backoff, FlowInfo, FlowPolicy, FlowStatus, FlowStatusKind, Instant, Jitter, PolicyError, TripReason};
 use persevere_driver::{JobError, Runtime, Scheduler, SchedulerError, SchedulerHandle};
 
 type Sched<X> = Scheduler<<X as Exec>::Rt, <X as Exec>::Sp, &'static str, String>;
@@ -104,7 +104,11 @@ async fn seed_scenario_a_flow_trips_after_three_failures_and_recovers_after_rese
             failure_streak: 3,
             next_eligible: None,
             run_count: 3,
-            status: FlowStatus::Tripped { streak: 3, last_error: JobError::Error("run 3 failed".into()) }
+            status: FlowStatus::Tripped {
+                streak: 3,
+                last_error: JobError::Error("run 3 failed".into()),
+                reason: TripReason::Streak
+            }
         }
     );
     decisions.push(format!("{info:?}"));
@@ -121,7 +125,7 @@ async fn seed_scenario_a_flow_trips_after_three_failures_and_recovers_after_rese
     // F10: not dispatched while tripped; F7: trigger refused.
     sleep::<X>(ms(700)).await;
     assert_eq!(log.len(), 3);
-    assert_eq!(handle.trigger(&"sync"), Err(SchedulerError::Tripped { streak: 3 }));
+    assert_eq!(handle.trigger(&"sync"), Err(SchedulerError::Tripped { streak: 3, reason: TripReason::Streak }));
     decisions.push("trigger refused".into());
 
     // F8: reset, and it runs again on its schedule (its interval since the last run has passed).
@@ -239,7 +243,7 @@ async fn f7_trigger_bypasses_the_window_and_is_refused_while_running_tripped_or_
     assert_eq!(handle.trigger(&"f"), Err(SchedulerError::Running));
     assert_eq!(handle.trigger(&"nope"), Err(SchedulerError::UnknownId));
     until::<X>(Duration::from_secs(5), || handle.status(&"f").unwrap().status.kind() == FlowStatusKind::Tripped).await;
-    assert_eq!(handle.trigger(&"f"), Err(SchedulerError::Tripped { streak: 2 }));
+    assert_eq!(handle.trigger(&"f"), Err(SchedulerError::Tripped { streak: 2, reason: TripReason::Streak }));
     assert_eq!(log.len(), 2);
     handle.stop();
     handle.wait().await;
@@ -308,6 +312,51 @@ async fn a_panicking_job_is_a_failure_with_its_message<X: Exec>() {
     handle.wait().await;
 }
 on_tokio_and_smol!(a_panicking_job_is_a_failure_with_its_message);
+
+/// F3 through the scheduler: a classified job's `Fatal` trips its flow at once, `DoNotRetry`
+/// too, a hint sets the window to exactly the hinted time, and a hint past `max_hint` trips it
+/// with the time to come back; an unclassified flow's errors are all retryable.
+async fn f3_a_classified_job_trips_on_fatal_and_do_not_retry_and_honours_hints<X: Exec>() {
+    use persevere::{FailureKind, Hint};
+    let mut s: Sched<X> = Scheduler::new();
+    let hour = Duration::from_secs(3600);
+    for id in ["fatal", "never", "hinted", "too-long", "plain"] {
+        s.every(id, hour, move || async move { Err::<(), _>(id.to_string()) }).unwrap();
+    }
+    s.default_backoff(constant(ms(5), Some(10)));
+    s.classify(&"fatal", |_: &String| FailureKind::Fatal).unwrap();
+    s.classify(&"never", |_: &String| FailureKind::Hinted(Hint::DoNotRetry)).unwrap();
+    s.classify(&"hinted", |_: &String| FailureKind::Hinted(Hint::After(ms(700)))).unwrap();
+    s.classify(&"too-long", |_: &String| FailureKind::Hinted(Hint::After(Duration::from_secs(600)))).unwrap();
+    assert_eq!(s.classify(&"unknown", |_: &String| FailureKind::Fatal).err(), Some(SchedulerError::UnknownId));
+    let handle = s.start();
+    let rt = handle.runtime();
+    // The scheduler read its runtime's clock first when it started: that reading is the
+    // runtime's epoch, so every run failed at or after it.
+    let started = Instant::ZERO;
+    for id in ["fatal", "never", "hinted", "too-long", "plain"] {
+        until::<X>(Duration::from_secs(5), || handle.status(&id).unwrap().failure_streak == 1).await;
+    }
+    let reason = |id: &'static str| match handle.status(&id).unwrap().status {
+        FlowStatus::Tripped { reason, .. } => Some(reason),
+        _ => None,
+    };
+    assert_eq!(reason("fatal"), Some(TripReason::Fatal));
+    assert_eq!(reason("never"), Some(TripReason::DoNotRetry));
+    let observed = rt.now();
+    // Each run failed between `started` and `observed`: its window ends that long after.
+    let Some(TripReason::Deferred { retry_at }) = reason("too-long") else { panic!("not deferred") };
+    assert!(retry_at >= started + Duration::from_secs(600), "the hinted instant, not a shortened one");
+    assert!(retry_at <= observed + Duration::from_secs(600));
+    let FlowStatus::Backoff { until, .. } = handle.status(&"hinted").unwrap().status else { panic!("not backing off") };
+    assert!(until >= started + ms(700) && until <= observed + ms(700), "the hint, not the backoff: {until:?}");
+    let FlowStatus::Backoff { until, .. } = handle.status(&"plain").unwrap().status else { panic!("not backing off") };
+    assert!(until >= started + ms(5) && until <= observed + ms(5), "unclassified: retryable, the backoff");
+    assert_eq!(handle.trigger(&"fatal"), Err(SchedulerError::Tripped { streak: 1, reason: TripReason::Fatal }));
+    handle.stop();
+    handle.wait().await;
+}
+on_tokio_and_smol!(f3_a_classified_job_trips_on_fatal_and_do_not_retry_and_honours_hints);
 
 async fn stop_ends_dispatching_and_wait_returns_once_runs_in_flight_end<X: Exec>() {
     let rt = Arc::new(X::Rt::default());

@@ -8,7 +8,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{Exec, Hang, PanicOnDrop, ms, sleep, until};
-use persevere::{Backoff, FailureKind, Jitter, PolicyError, TaskDefaults, TaskEvent, TaskOutcome, TaskOutcomeKind};
+use persevere::{
+    Backoff, FailureKind, Jitter, PolicyError, SupervisionAction, TaskDefaults, TaskOutcome, TaskOutcomeKind,
+};
 use persevere_driver::{Events, JobError, Runtime, Supervisor, SupervisorBuilder, SupervisorError, TaskSpec};
 
 type Sup<X> = Supervisor<<X as Exec>::Rt, <X as Exec>::Sp, &'static str, String>;
@@ -30,13 +32,13 @@ fn trace(events: &Events<&'static str, String>, id: &str) -> Vec<String> {
             continue;
         }
         out.push(match e.event {
-            TaskEvent::AttemptStarting { attempt, .. } => format!("start{attempt}"),
-            TaskEvent::AttemptSucceeded { attempt } => format!("ok{attempt}"),
-            TaskEvent::AttemptFailed { attempt, class } => format!("fail{attempt}:{class:?}"),
-            TaskEvent::AttemptTimedOut { attempt } => format!("timeout{attempt}"),
-            TaskEvent::AttemptCanceled { attempt } => format!("cancel{attempt}"),
-            TaskEvent::BackoffScheduled { next_attempt, .. } => format!("backoff{next_attempt}"),
-            TaskEvent::TaskFinished { outcome, attempts } => format!("finish:{:?}/{attempts}", outcome.kind()),
+            SupervisionAction::AttemptStarting { attempt, .. } => format!("start{attempt}"),
+            SupervisionAction::AttemptSucceeded { attempt } => format!("ok{attempt}"),
+            SupervisionAction::AttemptFailed { attempt, class } => format!("fail{attempt}:{class:?}"),
+            SupervisionAction::AttemptTimedOut { attempt } => format!("timeout{attempt}"),
+            SupervisionAction::AttemptCanceled { attempt } => format!("cancel{attempt}"),
+            SupervisionAction::BackoffScheduled { next_attempt, .. } => format!("backoff{next_attempt}"),
+            SupervisionAction::TaskFinished { outcome, attempts } => format!("finish:{:?}/{attempts}", outcome.kind()),
         });
     }
     out
@@ -54,7 +56,7 @@ async fn s1_restartable_retries_failures_then_completes_with_events_in_order<X: 
     let sup = supervisor::<X>();
     let events = sup.events();
     let calls = Arc::new(AtomicU32::new(0));
-    let handle = sup.add("t", TaskSpec::restartable().with_backoff(constant(ms(5))), flaky(2, calls.clone())).unwrap();
+    let handle = sup.add("t", TaskSpec::restartable().backoff(constant(ms(5))), flaky(2, calls.clone())).unwrap();
     let exit = handle.await;
     assert_eq!((exit.outcome, exit.attempts, exit.aborted), (TaskOutcome::Completed, 3, false));
     assert_eq!(calls.load(Ordering::SeqCst), 3);
@@ -93,8 +95,8 @@ async fn s3_a_retry_limit_of_three_gives_exactly_four_failed_attempts<X: Exec>()
     let events = sup.events();
     let calls = Arc::new(AtomicU32::new(0));
     let spec = TaskSpec::restartable()
-        .with_backoff(Backoff::exponential(ms(2), 2.0).jitter(Jitter::Equal).build().unwrap())
-        .with_max_retries(3);
+        .backoff(Backoff::exponential(ms(2), 2.0).jitter(Jitter::Equal).build().unwrap())
+        .max_retries(3);
     let exit = sup.add("t", spec, flaky(u32::MAX, calls.clone())).unwrap().await;
     assert_eq!((exit.outcome.kind(), exit.attempts), (TaskOutcomeKind::Failed, 4));
     assert_eq!(calls.load(Ordering::SeqCst), 4);
@@ -108,7 +110,7 @@ on_tokio_and_smol!(s3_a_retry_limit_of_three_gives_exactly_four_failed_attempts)
 fn s3_zero_max_retries_is_refused_when_the_task_is_added() {
     common::tokio_paused().block_on(async {
         let sup = supervisor::<common::Tokio>();
-        let refused = sup.add("t", TaskSpec::restartable().with_max_retries(0), flaky(0, Default::default()));
+        let refused = sup.add("t", TaskSpec::restartable().max_retries(0), flaky(0, Default::default()));
         assert!(matches!(refused, Err(SupervisorError::Policy(PolicyError::Zero { setting: "max_retries", .. }))));
         assert!(sup.is_empty());
     });
@@ -137,7 +139,7 @@ async fn s4_panics_while_creating_or_polling_an_attempt_are_caught_and_retried<X
     let calls = Arc::new(AtomicU32::new(0));
     let c = calls.clone();
     let exit = sup
-        .add("t", TaskSpec::restartable().with_backoff(constant(ms(2))), move || {
+        .add("t", TaskSpec::restartable().backoff(constant(ms(2))), move || {
             let n = c.fetch_add(1, Ordering::SeqCst) + 1;
             if n == 1 {
                 panic!("creating attempt 1 panicked");
@@ -174,7 +176,7 @@ async fn s4_an_attempt_timeout_drops_the_attempt_and_emits_attempt_timed_out<X: 
     let events = sup.events();
     let drops = Arc::new(AtomicU32::new(0));
     let d = drops.clone();
-    let spec = TaskSpec::restartable().with_backoff(constant(ms(2))).with_timeout(ms(20)).with_max_retries(1);
+    let spec = TaskSpec::restartable().backoff(constant(ms(2))).attempt_timeout(ms(20)).max_retries(1);
     let rt = X::Rt::default();
     let started = rt.now();
     let exit = sup.add("t", spec, move || Hang(d.clone())).unwrap().await;
@@ -190,7 +192,7 @@ async fn s4_a_panic_while_dropping_a_timed_out_attempt_finishes_panicked<X: Exec
     let calls = Arc::new(AtomicU32::new(0));
     let c = calls.clone();
     let exit = sup
-        .add("t", TaskSpec::restartable().with_timeout(ms(10)), move || {
+        .add("t", TaskSpec::restartable().attempt_timeout(ms(10)), move || {
             c.fetch_add(1, Ordering::SeqCst);
             PanicOnDrop
         })
@@ -299,10 +301,8 @@ on_tokio_and_smol!(shutdown_with_stuck_tasks_aborts_them_at_the_limit_and_report
 async fn events_are_dropped_and_counted_when_the_channel_is_full_and_outcomes_stay_reliable<X: Exec>() {
     let sup: Sup<X> = SupervisorBuilder::<X::Rt, X::Sp>::new(TaskDefaults::new()).event_capacity(2).build();
     let events = sup.events();
-    let exit = sup
-        .add("t", TaskSpec::restartable().with_backoff(constant(ms(1))), flaky(4, Default::default()))
-        .unwrap()
-        .await;
+    let exit =
+        sup.add("t", TaskSpec::restartable().backoff(constant(ms(1))), flaky(4, Default::default())).unwrap().await;
     assert_eq!((exit.outcome, exit.attempts), (TaskOutcome::Completed, 5));
     // 5 starts + 5 ends + 4 backoffs + 1 finish = 15 events; 2 fit.
     assert_eq!(events.len(), 2);
@@ -333,10 +333,10 @@ async fn seeded_trace<X: Exec>() -> Vec<String> {
     let sup = supervisor::<X>();
     let events = sup.events();
     let spec = TaskSpec::restartable()
-        .with_backoff(Backoff::exponential(ms(2), 2.0).max_delay(ms(20)).jitter(Jitter::Full).build().unwrap())
-        .with_max_retries(4)
+        .backoff(Backoff::exponential(ms(2), 2.0).max_delay(ms(20)).jitter(Jitter::Full).build().unwrap())
+        .max_retries(4)
         // Without a least spacing, every delay is the drawn one, whatever an attempt took.
-        .with_min_spacing(Duration::ZERO);
+        .min_spacing(Duration::ZERO);
     let calls = Arc::new(AtomicU32::new(0));
     let c = calls.clone();
     let classify = |e: &String| {
@@ -356,8 +356,10 @@ async fn seeded_trace<X: Exec>() -> Vec<String> {
     let mut out = Vec::new();
     while let Some(e) = events.try_recv() {
         out.push(match e.event {
-            TaskEvent::BackoffScheduled { next_attempt, delay, .. } => format!("backoff{next_attempt}:{delay:?}"),
-            TaskEvent::AttemptFailed { attempt, class } => format!("fail{attempt}:{class:?}"),
+            SupervisionAction::BackoffScheduled { next_attempt, delay, .. } => {
+                format!("backoff{next_attempt}:{delay:?}")
+            }
+            SupervisionAction::AttemptFailed { attempt, class } => format!("fail{attempt}:{class:?}"),
             other => format!("{other:?}"),
         });
     }

@@ -8,12 +8,15 @@ use std::time::Duration;
 use persevere::Instant;
 use persevere_driver::Runtime;
 
-/// Virtual time: sleeping jumps the clock to the deadline at once. Counts clock reads and sleeps.
+/// Virtual time: sleeping jumps the clock to the deadline at once (plus `lateness`, a timer
+/// that fires late). Counts clock reads, sleeps and requests for entropy.
 #[derive(Clone, Default)]
 pub(crate) struct Virtual {
     pub(crate) now: Rc<Cell<u64>>,
     pub(crate) reads: Rc<Cell<u32>>,
     pub(crate) sleeps: Rc<Cell<u32>>,
+    pub(crate) entropies: Rc<Cell<u32>>,
+    pub(crate) lateness: Rc<Cell<u64>>,
 }
 
 impl Runtime for Virtual {
@@ -26,11 +29,12 @@ impl Runtime for Virtual {
 
     fn sleep_until(&self, deadline: Instant) -> Ready<()> {
         self.sleeps.set(self.sleeps.get() + 1);
-        self.now.set(self.now.get().max(deadline.as_nanos()));
+        self.now.set(self.now.get().max(deadline.as_nanos()) + self.lateness.get());
         ready(())
     }
 
     fn entropy(&self) -> u64 {
+        self.entropies.set(self.entropies.get() + 1);
         7
     }
 }

@@ -17,6 +17,9 @@ use super::{At, Clock, Count, Ctx, ErrorKind, Fraction, SETUP, Span, ensure, nan
 
 const PPM: u64 = 1_000_000;
 const PROBE_BIT: u32 = 1 << 31;
+/// The widest time-window bucket a policy accepts (about 18 years), as its `LimitTooLarge`
+/// error documents.
+const MAX_BUCKET_WIDTH_NS: u64 = (1 << 59) - 1;
 
 #[derive(Arbitrary, Clone, Copy, Debug, PartialEq)]
 enum WindowIn {
@@ -25,7 +28,7 @@ enum WindowIn {
     Time(Span, Count),
 }
 
-#[derive(Arbitrary, Debug)]
+#[derive(Arbitrary, Clone, Debug)]
 struct Config {
     open: BackoffIn,
     consecutive: Option<Count>,
@@ -81,6 +84,28 @@ impl Rules {
     fn rates(&self) -> bool {
         self.failure_ppm <= PPM || self.slow_ppm <= PPM
     }
+
+    /// The shape of window these rules count in: none without a rate rule (K2).
+    fn shape(&self) -> Shape {
+        match (self.rates(), self.calls) {
+            (false, _) => Shape::None,
+            (true, Some(n)) => Shape::Calls(n),
+            (true, None) => Shape::Time { width_ns: self.width_ns, buckets: self.buckets },
+        }
+    }
+}
+
+/// What a closed window counts in: nothing (consecutive failures only), the last `n` calls, or
+/// `buckets` buckets of `width_ns`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum Shape {
+    #[default]
+    None,
+    Calls(u32),
+    Time {
+        width_ns: u64,
+        buckets: u32,
+    },
 }
 
 fn build(config: &Config) -> Option<(BreakerPolicy, Rules)> {
@@ -143,6 +168,9 @@ fn build(config: &Config) -> Option<(BreakerPolicy, Rules)> {
             if width == 0 {
                 reasons.push(ErrorKind::Zero);
             }
+            if width > MAX_BUCKET_WIDTH_NS {
+                reasons.push(ErrorKind::LimitTooLarge);
+            }
             (None, width, buckets, 100)
         }
     };
@@ -186,9 +214,10 @@ fn build(config: &Config) -> Option<(BreakerPolicy, Rules)> {
     Some((policy, rules))
 }
 
-/// A closed breaker's window: every call in it, in a plain list.
+/// A closed breaker's window: every call in it, in a plain list, in the shape it was made for.
 #[derive(Clone, Debug, Default)]
 struct Window {
+    shape: Shape,
     consecutive: u32,
     /// `(epoch, failed, slow)`; the epoch is 0 for a count window.
     calls: VecDeque<(u64, bool, bool)>,
@@ -196,28 +225,37 @@ struct Window {
 }
 
 impl Window {
-    /// Counts a call; returns whether a trip rule holds (K2).
+    /// An empty window for `rules`.
+    fn new(rules: &Rules) -> Self {
+        Window { shape: rules.shape(), ..Window::default() }
+    }
+
+    /// Counts a call; returns whether a trip rule holds (K2). A window made for another shape
+    /// (under another policy) starts over empty in this one's, keeping the consecutive
+    /// failures: calls counted in one shape are never read in another.
     fn push(&mut self, rules: &Rules, now: Instant, failed: bool, slow: bool) -> bool {
+        if self.shape != rules.shape() {
+            *self = Window { consecutive: self.consecutive, ..Window::new(rules) };
+        }
         self.consecutive = if failed { self.consecutive.wrapping_add(1) } else { 0 };
-        if rules.rates() {
-            match rules.calls {
-                Some(n) => {
-                    self.calls.push_back((0, failed, slow));
-                    if self.calls.len() > n as usize {
-                        self.calls.pop_front();
-                    }
-                }
-                None => {
-                    // A call is counted in the bucket of its time, or of the latest time seen
-                    // when it comes earlier; a bucket leaves the window whole.
-                    self.latest_epoch = self.latest_epoch.max(now.as_nanos() / rules.width_ns);
-                    self.calls.push_back((self.latest_epoch, failed, slow));
-                    let latest = self.latest_epoch;
-                    self.calls.retain(|&(epoch, _, _)| latest - epoch < u64::from(rules.buckets));
+        match self.shape {
+            Shape::None => {}
+            Shape::Calls(n) => {
+                self.calls.push_back((0, failed, slow));
+                if self.calls.len() > n as usize {
+                    self.calls.pop_front();
                 }
             }
+            Shape::Time { width_ns, buckets } => {
+                // A call is counted in the bucket of its time, or of the latest time seen
+                // when it comes earlier; a bucket leaves the window whole.
+                self.latest_epoch = self.latest_epoch.max(now.as_nanos() / width_ns);
+                self.calls.push_back((self.latest_epoch, failed, slow));
+                let latest = self.latest_epoch;
+                self.calls.retain(|&(epoch, _, _)| latest - epoch < u64::from(buckets));
+            }
         }
-        let counts = self.counts(rules);
+        let counts = self.counts();
         let calls = u64::from(counts.calls);
         u64::from(self.consecutive) >= rules.consecutive
             || (counts.calls >= rules.minimum
@@ -225,7 +263,7 @@ impl Window {
                     || u64::from(counts.slow) * PPM >= rules.slow_ppm * calls))
     }
 
-    fn counts(&self, _rules: &Rules) -> WindowCounts {
+    fn counts(&self) -> WindowCounts {
         WindowCounts {
             calls: self.calls.len() as u32,
             failures: self.calls.iter().filter(|c| c.1).count() as u32,
@@ -439,7 +477,7 @@ impl Model {
                     if *successes >= rules.close_after {
                         self.openings = 0;
                         self.last_open_ns = 0;
-                        self.enter(Phase::Closed(Window::default()));
+                        self.enter(Phase::Closed(Window::new(rules)));
                     }
                 }
                 Ok(())
@@ -475,12 +513,30 @@ enum OutcomeIn {
 enum Op {
     Acquire(At),
     Acquire2(At),
-    Record { at: At, pick: PermitPick, outcome: OutcomeIn, duration: Option<Span> },
-    Record2 { at: At, pick: PermitPick, outcome: OutcomeIn },
+    Record {
+        at: At,
+        pick: PermitPick,
+        outcome: OutcomeIn,
+        duration: Option<Span>,
+    },
+    Record2 {
+        at: At,
+        pick: PermitPick,
+        outcome: OutcomeIn,
+    },
     Timeout(At),
     Isolate(At),
     Disable(At),
     Reset(At),
+    /// The breaker is driven under another policy from now on (a replaced policy, or a state
+    /// loaded under a new one): this window, these permits, the rate rules kept or dropped.
+    Repolicy {
+        window: WindowIn,
+        permits: Count,
+        rates: bool,
+    },
+    /// Back to the configuration's own policy.
+    Restore,
 }
 
 impl Op {
@@ -499,14 +555,17 @@ const PERMITS_KEPT: usize = 64;
 
 pub(crate) fn run(data: &[u8]) {
     let Some((config, ops)) = parse::<Config, Op>(data) else { return };
-    let Some((policy, rules)) = build(&config) else { return };
+    let Some((first_policy, first_rules)) = build(&config) else { return };
+    let (mut policy, mut rules) = (first_policy, first_rules);
+    // Whether the breaker has been driven under another policy than its first.
+    let mut switched = false;
     let mut rng = rng(config.seed);
     let mut machine = Breaker::new(&policy, config.id);
     let mut foreign = Breaker::new(&policy, config.id.wrapping_add(1));
-    foreign.handle_disable(Instant::ZERO);
+    foreign.handle_disable(&policy, Instant::ZERO);
     let mut model = Model {
         id: config.id,
-        phase: Phase::Closed(Window::default()),
+        phase: Phase::Closed(Window::new(&rules)),
         generation: 0,
         next_id: 0,
         in_flight: 0,
@@ -551,6 +610,16 @@ pub(crate) fn run(data: &[u8]) {
                             ensure!(ctx, !permit.is_probe(), "K5", "a closed call is a probe")
                         }
                     }
+                    if let BreakerStatus::HalfOpen { permits } = machine.status() {
+                        // G8: a probe is admitted only while fewer than the policy's permits are out.
+                        ensure!(
+                            ctx,
+                            permits <= policy.half_open_permits(),
+                            "G8",
+                            "{permits} probes out after an admission (permits {})",
+                            policy.half_open_permits()
+                        );
+                    }
                     permits.push(*permit);
                     if permits.len() > PERMITS_KEPT {
                         let _ = permits.remove(0);
@@ -591,21 +660,39 @@ pub(crate) fn run(data: &[u8]) {
                 let now = clock.at(at, machine.poll_timeout());
                 model.last_now = model.last_now.later(now);
                 model.enter(Phase::Isolated);
-                machine.handle_isolate(now);
+                machine.handle_isolate(&policy, now);
             }
             Op::Disable(at) => {
                 let now = clock.at(at, machine.poll_timeout());
                 model.last_now = model.last_now.later(now);
                 model.enter(Phase::Disabled);
-                machine.handle_disable(now);
+                machine.handle_disable(&policy, now);
             }
             Op::Reset(at) => {
                 let now = clock.at(at, machine.poll_timeout());
                 model.last_now = model.last_now.later(now);
                 model.openings = 0;
                 model.last_open_ns = 0;
-                model.enter(Phase::Closed(Window::default()));
+                model.enter(Phase::Closed(Window::new(&rules)));
                 machine.handle_reset(&policy, now);
+            }
+            Op::Repolicy { window, permits, rates } => {
+                let mut other = config.clone();
+                other.window = window;
+                other.permits = permits;
+                if !rates {
+                    other.failure_rate = None;
+                    other.slow_rate = None;
+                    other.consecutive = other.consecutive.or(Some(Count::Small(3)));
+                }
+                // An invalid policy is refused by its builder (as the model expects): no switch.
+                if let Some((p, r)) = build(&other) {
+                    (policy, rules, switched) = (p, r, true);
+                }
+                ensure!(ctx, machine == before, "K1", "a new policy changed the breaker before any input");
+            }
+            Op::Restore => {
+                (policy, rules) = (first_policy, first_rules);
             }
             Op::Acquire2(_) | Op::Record2 { .. } => unreachable!("`meaning` folds the twins"),
         }
@@ -613,7 +700,7 @@ pub(crate) fn run(data: &[u8]) {
             // K3: a new opening lasts the open backoff's next delay.
             check_delay(ctx, policy.open_backoff(), model.openings, was.last_open_ns, model.last_open_ns);
         }
-        check_state(ctx, &policy, &rules, &machine, &model);
+        check_state(ctx, &policy, switched, &machine, &model);
     }
 }
 
@@ -671,7 +758,7 @@ fn record(
     ensure!(ctx, got == expected, "model", "record gave {got:?}, the model expects {expected:?}");
 }
 
-fn check_state(ctx: Ctx<'_>, policy: &BreakerPolicy, rules: &Rules, machine: &Breaker, model: &Model) {
+fn check_state(ctx: Ctx<'_>, policy: &BreakerPolicy, switched: bool, machine: &Breaker, model: &Model) {
     let status = machine.status();
     ensure!(ctx, status == model.status(), "model", "status {status:?}, the model expects {:?}", model.status());
     ensure!(
@@ -700,9 +787,11 @@ fn check_state(ctx: Ctx<'_>, policy: &BreakerPolicy, rules: &Rules, machine: &Br
     );
     match status {
         BreakerStatus::HalfOpen { permits } => {
+            // Under a replaced policy with fewer permits, probes admitted before stay out (and
+            // no more are admitted: see the acquisition).
             ensure!(
                 ctx,
-                permits <= policy.half_open_permits(),
+                switched || permits <= policy.half_open_permits(),
                 "G8",
                 "{permits} probes out (permits {})",
                 policy.half_open_permits()
@@ -722,10 +811,9 @@ fn check_state(ctx: Ctx<'_>, policy: &BreakerPolicy, rules: &Rules, machine: &Br
         _ => {}
     }
     if let Phase::Closed(window) = &model.phase {
-        let mut expected = window.counts(rules);
-        if !rules.rates() {
-            expected = WindowCounts { consecutive_failures: expected.consecutive_failures, ..WindowCounts::default() };
-        }
+        // A window without a rate rule counts no calls; one made under another policy keeps its
+        // counts until its next recorded call rebuilds it.
+        let expected = window.counts();
         let got = machine.window_counts();
         ensure!(ctx, got == Some(expected), "K2", "window counts {got:?}, the model counts {expected:?}");
     } else {

@@ -235,17 +235,24 @@ fn build_ratio(input: &RatioIn) -> Option<(RatioBudgetPolicy, Ratio)> {
     Some((policy, ratio))
 }
 
-/// A ratio budget's window as a plain list: `(epoch, is_request)`.
+/// A ratio budget's window as a plain list: `(epoch, is_request)`, and the bucket width and
+/// count it is kept in (`None` before the first call).
 #[derive(Clone, Debug, Default)]
 struct Window {
     entries: VecDeque<(u64, bool)>,
     latest: u64,
+    shape: Option<(u64, u32)>,
 }
 
 impl Window {
     /// A call counts in the bucket of its time, or of the latest time seen when it comes
-    /// earlier; a bucket leaves the window whole.
+    /// earlier; a bucket leaves the window whole. Under a policy with another bucket width or
+    /// count the window starts over empty: counts kept in one shape are never read in another.
     fn advance(&mut self, ratio: &Ratio, now: Instant) {
+        let shape = (ratio.width_ns, ratio.buckets);
+        if self.shape != Some(shape) {
+            *self = Window { shape: Some(shape), ..Window::default() };
+        }
         self.latest = self.latest.max(now.as_nanos() / ratio.width_ns);
         let latest = self.latest;
         self.entries.retain(|&(epoch, _)| latest - epoch < u64::from(ratio.buckets));
@@ -282,17 +289,26 @@ enum Op {
     Request(At),
     Request2(At),
     Retry(At),
+    /// The bucket is driven under another policy from now on (a replaced policy, or a balance
+    /// loaded under a new one).
+    Rebucket(BucketIn),
+    /// The ratio budget is driven under another policy from now on.
+    Reratio(RatioIn),
 }
 
 pub(crate) fn run(data: &[u8]) {
     let Some((config, ops)) = parse::<Config, Op>(data) else { return };
     let finagle = RatioBudgetPolicy::builder(0.2).build();
     ensure!(SETUP, finagle == Ok(RatioBudgetPolicy::finagle()), "U2", "the Finagle preset differs from its settings");
-    let bucket_policy = build_bucket(&config.bucket);
-    let ratio_policy = build_ratio(&config.ratio);
+    let mut bucket_policy = build_bucket(&config.bucket);
+    let mut ratio_policy = build_ratio(&config.ratio);
     let mut bucket = bucket_policy.as_ref().map(TokenBucket::new);
     let mut balance = bucket_policy.as_ref().map_or(0, TokenBucketPolicy::capacity_milli);
-    let (mut charged, mut refunded) = (0u128, 0u128);
+    // Tokens: the first capacity, plus refunds, minus what a smaller capacity cut off.
+    let initial = u128::from(balance);
+    let (mut charged, mut refunded, mut cut) = (0u128, 0u128, 0u128);
+    // The bucket's policy was replaced and no call has read its balance since.
+    let mut replaced = false;
     let mut grants: Vec<Grant> = Vec::new();
     let mut ratio = RatioBudget::new();
     let mut window = Window::default();
@@ -309,6 +325,11 @@ pub(crate) fn run(data: &[u8]) {
                 };
                 let settings = policy.settings();
                 let cost = policy.cost_milli(class);
+                // A balance kept under a larger capacity is read, and kept, as full at this one.
+                let capped = balance.min(policy.capacity_milli());
+                cut += u128::from(balance - capped);
+                balance = capped;
+                replaced = false;
                 let after = balance.checked_sub(cost);
                 let granted = after.is_some_and(|a| settings.threshold_milli.is_none_or(|t| a > t));
                 let got = bucket.try_acquire(policy, class);
@@ -356,8 +377,13 @@ pub(crate) fn run(data: &[u8]) {
                     _ => settings.success_refund_milli,
                 };
                 let capped = balance.saturating_add(refund).min(settings.capacity_milli);
-                refunded += u128::from(capped - balance);
+                if capped >= balance {
+                    refunded += u128::from(capped - balance);
+                } else {
+                    cut += u128::from(balance - capped);
+                }
                 balance = capped;
+                replaced = false;
                 bucket.record_success(policy, grant);
             }
             Op::Request(at) | Op::Request2(at) => {
@@ -366,6 +392,18 @@ pub(crate) fn run(data: &[u8]) {
                 window.advance(model, now);
                 window.entries.push_back((window.latest, true));
                 ratio.record_request(policy, now);
+            }
+            Op::Rebucket(input) => {
+                // An invalid policy is refused by its builder (as the model expects): no switch.
+                if let (Some(policy), Some(_)) = (build_bucket(&input), &bucket) {
+                    bucket_policy = Some(policy);
+                    replaced = true;
+                }
+            }
+            Op::Reratio(input) => {
+                if let (Some(policy), Some(_)) = (build_ratio(&input), &ratio_policy) {
+                    ratio_policy = Some(policy);
+                }
             }
             Op::Retry(at) => {
                 let Some((policy, model)) = &ratio_policy else { continue };
@@ -405,16 +443,16 @@ pub(crate) fn run(data: &[u8]) {
                 "balance {}, the model holds {balance}",
                 bucket.balance_milli()
             );
-            ensure!(ctx, balance <= capacity, "G9", "balance {balance} above the capacity {capacity}");
+            ensure!(ctx, replaced || balance <= capacity, "G9", "balance {balance} above the capacity {capacity}");
             ensure!(
                 ctx,
-                charged <= u128::from(capacity) + refunded,
+                charged <= initial + refunded,
                 "G9",
-                "{charged} charged out of {capacity} plus {refunded} refunded"
+                "{charged} charged out of {initial} plus {refunded} refunded"
             );
             ensure!(
                 ctx,
-                u128::from(capacity) + refunded - charged == u128::from(balance),
+                initial + refunded - cut - charged == u128::from(balance),
                 "U3",
                 "tokens were created or lost"
             );

@@ -1,13 +1,19 @@
 //! One task's redelivery (D1–D10, G10–G12) against a reference model built on the retry model,
 //! with independent checks of what consumes a retry and what does not.
+//!
+//! The embedded retry follows the R-rules as revised by issue 12 (through [`RetryModel`]): a
+//! hint past `max_hint` or past the total budget ends retries with `Deferred` and the hinted
+//! instant in the recovery error (B6). Every input while actions of an earlier one wait to be
+//! drained is refused with `Undrained` (after the validity errors) and a timeout does nothing:
+//! the `Hold` operation stops the draining until `Drain`.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use arbitrary::Arbitrary;
 use persevere::{
-    Action, AttemptFailure, AttemptProgress, DeadLetter, Delivery, DeliveryAction, DeliveryError, DeliveryPolicy,
-    DeliveryPolicyBuilder, DeliveryState, Durability, Failure, FailureClass, FailurePolicy, FreeReturn, HandOut,
-    IdempotencyKey, Instant, Interruption, LastFailure, Outcome, RecoveryError, Terminal,
+    AttemptFailure, AttemptProgress, DeadLetter, Delivery, DeliveryAction, DeliveryError, DeliveryPolicy,
+    DeliveryPolicyBuilder, DeliveryStatus, Durability, Failure, FailureClass, FailurePolicy, FreeReturn, HandOut,
+    IdempotencyKey, Instant, Interruption, LastFailure, Outcome, OutcomeKind, RecoveryError, RetryAction, Terminal,
 };
 use rand_chacha::ChaCha8Rng;
 
@@ -88,9 +94,9 @@ fn build(config: &Config) -> Option<DeliveryPolicy<u8>> {
 
 #[derive(Clone, Debug, PartialEq)]
 enum State {
-    Pending { attempt: u32, not_before: Option<Instant> },
-    HandedOut { attempt: u32, worker: u8, deadline: Instant, durable: bool },
-    Running { attempt: u32, worker: u8, heartbeat_deadline: Instant, durable: bool },
+    Pending { attempt: u64, not_before: Option<Instant> },
+    HandedOut { attempt: u64, worker: u8, deadline: Instant, durable: bool },
+    Running { attempt: u64, worker: u8, heartbeat_deadline: Instant, durable: bool },
     Done(Term),
 }
 
@@ -109,7 +115,7 @@ struct Model {
     checkpoint: Option<u16>,
     snapshot: Option<u16>,
     declined: VecDeque<u8>,
-    revoked: Option<(u8, u32, Interruption)>,
+    revoked: Option<(u8, u64, Interruption)>,
     last_now: Instant,
     pending: u8,
 }
@@ -135,17 +141,22 @@ impl Model {
         }
     }
 
-    fn state(&self) -> DeliveryState<u8, u8, u8> {
+    fn status(&self) -> DeliveryStatus<u8, u8, u8> {
         match self.state.clone() {
-            State::Pending { attempt, not_before } => DeliveryState::Pending { attempt, not_before },
+            State::Pending { attempt, not_before } => DeliveryStatus::Pending { attempt, not_before },
             State::HandedOut { attempt, worker, deadline, durable } => {
-                DeliveryState::HandedOut { attempt, worker, deadline, durable }
+                DeliveryStatus::HandedOut { attempt, worker, deadline, durable }
             }
             State::Running { attempt, worker, heartbeat_deadline, durable } => {
-                DeliveryState::Running { attempt, worker, heartbeat_deadline, durable }
+                DeliveryStatus::Running { attempt, worker, heartbeat_deadline, durable }
             }
-            State::Done(terminal) => DeliveryState::Done(terminal),
+            State::Done(terminal) => DeliveryStatus::Done(terminal),
         }
+    }
+
+    /// The drain rule: an input while actions of an earlier one wait is refused.
+    fn drained(&self) -> Result<(), DeliveryError> {
+        if self.pending == 0 { Ok(()) } else { Err(DeliveryError::Undrained) }
     }
 
     fn poll_timeout(&self) -> Option<Instant> {
@@ -157,7 +168,7 @@ impl Model {
         }
     }
 
-    fn out(&self) -> Option<(u32, u8, bool, bool)> {
+    fn out(&self) -> Option<(u64, u8, bool, bool)> {
         match self.state {
             State::HandedOut { attempt, worker, durable, .. } => Some((attempt, worker, durable, false)),
             State::Running { attempt, worker, durable, .. } => Some((attempt, worker, durable, true)),
@@ -198,7 +209,7 @@ impl Model {
         actions
     }
 
-    fn check_attempt(&self, got: u32) -> Result<bool, DeliveryError> {
+    fn check_attempt(&self, got: u64) -> Result<bool, DeliveryError> {
         match self.state {
             State::Done(ref terminal) => Err(DeliveryError::Finished(terminal.kind())),
             State::Pending { attempt, .. } if attempt == got => Err(DeliveryError::NotHandedOut { attempt }),
@@ -211,7 +222,7 @@ impl Model {
         }
     }
 
-    fn check_out(&self, got: u32, worker: u8) -> Result<bool, DeliveryError> {
+    fn check_out(&self, got: u64, worker: u8) -> Result<bool, DeliveryError> {
         let started = self.check_attempt(got)?;
         match self.out() {
             Some((_, holder, _, _)) if holder != worker => Err(DeliveryError::WrongWorker { attempt: got }),
@@ -230,7 +241,7 @@ impl Model {
                 return Err(DeliveryError::NotYetEligible { attempt, not_before: t });
             }
             _ if self.declined.contains(&worker) => return Err(DeliveryError::WorkerDeclined),
-            _ => {}
+            _ => self.drained()?,
         }
         self.last_now = now;
         self.snapshot = self.checkpoint;
@@ -256,12 +267,13 @@ impl Model {
         &mut self,
         policy: &DeliveryPolicy<u8>,
         now: Instant,
-        attempt: u32,
+        attempt: u64,
         worker: u8,
     ) -> Result<(), DeliveryError> {
         if self.check_out(attempt, worker)? {
             return Err(DeliveryError::AlreadyStarted { attempt });
         }
+        self.drained()?;
         self.last_now = self.last_now.later(now);
         self.start(policy, self.last_now);
         Ok(())
@@ -271,11 +283,12 @@ impl Model {
         &mut self,
         policy: &DeliveryPolicy<u8>,
         now: Instant,
-        attempt: u32,
+        attempt: u64,
         worker: u8,
         checkpoint: Option<u16>,
     ) -> Result<(), DeliveryError> {
         self.check_out(attempt, worker)?;
+        self.drained()?;
         self.last_now = self.last_now.later(now);
         self.start(policy, self.last_now);
         if checkpoint.is_some() {
@@ -284,8 +297,9 @@ impl Model {
         Ok(())
     }
 
-    fn persisted(&mut self, now: Instant, attempt: u32) -> Result<(), DeliveryError> {
+    fn persisted(&mut self, now: Instant, attempt: u64) -> Result<(), DeliveryError> {
         self.check_attempt(attempt)?;
+        self.drained()?;
         match &mut self.state {
             State::HandedOut { durable, .. } | State::Running { durable, .. } if !*durable => {
                 *durable = true;
@@ -296,8 +310,9 @@ impl Model {
         Ok(())
     }
 
-    fn completed(&mut self, now: Instant, attempt: u32, worker: u8) -> Result<(), DeliveryError> {
+    fn completed(&mut self, now: Instant, attempt: u64, worker: u8) -> Result<(), DeliveryError> {
         self.check_out(attempt, worker)?;
+        self.drained()?;
         self.last_now = self.last_now.later(now);
         let _ = self.retry.success(self.last_now, attempt);
         self.progress = AttemptProgress::NotCompleted;
@@ -311,12 +326,13 @@ impl Model {
         &mut self,
         policy: &DeliveryPolicy<u8>,
         now: Instant,
-        attempt: u32,
+        attempt: u64,
         worker: u8,
         failure: Failure<u8>,
         rng: &mut ChaCha8Rng,
     ) -> Result<(), DeliveryError> {
         self.check_out(attempt, worker)?;
+        self.drained()?;
         self.last_now = self.last_now.later(now);
         let failure = Failure::new(failure.kind, AttemptFailure::Failed(failure.error));
         self.fail_attempt(policy, self.last_now, failure, rng);
@@ -328,13 +344,14 @@ impl Model {
         &mut self,
         policy: &DeliveryPolicy<u8>,
         now: Instant,
-        attempt: u32,
+        attempt: u64,
         worker: u8,
         reason: Interruption,
         rng: &mut ChaCha8Rng,
     ) -> Result<(), DeliveryError> {
         let (_, _, durable, _) = self.out().unwrap_or((0, 0, true, false));
         self.check_out(attempt, worker)?;
+        self.drained()?;
         self.last_now = self.last_now.later(now);
         if reason == Interruption::ServerFailover && !durable {
             self.roll_back();
@@ -348,13 +365,14 @@ impl Model {
         &mut self,
         policy: &DeliveryPolicy<u8>,
         now: Instant,
-        attempt: u32,
+        attempt: u64,
         worker: u8,
         reason: FreeReturn,
     ) -> Result<(), DeliveryError> {
         if self.check_out(attempt, worker)? {
             return Err(DeliveryError::AlreadyStarted { attempt });
         }
+        self.drained()?;
         self.last_now = self.last_now.later(now);
         if reason != FreeReturn::SendFailed {
             self.progress = AttemptProgress::NotCompleted;
@@ -382,17 +400,30 @@ impl Model {
         Ok(())
     }
 
-    fn failover(&mut self, policy: &DeliveryPolicy<u8>, now: Instant, rng: &mut ChaCha8Rng) {
-        let Some((_, _, durable, _)) = self.out() else { return };
+    /// D6: a failover affects only an attempt that is out; it is a fact the task must not miss,
+    /// so while actions wait to be drained it is refused rather than ignored.
+    fn failover(
+        &mut self,
+        policy: &DeliveryPolicy<u8>,
+        now: Instant,
+        rng: &mut ChaCha8Rng,
+    ) -> Result<(), DeliveryError> {
+        let Some((_, _, durable, _)) = self.out() else { return Ok(()) };
+        self.drained()?;
         self.last_now = self.last_now.later(now);
         if durable {
             self.interrupt(policy, self.last_now, Interruption::ServerFailover, rng);
         } else {
             self.roll_back();
         }
+        Ok(())
     }
 
+    /// Nothing at all while actions wait to be drained.
     fn timeout(&mut self, policy: &DeliveryPolicy<u8>, now: Instant, rng: &mut ChaCha8Rng) {
+        if self.pending != 0 {
+            return;
+        }
         let now = self.last_now.later(now);
         let reason = match self.state {
             State::Pending { attempt, not_before: Some(t) } if t <= now => {
@@ -436,8 +467,8 @@ impl Model {
         let mut until = None;
         for action in actions {
             match action {
-                Action::Sleep { until: t, .. } => until = Some(t),
-                Action::Finish { outcome, stats } => {
+                RetryAction::Sleep { until: t, .. } => until = Some(t),
+                RetryAction::Finish { outcome, stats } => {
                     self.conclude(policy, outcome, stats);
                     return;
                 }
@@ -453,11 +484,16 @@ impl Model {
         }
     }
 
+    /// D8, with B6: a task whose retries were deferred by a hint tells when it may be retried.
     fn conclude(&mut self, policy: &DeliveryPolicy<u8>, outcome: Outcome<AttemptFailure<u8>>, stats: persevere::Stats) {
         let ended = outcome.kind();
+        let retry_at = match outcome {
+            Outcome::Deferred { retry_at, .. } => Some(retry_at),
+            _ => None,
+        };
         let last_failure =
             outcome.last_failure().cloned().unwrap_or(LastFailure { class: FailureClass::Canceled, error: None });
-        let error = RecoveryError { ended, last_failure, progress: self.progress, stats };
+        let error = RecoveryError { ended, last_failure, retry_at, progress: self.progress, stats };
         self.state = State::Done(match *policy.on_failure() {
             FailurePolicy::Fail => Terminal::Failed(error),
             FailurePolicy::Proceed => Terminal::Proceeded(error),
@@ -512,6 +548,10 @@ enum Op {
     Failover(At),
     Timeout(At),
     Timeout2(At),
+    /// From now on the driver does not drain the task's actions after an input (until `Drain`).
+    Hold,
+    /// The driver drains the task's actions, and drains after every input again.
+    Drain,
 }
 
 /// What the guarantees remember across operations, without the model.
@@ -519,9 +559,9 @@ enum Op {
 struct Seen {
     finishes: u32,
     /// Attempt numbers used up by a failure or an interruption (D2).
-    consumed: BTreeSet<u32>,
+    consumed: BTreeSet<u64>,
     /// Sync mode: the worker that started each attempt (G10).
-    started_by: BTreeMap<u32, u8>,
+    started_by: BTreeMap<u64, u8>,
     /// Some attempt reached a worker (D5).
     reached: bool,
 }
@@ -538,6 +578,7 @@ pub(crate) fn run(data: &[u8]) {
     let sync = policy.durability() == Durability::Sync;
     let first = drain(&mut machine);
     ensure!(SETUP, first == model.drain(), "D1", "a new task emitted {first:?}");
+    let mut holding = false;
     for (step, op) in ops.iter().enumerate() {
         let ctx = Ctx { step, op };
         let before = machine;
@@ -587,12 +628,13 @@ pub(crate) fn run(data: &[u8]) {
             Op::Persisted(at, attempt) => {
                 let now = clock.at(at, machine.poll_timeout());
                 let attempt = attempt.get(current);
-                compare(ctx, machine.handle_persisted(now, attempt), model.persisted(now, attempt))
+                compare(ctx, machine.handle_persisted(&policy, now, attempt), model.persisted(now, attempt))
             }
             Op::Completed(at, attempt, worker) => {
                 let now = clock.at(at, machine.poll_timeout());
                 let (attempt, worker) = (attempt.get(current), worker_of(worker));
-                compare(ctx, machine.handle_completed(now, attempt, &worker), model.completed(now, attempt, worker))
+                let expected = model.completed(now, attempt, worker);
+                compare(ctx, machine.handle_completed(&policy, now, attempt, &worker), expected)
             }
             Op::Failed(at, attempt, worker, kind, error) => {
                 let now = clock.at(at, machine.poll_timeout());
@@ -641,9 +683,8 @@ pub(crate) fn run(data: &[u8]) {
             }
             Op::Failover(at) => {
                 let now = clock.at(at, machine.poll_timeout());
-                model.failover(&policy, now, &mut draws);
-                machine.handle_failover(&policy, now, &mut rng);
-                Ok(())
+                let expected = model.failover(&policy, now, &mut draws);
+                compare(ctx, machine.handle_failover(&policy, now, &mut rng), expected)
             }
             Op::Timeout(at) | Op::Timeout2(at) => {
                 let now = clock.at(at, machine.poll_timeout());
@@ -652,9 +693,32 @@ pub(crate) fn run(data: &[u8]) {
                 if was.poll_timeout().is_none_or(|t| t > was.last_now.later(now)) {
                     ensure!(ctx, machine == before, "D1", "an early or spurious handle_timeout changed the task");
                 }
+                if was.pending != 0 {
+                    ensure!(
+                        ctx,
+                        machine == before,
+                        "drain",
+                        "a handle_timeout with actions undrained changed the task"
+                    );
+                }
+                Ok(())
+            }
+            Op::Hold => {
+                holding = true;
+                Ok(())
+            }
+            Op::Drain => {
+                holding = false;
                 Ok(())
             }
         };
+        // The drain rule: with actions of an earlier input undrained, every report is refused (by a
+        // validity error, or as undrained); a failover is refused while an attempt is out.
+        let input = !matches!(op, Op::Timeout(_) | Op::Timeout2(_) | Op::Hold | Op::Drain)
+            && (was.out().is_some() || !matches!(op, Op::Failover(_)));
+        if was.pending != 0 && input {
+            ensure!(ctx, result.is_err(), "drain", "{op:?} was accepted while actions waited to be drained");
+        }
         if result.is_err() {
             ensure!(ctx, machine == before, "G12", "a refused input changed the task");
             if matches!(was.state, State::Done(_)) {
@@ -666,10 +730,20 @@ pub(crate) fn run(data: &[u8]) {
                 );
             }
         }
-        let got = drain(&mut machine);
+        ensure!(
+            ctx,
+            machine.has_actions() == (model.pending != 0),
+            "drain",
+            "actions waiting: {}, the model says {}",
+            machine.has_actions(),
+            model.pending != 0
+        );
+        let got = if holding { Vec::new() } else { drain(&mut machine) };
         check_guarantees(ctx, &policy, sync, &mut seen, &was, &before, &machine, &got, model.last_now);
-        let expected = model.drain();
-        ensure!(ctx, got == expected, "model", "actions {got:?}, the model expects {expected:?}");
+        if !holding {
+            let expected = model.drain();
+            ensure!(ctx, got == expected, "model", "actions {got:?}, the model expects {expected:?}");
+        }
         check_state(ctx, &machine, &model);
     }
 }
@@ -705,8 +779,8 @@ fn check_free_return(ctx: Ctx<'_>, policy: &DeliveryPolicy<u8>, before: &Task, t
         before.retries_used(),
         task.retries_used()
     );
-    match task.state() {
-        DeliveryState::Pending { attempt, not_before: None } => {
+    match task.status() {
+        DeliveryStatus::Pending { attempt, not_before: None } => {
             ensure!(
                 ctx,
                 *attempt == before.attempt(),
@@ -731,7 +805,7 @@ fn check_free_return(ctx: Ctx<'_>, policy: &DeliveryPolicy<u8>, before: &Task, t
                 policy.max_redeliveries()
             );
         }
-        DeliveryState::Done(Terminal::DeadLettered(letter)) => {
+        DeliveryStatus::Done(Terminal::DeadLettered(letter)) => {
             ensure!(
                 ctx,
                 letter.redeliveries == policy.max_redeliveries(),
@@ -765,10 +839,10 @@ fn check_guarantees(
     // What happened to the attempt that was out.
     if let Some((attempt, worker, durable, started)) = was.out() {
         let rolled_back = !durable
-            && matches!(task.state(), DeliveryState::Pending { attempt: a, .. } if *a == attempt)
+            && matches!(task.status(), DeliveryStatus::Pending { attempt: a, .. } if *a == attempt)
             && task.redeliveries() == before.redeliveries();
-        match task.state() {
-            DeliveryState::Running { attempt: a, worker: w, .. } => {
+        match task.status() {
+            DeliveryStatus::Running { attempt: a, worker: w, .. } => {
                 ensure!(
                     ctx,
                     *a == attempt && *w == worker,
@@ -776,7 +850,7 @@ fn check_guarantees(
                     "attempt {attempt} of worker {worker} became {a} of {w}"
                 );
             }
-            DeliveryState::Pending { attempt: next, .. } if rolled_back => {
+            DeliveryStatus::Pending { attempt: next, .. } if rolled_back => {
                 // D6: an Async rollback reruns the same attempt and uses no retry.
                 ensure!(
                     ctx,
@@ -791,7 +865,7 @@ fn check_guarantees(
                     "progress after a rollback"
                 );
             }
-            DeliveryState::Pending { attempt: next, .. } if *next != attempt => {
+            DeliveryStatus::Pending { attempt: next, .. } if *next != attempt => {
                 // D2: a failure or an interruption consumes a retry; its number is never reused.
                 ensure!(ctx, *next == attempt + 1, "D2", "attempt {attempt} was followed by {next}");
                 ensure!(
@@ -804,16 +878,16 @@ fn check_guarantees(
                 );
                 seen.consumed.insert(attempt);
             }
-            DeliveryState::Done(Terminal::Failed(_) | Terminal::Proceeded(_) | Terminal::Diverted { .. }) => {
+            DeliveryStatus::Done(Terminal::Failed(_) | Terminal::Proceeded(_) | Terminal::Diverted { .. }) => {
                 seen.consumed.insert(attempt);
             }
             _ => {}
         }
-        if started || matches!(task.state(), DeliveryState::Running { .. }) {
+        if started || matches!(task.status(), DeliveryStatus::Running { .. }) {
             seen.reached = true;
         }
     }
-    if let DeliveryState::Running { attempt, worker, .. } = task.state() {
+    if let DeliveryStatus::Running { attempt, worker, .. } = task.status() {
         seen.reached = true;
         if sync {
             // G10: in Sync mode an attempt number runs on at most one worker.
@@ -877,10 +951,22 @@ fn check_guarantees(
                     task.terminal() == Some(terminal),
                     "D9",
                     "finished {terminal:?} but the state is {:?}",
-                    task.state()
+                    task.status()
                 );
                 if let Some(error) = terminal.recovery_error() {
-                    let limit = policy.retry().max_attempts().unwrap_or(u32::MAX);
+                    // B6: only a deferred task has an instant to come back at.
+                    ensure!(
+                        ctx,
+                        error.retry_at.is_some() == (error.ended == OutcomeKind::Deferred)
+                            && (error.ended != OutcomeKind::Deferred
+                                || error.last_failure.class == FailureClass::RetryAfter),
+                        "B6",
+                        "retries ended {:?} after {:?} with retry_at {:?}",
+                        error.ended,
+                        error.last_failure.class,
+                        error.retry_at
+                    );
+                    let limit = policy.retry().max_attempts().map_or(u64::MAX, u64::from);
                     ensure!(
                         ctx,
                         error.stats.attempts <= limit,
@@ -896,8 +982,8 @@ fn check_guarantees(
 }
 
 fn check_state(ctx: Ctx<'_>, task: &Task, model: &Model) {
-    let expected = model.state();
-    ensure!(ctx, *task.state() == expected, "model", "state {:?}, the model expects {expected:?}", task.state());
+    let expected = model.status();
+    ensure!(ctx, *task.status() == expected, "model", "state {:?}, the model expects {expected:?}", task.status());
     ensure!(
         ctx,
         task.poll_timeout() == model.poll_timeout(),

@@ -1,20 +1,36 @@
 //! The retry machine (R1–R6, B6, G2, G4, G7, G11, G12) against an exact reference model.
 //!
 //! [`RetryModel`] is also the retry inside the delivery model.
+//!
+//! The model restates the rules, in their order (DESIGN §4.1–4.2, revised by issue 12): a
+//! failure's class first (`Fatal` and `DoNotRetry` stop, `Canceled` stops without counting),
+//! then the attempt limit (a failure of the last allowed attempt exhausts, hinted or not), then
+//! the hint (never shortened: past `max_hint` or past the total budget it defers the operation
+//! to the hinted instant) or else the schedule (a delay past the total budget is out of time).
+//! Every failure but a cancel counts into the streak; after a hinted delay under
+//! `restart_after_hint` the schedule's place starts over while the streak goes on. Every input
+//! that arrives while actions of an earlier one wait to be drained is refused (`Undrained`,
+//! after the validity errors) and a timeout then does nothing: the runner checks that on every
+//! step by probing the machine between an input and the drain of its actions.
 
 use core::time::Duration;
 
 use arbitrary::Arbitrary;
 use persevere::{
-    Action, Failure, FailureClass, FailureKind, Hint, Instant, LastFailure, Outcome, OutcomeKind, Retry, RetryError,
-    RetryPolicy, RetryPolicyBuilder, RetryStatus, Stats,
+    Failure, FailureClass, FailureKind, Hint, Instant, LastFailure, Outcome, OutcomeKind, PolicyError, Retry,
+    RetryAction, RetryError, RetryPolicy, RetryPolicyBuilder, RetryStatus, Stats,
 };
 use rand_chacha::ChaCha8Rng;
 
 use super::backoff_model::{BackoffIn, check_delay};
-use super::{At, Clock, Count, Ctx, ErrorKind, Span, ensure, nanos_sat, parse, rng, verdict};
+use super::{At, Clock, Count, Ctx, ErrorKind, SETUP, Span, ensure, nanos, nanos_sat, parse, rng, verdict, violated};
 
 /// The settings of a retry policy, as the fuzzer draws them.
+///
+/// Whether the policy asks for `unbounded()` (R3: a policy without a limit must say so) has
+/// no byte of its own, so that every input decodes as it did before the rule existed and the
+/// committed corpus (this target's, the delivery target's, the state targets') keeps its
+/// meaning: see [`asks_unbounded`](Self::asks_unbounded).
 #[derive(Arbitrary, Clone, Copy, Debug, PartialEq)]
 pub(crate) struct RetryIn {
     backoff: BackoffIn,
@@ -27,7 +43,28 @@ pub(crate) struct RetryIn {
 }
 
 impl RetryIn {
-    fn reasons(&self) -> Vec<ErrorKind> {
+    /// Whether the settings give a limit (R3): an attempt or retry count, or a total budget
+    /// that fits in `u64` nanoseconds (a longer one, such as `Duration::MAX`, is documented as
+    /// "no limit").
+    fn limited(&self) -> bool {
+        self.max_attempts.is_some()
+            || self.max_retries.is_some()
+            || self.total.is_some_and(|t| nanos(t.get()).is_some_and(|n| n < u64::MAX))
+    }
+
+    /// Whether the drawn policy asks for `unbounded()`: when no limit at all was drawn (what
+    /// "no limit" meant before R3, so such inputs still retry for ever), but not when its only
+    /// bound is a total budget too long to be one, which must then be refused as
+    /// [`PolicyError::Unbounded`]. (A limit together with `unbounded()`, a `Conflict`, is not
+    /// drawn; the unit tests below feed it.)
+    fn asks_unbounded(&self) -> bool {
+        !self.limited() && self.total.is_none()
+    }
+
+    /// Every reason the model sees for `build()` to refuse these settings with `unbounded`
+    /// (empty: valid), and whether one of them is R3's "no limit" ([`PolicyError::Unbounded`],
+    /// which has no [`ErrorKind`]).
+    fn reasons(&self, unbounded: bool) -> (Vec<ErrorKind>, bool) {
         let mut reasons = Vec::new();
         match (self.max_attempts.map(Count::get), self.max_retries.map(Count::get)) {
             (Some(_), Some(_)) => reasons.push(ErrorKind::Conflict),
@@ -40,31 +77,81 @@ impl RetryIn {
                 reasons.push(ErrorKind::Zero);
             }
         }
-        reasons
+        if unbounded && self.limited() {
+            reasons.push(ErrorKind::Conflict);
+        }
+        (reasons, !unbounded && !self.limited())
     }
 
-    /// Builds the policy (its backoff first) and checks both verdicts against the model's.
-    pub(crate) fn build(&self) -> Option<RetryPolicy> {
-        let backoff = self.backoff.build()?;
+    /// The settings as a builder.
+    fn builder(&self, backoff: persevere::Backoff, unbounded: bool) -> RetryPolicyBuilder {
         let mut builder = RetryPolicy::builder(backoff).restart_after_hint(self.restart_after_hint);
         builder.max_attempts = self.max_attempts.map(Count::get);
         builder.max_retries = self.max_retries.map(Count::get);
         builder.total = self.total.map(Span::get);
         builder.attempt_timeout = self.attempt_timeout.map(Span::get);
-        builder.max_hint = self.max_hint.map(Span::get);
-        let policy = verdict("retry policy", builder.build(), &self.reasons())?;
+        if let Some(max_hint) = self.max_hint {
+            builder = builder.max_hint(max_hint.get());
+        }
+        builder.unbounded = unbounded;
+        builder
+    }
+
+    /// Builds the policy (its backoff first) and checks both verdicts against the model's.
+    pub(crate) fn build(&self) -> Option<RetryPolicy> {
+        self.build_as(self.asks_unbounded())
+    }
+
+    /// [`build`](Self::build), asking for `unbounded()` or not.
+    fn build_as(&self, unbounded: bool) -> Option<RetryPolicy> {
+        let backoff = self.backoff.build()?;
+        let ctx = SETUP;
+        let defaults = RetryPolicy::builder(backoff);
+        ensure!(
+            ctx,
+            defaults.max_hint == persevere::DEFAULT_MAX_HINT && !defaults.unbounded && !defaults.restart_after_hint,
+            "B6",
+            "builder defaults {defaults:?}"
+        );
+        let (reasons, no_limit) = self.reasons(unbounded);
+        let built = self.builder(backoff, unbounded).build();
+        if let Err(PolicyError::Unbounded) = built {
+            ensure!(ctx, no_limit, "R3", "refused as unbounded, but the settings have a limit: {self:?}");
+            return None;
+        }
+        if built.is_ok() {
+            ensure!(ctx, !no_limit, "R3", "a policy with no limit at all built without unbounded(): {self:?}");
+        } else if reasons.is_empty() {
+            ensure!(ctx, !no_limit, "R3", "{built:?}: the model expects PolicyError::Unbounded");
+        }
+        let policy = verdict("retry policy", built, &reasons)?;
         let limit = match (self.max_attempts, self.max_retries) {
             (Some(n), _) => Some(n.get()),
             (_, Some(n)) => Some(n.get() + 1),
             _ => None,
         };
-        let ctx = super::SETUP;
         ensure!(
             ctx,
             policy.max_attempts() == limit,
             "R3",
             "max_attempts() is {:?}, given {limit:?}",
             policy.max_attempts()
+        );
+        let max_hint = self.max_hint.map_or(persevere::DEFAULT_MAX_HINT, Span::get);
+        let expected_hint = if nanos(max_hint).is_some_and(|n| n < u64::MAX) { max_hint } else { Duration::MAX };
+        ensure!(
+            ctx,
+            policy.max_hint() == expected_hint,
+            "B6",
+            "max_hint() is {:?}, given {max_hint:?}",
+            policy.max_hint()
+        );
+        ensure!(
+            ctx,
+            policy.is_unbounded() == unbounded,
+            "R3",
+            "is_unbounded() is {}, given {unbounded}",
+            policy.is_unbounded()
         );
         let rebuilt = RetryPolicyBuilder::from(policy).build();
         ensure!(ctx, rebuilt == Ok(policy), "R3", "the policy does not rebuild to itself: {rebuilt:?}");
@@ -113,16 +200,18 @@ pub(crate) enum AttemptIn {
     Current3,
     Previous,
     Next,
+    /// Any number (a `u32`, as before attempt numbers were `u64`, so that inputs keep their
+    /// meaning).
     Raw(u32),
 }
 
 impl AttemptIn {
-    pub(crate) fn get(self, current: u32) -> u32 {
+    pub(crate) fn get(self, current: u64) -> u64 {
         match self {
             AttemptIn::Current | AttemptIn::Current2 | AttemptIn::Current3 => current,
             AttemptIn::Previous => current.wrapping_sub(1),
             AttemptIn::Next => current.wrapping_add(1),
-            AttemptIn::Raw(n) => n,
+            AttemptIn::Raw(n) => u64::from(n),
         }
     }
 }
@@ -135,17 +224,41 @@ pub(crate) enum Phase {
     Finished(OutcomeKind),
 }
 
+/// The hinted delay of a failure at `now`, in nanoseconds (`None`: not hinted): an `At` in the
+/// past is "now".
+fn hinted_ns(kind: FailureKind, now: Instant) -> Option<u64> {
+    match kind {
+        FailureKind::Hinted(Hint::After(d)) => Some(nanos_sat(d)),
+        FailureKind::Hinted(Hint::At(at)) => Some(nanos_sat(at.saturating_duration_since(now))),
+        _ => None,
+    }
+}
+
+/// The policy's `max_hint` in nanoseconds (`u64::MAX`: any hint).
+fn max_hint_ns(policy: &RetryPolicy) -> u64 {
+    nanos_sat(policy.max_hint())
+}
+
 /// What a [`Retry`] must be doing, restated from R1–R6 and B6.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct RetryModel<E> {
     pub(crate) phase: Phase,
-    pub(crate) attempt: u32,
+    pub(crate) attempt: u64,
+    /// The streak: consecutive failures counted (every failure but a cancel).
     pub(crate) failures: u32,
+    /// The schedule's place: failures since the schedule last started over (after a hinted
+    /// delay under `restart_after_hint`), which numbers the next scheduled delay.
+    pub(crate) place: u32,
     pub(crate) last_delay_ns: u64,
     pub(crate) first_start: Instant,
     pub(crate) last_now: Instant,
     pub(crate) slept_ns: u64,
     pub(crate) last_failure: Option<LastFailure<E>>,
+    /// The hinted instant of a `Deferred` outcome.
+    pub(crate) retry_at: Option<Instant>,
+    /// Actions of an earlier input wait to be drained (set by a runner that holds them): every
+    /// input is refused with `Undrained` after its validity errors, a timeout does nothing.
+    pub(crate) undrained: bool,
 }
 
 impl<E: Clone> RetryModel<E> {
@@ -154,19 +267,23 @@ impl<E: Clone> RetryModel<E> {
             phase: Phase::Idle,
             attempt: 0,
             failures: 0,
+            place: 0,
             last_delay_ns: 0,
             first_start: Instant::ZERO,
             last_now: Instant::ZERO,
             slept_ns: 0,
             last_failure: None,
+            retry_at: None,
+            undrained: false,
         }
     }
 
+    /// R5: attempts, time asleep, and the elapsed time, always known in the core.
     pub(crate) fn stats(&self) -> Stats {
         Stats {
             attempts: self.attempt,
             slept: Duration::from_nanos(self.slept_ns),
-            elapsed: self.last_now.saturating_duration_since(self.first_start),
+            elapsed: Some(self.last_now.saturating_duration_since(self.first_start)),
         }
     }
 
@@ -179,24 +296,27 @@ impl<E: Clone> RetryModel<E> {
         }
     }
 
-    fn check_running(&self, attempt: u32) -> Result<(), RetryError> {
+    fn check_running(&self, attempt: u64) -> Result<(), RetryError> {
         match self.phase {
-            Phase::Running { .. } if attempt == self.attempt => Ok(()),
-            Phase::Running { .. } => Err(RetryError::StaleAttempt { running: self.attempt, got: attempt }),
+            Phase::Running { .. } if attempt != self.attempt => {
+                Err(RetryError::StaleAttempt { running: self.attempt, got: attempt })
+            }
+            Phase::Running { .. } if self.undrained => Err(RetryError::Undrained),
+            Phase::Running { .. } => Ok(()),
             Phase::Sleeping { .. } => Err(RetryError::NoAttemptRunning),
             Phase::Idle => Err(RetryError::NotStarted),
             Phase::Finished(kind) => Err(RetryError::Finished(kind)),
         }
     }
 
-    fn begin(&mut self, policy: &RetryPolicy, now: Instant) -> Action<E> {
-        self.attempt = self.attempt.max(1);
+    fn begin(&mut self, policy: &RetryPolicy, now: Instant) -> RetryAction<E> {
+        self.attempt = self.attempt.saturating_add(1);
         let deadline = policy.attempt_timeout().map(|t| now.saturating_add(t)).filter(|d| *d != Instant::MAX);
         self.phase = Phase::Running { deadline };
-        Action::Start { attempt: self.attempt, deadline }
+        RetryAction::Start { attempt: self.attempt, deadline }
     }
 
-    fn finish(&mut self, kind: OutcomeKind) -> Action<E> {
+    fn finish(&mut self, kind: OutcomeKind) -> RetryAction<E> {
         self.phase = Phase::Finished(kind);
         let last = self.last_failure.take();
         let outcome = match kind {
@@ -208,28 +328,35 @@ impl<E: Clone> RetryModel<E> {
                     OutcomeKind::Exhausted => Outcome::Exhausted { last_failure },
                     OutcomeKind::Fatal => Outcome::Fatal { failure: last_failure },
                     OutcomeKind::OutOfTime => Outcome::OutOfTime { last_failure },
+                    OutcomeKind::Deferred => Outcome::Deferred {
+                        retry_at: self.retry_at.expect("a deferred outcome has its hinted instant"),
+                        last_failure,
+                    },
                     _ => Outcome::Rejected { last_failure },
                 }
             }
         };
-        Action::Finish { outcome, stats: self.stats() }
+        RetryAction::Finish { outcome, stats: self.stats() }
     }
 
-    pub(crate) fn start(&mut self, policy: &RetryPolicy, now: Instant) -> Result<Vec<Action<E>>, RetryError> {
+    pub(crate) fn start(&mut self, policy: &RetryPolicy, now: Instant) -> Result<Vec<RetryAction<E>>, RetryError> {
         match self.phase {
             Phase::Idle => {}
             Phase::Finished(kind) => return Err(RetryError::Finished(kind)),
             _ => return Err(RetryError::AlreadyStarted),
         }
+        let now = self.last_now.later(now);
         self.first_start = now;
         self.last_now = now;
         Ok(vec![self.begin(policy, now)])
     }
 
-    pub(crate) fn success(&mut self, now: Instant, attempt: u32) -> Result<Vec<Action<E>>, RetryError> {
+    pub(crate) fn success(&mut self, now: Instant, attempt: u64) -> Result<Vec<RetryAction<E>>, RetryError> {
         self.check_running(attempt)?;
         self.last_now = self.last_now.later(now);
+        // R4: a success ends the streak.
         self.failures = 0;
+        self.place = 0;
         self.last_delay_ns = 0;
         self.last_failure = None;
         Ok(vec![self.finish(OutcomeKind::Succeeded)])
@@ -239,19 +366,20 @@ impl<E: Clone> RetryModel<E> {
         &mut self,
         policy: &RetryPolicy,
         now: Instant,
-        attempt: u32,
+        attempt: u64,
         failure: Failure<E>,
         rng: &mut ChaCha8Rng,
-    ) -> Result<Vec<Action<E>>, RetryError> {
+    ) -> Result<Vec<RetryAction<E>>, RetryError> {
         self.check_running(attempt)?;
         let now = self.last_now.later(now);
         self.last_now = now;
         Ok(self.decide(policy, now, failure.kind, Some(failure.error), false, rng))
     }
 
-    pub(crate) fn timeout(&mut self, policy: &RetryPolicy, now: Instant, rng: &mut ChaCha8Rng) -> Vec<Action<E>> {
+    pub(crate) fn timeout(&mut self, policy: &RetryPolicy, now: Instant, rng: &mut ChaCha8Rng) -> Vec<RetryAction<E>> {
         let now = self.last_now.later(now);
         match self.phase {
+            _ if self.undrained => Vec::new(),
             Phase::Running { deadline: Some(deadline) } if deadline <= now => {
                 self.last_now = now;
                 self.decide(policy, now, FailureKind::Timeout, None, true, rng)
@@ -259,35 +387,44 @@ impl<E: Clone> RetryModel<E> {
             Phase::Sleeping { until } if until <= now => {
                 self.slept_ns = self.slept_ns.saturating_add(nanos_sat(now.saturating_duration_since(self.last_now)));
                 self.last_now = now;
-                self.attempt = self.attempt.saturating_add(1);
-                vec![self.begin(policy, now)]
+                // R3: no attempt starts past the total budget, also when the wake-up comes late.
+                let budget_end = policy.total().map_or(Instant::MAX, |t| self.first_start.saturating_add(t));
+                if now > budget_end { vec![self.finish(OutcomeKind::OutOfTime)] } else { vec![self.begin(policy, now)] }
             }
             _ => Vec::new(),
         }
     }
 
-    pub(crate) fn cancel(&mut self, now: Instant) -> Result<Vec<Action<E>>, RetryError> {
+    pub(crate) fn cancel(&mut self, now: Instant) -> Result<Vec<RetryAction<E>>, RetryError> {
         let mut actions = match self.phase {
             Phase::Finished(kind) => return Err(RetryError::Finished(kind)),
-            Phase::Running { .. } => vec![Action::Abandon { attempt: self.attempt }],
-            _ => Vec::new(),
+            _ if self.undrained => return Err(RetryError::Undrained),
+            Phase::Running { .. } => vec![RetryAction::Abandon { attempt: self.attempt }],
+            Phase::Idle => {
+                // Canceled before it started: no attempt, and no time taken.
+                self.first_start = self.last_now.later(now);
+                Vec::new()
+            }
+            Phase::Sleeping { .. } => Vec::new(),
         };
         self.last_now = self.last_now.later(now);
         actions.push(self.finish(OutcomeKind::Canceled));
         Ok(actions)
     }
 
-    pub(crate) fn rejected(&mut self, now: Instant) -> Result<Vec<Action<E>>, RetryError> {
+    pub(crate) fn rejected(&mut self, now: Instant) -> Result<Vec<RetryAction<E>>, RetryError> {
         match self.phase {
-            Phase::Sleeping { .. } => {}
+            Phase::Running { .. } => return Err(RetryError::NothingToReject),
             Phase::Finished(kind) => return Err(RetryError::Finished(kind)),
             Phase::Idle => return Err(RetryError::NotStarted),
-            Phase::Running { .. } => return Err(RetryError::NothingToReject),
+            Phase::Sleeping { .. } if self.undrained => return Err(RetryError::Undrained),
+            Phase::Sleeping { .. } => {}
         }
         self.last_now = self.last_now.later(now);
         Ok(vec![self.finish(OutcomeKind::Rejected)])
     }
 
+    /// The failure decision, in the order of the rules: class, limit, hint or schedule, budget.
     fn decide(
         &mut self,
         policy: &RetryPolicy,
@@ -296,23 +433,60 @@ impl<E: Clone> RetryModel<E> {
         error: Option<E>,
         abandon: bool,
         rng: &mut ChaCha8Rng,
-    ) -> Vec<Action<E>> {
+    ) -> Vec<RetryAction<E>> {
         let mut actions = Vec::new();
         if abandon {
-            actions.push(Action::Abandon { attempt: self.attempt });
+            actions.push(RetryAction::Abandon { attempt: self.attempt });
         }
         self.last_failure = Some(LastFailure { class: kind.class(), error });
-        let limit = policy.max_attempts().unwrap_or(u32::MAX);
+        let limit = policy.max_attempts().map_or(u64::MAX, u64::from);
+        let budget_end = policy.total().map_or(Instant::MAX, |t| self.first_start.saturating_add(t));
         let verdict = match kind {
-            FailureKind::Fatal | FailureKind::Hinted(Hint::DoNotRetry) => Err(OutcomeKind::Fatal),
+            // G4: never retried; a cancel is not counted into the streak.
             FailureKind::Canceled => Err(OutcomeKind::Canceled),
-            _ if self.attempt >= limit => Err(OutcomeKind::Exhausted),
-            _ => self.schedule(policy, now, kind, rng),
+            FailureKind::Fatal | FailureKind::Hinted(Hint::DoNotRetry) => {
+                self.failures = self.failures.saturating_add(1);
+                Err(OutcomeKind::Fatal)
+            }
+            // R3: the limit before the hint.
+            _ if self.attempt >= limit => {
+                self.failures = self.failures.saturating_add(1);
+                Err(OutcomeKind::Exhausted)
+            }
+            _ => {
+                self.failures = self.failures.saturating_add(1);
+                match hinted_ns(kind, now) {
+                    // B6: never shortened; past max_hint or the budget, deferred to the hint.
+                    Some(hinted) => {
+                        let until = now.saturating_add(Duration::from_nanos(hinted));
+                        if policy.restarts_after_hint() {
+                            self.place = 0;
+                            self.last_delay_ns = 0;
+                        } else {
+                            self.place = self.place.saturating_add(1);
+                            self.last_delay_ns = hinted;
+                        }
+                        if hinted > max_hint_ns(policy) || until > budget_end {
+                            self.retry_at = Some(until);
+                            Err(OutcomeKind::Deferred)
+                        } else {
+                            Ok(until)
+                        }
+                    }
+                    None => {
+                        self.place = self.place.saturating_add(1);
+                        let delay = policy.backoff().delay(self.place, Duration::from_nanos(self.last_delay_ns), rng);
+                        self.last_delay_ns = nanos_sat(delay);
+                        let until = now.saturating_add(delay);
+                        if until > budget_end { Err(OutcomeKind::OutOfTime) } else { Ok(until) }
+                    }
+                }
+            }
         };
         match verdict {
             Ok(until) => {
                 self.phase = Phase::Sleeping { until };
-                actions.push(Action::Sleep {
+                actions.push(RetryAction::Sleep {
                     next_attempt: self.attempt.saturating_add(1),
                     delay: until.saturating_duration_since(self.last_now),
                     until,
@@ -321,45 +495,6 @@ impl<E: Clone> RetryModel<E> {
             Err(kind) => actions.push(self.finish(kind)),
         }
         actions
-    }
-
-    fn schedule(
-        &mut self,
-        policy: &RetryPolicy,
-        now: Instant,
-        kind: FailureKind,
-        rng: &mut ChaCha8Rng,
-    ) -> Result<Instant, OutcomeKind> {
-        let budget_end = policy.total().map_or(Instant::MAX, |t| self.first_start.saturating_add(t));
-        if now > budget_end {
-            return Err(OutcomeKind::OutOfTime);
-        }
-        let hinted = match kind {
-            FailureKind::Hinted(Hint::After(d)) => Some(nanos_sat(d)),
-            FailureKind::Hinted(Hint::At(at)) => Some(nanos_sat(at.saturating_duration_since(now))),
-            _ => None,
-        };
-        match hinted {
-            Some(hinted) => {
-                let delay = hinted.min(policy.max_hint().map_or(u64::MAX, nanos_sat));
-                if policy.restarts_after_hint() {
-                    self.failures = 0;
-                    self.last_delay_ns = 0;
-                } else {
-                    self.failures = self.failures.saturating_add(1);
-                    self.last_delay_ns = delay;
-                }
-                Ok(now.saturating_add(Duration::from_nanos(delay)).earlier(budget_end))
-            }
-            None => {
-                self.failures = self.failures.saturating_add(1);
-                let delay =
-                    nanos_sat(policy.backoff().delay(self.failures, Duration::from_nanos(self.last_delay_ns), rng));
-                self.last_delay_ns = delay;
-                let until = now.saturating_add(Duration::from_nanos(delay));
-                if until > budget_end { Err(OutcomeKind::OutOfTime) } else { Ok(until) }
-            }
-        }
     }
 }
 
@@ -380,7 +515,7 @@ enum Op {
     Rejected(At),
 }
 
-/// What a scheduled delay must obey: the schedule for failure `n`, or a hint (in ns).
+/// What a scheduled delay must obey: the schedule at place `n`, or a hint (in ns).
 #[derive(Clone, Copy, Debug)]
 enum DelayRule {
     None,
@@ -391,10 +526,24 @@ enum DelayRule {
 /// What the guarantees need to remember across operations.
 #[derive(Default)]
 struct Seen {
-    started: u32,
+    started: u64,
     finishes: u32,
     last_class: Option<FailureClass>,
 }
+
+/// An input fed while the actions of the previous one wait to be drained (the drain rule).
+#[derive(Clone, Copy, Debug)]
+enum Probe {
+    Timeout,
+    Success,
+    Failure,
+    Cancel,
+    Rejected,
+    Start,
+}
+
+const PROBES: [Probe; 6] =
+    [Probe::Timeout, Probe::Success, Probe::Failure, Probe::Cancel, Probe::Rejected, Probe::Start];
 
 pub(crate) fn run(data: &[u8]) {
     let Some((config, ops)) = parse::<Config, Op>(data) else { return };
@@ -404,14 +553,14 @@ pub(crate) fn run(data: &[u8]) {
     let mut model = RetryModel::<u8>::new();
     let mut clock = Clock::default();
     let mut seen = Seen::default();
+    let mut probes = 0usize;
     for (step, op) in ops.iter().enumerate() {
         let ctx = Ctx { step, op };
         let before = machine;
         let mut draws = rng.clone();
         let mut delay_rule = DelayRule::None;
-        let (failures_before, previous_ns) = (model.failures, model.last_delay_ns);
-        let schedule = DelayRule::Schedule { n: failures_before.saturating_add(1), previous_ns };
-        let result: Result<Vec<Action<u8>>, RetryError> = match *op {
+        let schedule = DelayRule::Schedule { n: model.place.saturating_add(1), previous_ns: model.last_delay_ns };
+        let result: Result<Vec<RetryAction<u8>>, RetryError> = match *op {
             Op::Start(at) => {
                 let now = clock.at(at, machine.poll_timeout());
                 let expected = model.start(&policy, now);
@@ -421,28 +570,25 @@ pub(crate) fn run(data: &[u8]) {
                 let now = clock.at(at, machine.poll_timeout());
                 let attempt = attempt.get(model.attempt);
                 let expected = model.success(now, attempt);
-                compare(ctx, machine.handle_success(now, attempt), expected)
+                compare(ctx, machine.handle_success(&policy, now, attempt), expected)
             }
             Op::Failure(at, attempt, kind, error) => {
                 let now = clock.at(at, machine.poll_timeout());
                 let attempt = attempt.get(model.attempt);
                 let failure = Failure::new(kind.get(now), error);
-                let expected = model.failure(&policy, now, attempt, failure, &mut draws);
-                delay_rule = match failure.kind {
-                    FailureKind::Hinted(Hint::After(d)) => DelayRule::Hint(nanos_sat(d)),
-                    FailureKind::Hinted(Hint::At(t)) => {
-                        DelayRule::Hint(nanos_sat(t.saturating_duration_since(model.last_now)))
-                    }
-                    _ => schedule,
+                delay_rule = match hinted_ns(failure.kind, model.last_now.later(now)) {
+                    Some(hinted) => DelayRule::Hint(hinted),
+                    None => schedule,
                 };
+                let expected = model.failure(&policy, now, attempt, failure, &mut draws);
                 let got = machine.handle_failure(&policy, now, attempt, failure, &mut rng);
                 if let Err(refused) = &got {
                     ensure!(
                         ctx,
-                        refused.failure == failure,
+                        refused.input == failure,
                         "G12",
                         "the refused failure came back as {:?}",
-                        refused.failure
+                        refused.input
                     );
                 }
                 compare(ctx, got.map_err(|r| r.error), expected)
@@ -460,44 +606,109 @@ pub(crate) fn run(data: &[u8]) {
             Op::Cancel(at) => {
                 let now = clock.at(at, machine.poll_timeout());
                 let expected = model.cancel(now);
-                compare(ctx, machine.handle_cancel(now), expected)
+                compare(ctx, machine.handle_cancel(&policy, now), expected)
             }
             Op::Rejected(at) => {
                 let now = clock.at(at, machine.poll_timeout());
                 let expected = model.rejected(now);
-                compare(ctx, machine.handle_rejected(now), expected)
+                compare(ctx, machine.handle_rejected(&policy, now), expected)
             }
         };
-        let accepted = result.is_ok();
         if let Op::Failure(_, _, kind, _) = *op
-            && accepted
+            && result.is_ok()
         {
             seen.last_class = Some(kind.get(Instant::ZERO).class());
         }
         match result {
             Err(_) => ensure!(ctx, machine == before, "G12", "a refused input changed the state"),
             Ok(expected) => {
+                ensure!(
+                    ctx,
+                    machine.has_actions() != expected.is_empty(),
+                    "drain",
+                    "has_actions() is {} with {expected:?} to drain",
+                    machine.has_actions()
+                );
+                // Drained one action at a time; before each, an input is refused and changes
+                // nothing (the drain rule).
+                model.undrained = true;
                 let mut got = Vec::new();
-                while let Some(action) = machine.poll_action() {
-                    ensure!(ctx, got.len() < 4, "R6", "more than four actions after one input: {got:?}");
-                    got.push(action);
+                for want in &expected {
+                    probe(ctx, PROBES[probes % PROBES.len()], &policy, &mut machine, &mut model, &mut clock, &mut rng);
+                    probes += 1;
+                    let action = machine.poll_action();
+                    ensure!(
+                        ctx,
+                        action.as_ref() == Some(want),
+                        "model",
+                        "action {action:?}, the model expects {want:?}"
+                    );
+                    got.push(*want);
                 }
+                model.undrained = false;
+                let extra = machine.poll_action();
+                ensure!(ctx, extra.is_none(), "model", "action {extra:?} after {got:?}, the model expects none");
+                ensure!(ctx, !machine.has_actions(), "drain", "has_actions() after the drain");
                 for action in &got {
                     check_action(ctx, &policy, &model, &mut seen, action, delay_rule);
                 }
-                ensure!(ctx, got == expected, "model", "actions {got:?}, the model expects {expected:?}");
             }
         }
         check_state(ctx, &machine, &model);
     }
 }
 
+/// While actions wait to be drained, feeds `probe` and checks that the machine answers what
+/// the model does (its validity error, else `Undrained`; a timeout does nothing) and that
+/// neither changes.
+fn probe(
+    ctx: Ctx<'_>,
+    probe: Probe,
+    policy: &RetryPolicy,
+    machine: &mut Retry<u8>,
+    model: &mut RetryModel<u8>,
+    clock: &mut Clock,
+    rng: &mut ChaCha8Rng,
+) {
+    let (before, was) = (*machine, model.clone());
+    let now = match probe {
+        Probe::Timeout => Instant::MAX,
+        _ => clock.now,
+    };
+    let attempt = model.attempt;
+    let (got, expected) = match probe {
+        Probe::Timeout => {
+            machine.handle_timeout(policy, now, rng);
+            let expected = model.timeout(policy, now, &mut rng.clone());
+            ensure!(ctx, expected.is_empty(), "drain", "the model acts on a timeout while undrained: {expected:?}");
+            (Ok(()), Ok(expected))
+        }
+        Probe::Success => (machine.handle_success(policy, now, attempt), model.success(now, attempt)),
+        Probe::Failure => {
+            let failure = Failure::retryable(9);
+            let got = machine.handle_failure(policy, now, attempt, failure, rng);
+            if let Err(refused) = &got {
+                ensure!(ctx, refused.input == failure, "G12", "the refused failure came back as {:?}", refused.input);
+            }
+            (got.map_err(|r| r.error), model.failure(policy, now, attempt, failure, &mut rng.clone()))
+        }
+        Probe::Cancel => (machine.handle_cancel(policy, now), model.cancel(now)),
+        Probe::Rejected => (machine.handle_rejected(policy, now), model.rejected(now)),
+        Probe::Start => (machine.handle_start(policy, now), model.start(policy, now)),
+    };
+    ensure!(ctx, !matches!(&expected, Ok(v) if !v.is_empty()), "drain", "the model accepts {probe:?} while undrained");
+    let expected = expected.map(|_| ());
+    ensure!(ctx, got == expected, "drain", "{probe:?} while undrained: {got:?}, the model expects {expected:?}");
+    ensure!(ctx, *machine == before, "G12", "{probe:?} while undrained changed the state");
+    ensure!(ctx, *model == was, "model", "{probe:?} while undrained changed the model");
+}
+
 /// The machine's answer to an input against the model's: both accept, or both refuse alike.
 fn compare(
     ctx: Ctx<'_>,
     got: Result<(), RetryError>,
-    expected: Result<Vec<Action<u8>>, RetryError>,
-) -> Result<Vec<Action<u8>>, RetryError> {
+    expected: Result<Vec<RetryAction<u8>>, RetryError>,
+) -> Result<Vec<RetryAction<u8>>, RetryError> {
     match (&got, &expected) {
         (Ok(()), Ok(_)) => {}
         (Err(g), Err(e)) => ensure!(ctx, g == e, "model", "refused with {g:?}, the model expects {e:?}"),
@@ -512,13 +723,15 @@ fn check_action(
     policy: &RetryPolicy,
     model: &RetryModel<u8>,
     seen: &mut Seen,
-    action: &Action<u8>,
+    action: &RetryAction<u8>,
     delay_rule: DelayRule,
 ) {
-    let limit = policy.max_attempts().unwrap_or(u32::MAX);
+    let limit = policy.max_attempts().map_or(u64::MAX, u64::from);
+    let budget_end = policy.total().map(|total| model.first_start.saturating_add(total));
+    let max_hint = max_hint_ns(policy);
     ensure!(ctx, seen.finishes == 0, "G11", "{action:?} after the operation finished");
     match *action {
-        Action::Start { attempt, deadline } => {
+        RetryAction::Start { attempt, deadline } => {
             ensure!(ctx, attempt == seen.started + 1, "R1", "attempt {attempt} started after attempt {}", seen.started);
             ensure!(ctx, attempt <= limit, "G2", "attempt {attempt} started under a limit of {limit}");
             if let Some(class) = seen.last_class {
@@ -535,7 +748,7 @@ fn check_action(
             }
             seen.started = attempt;
         }
-        Action::Sleep { next_attempt, delay, until } => {
+        RetryAction::Sleep { next_attempt, delay, until } => {
             ensure!(
                 ctx,
                 next_attempt == seen.started + 1 && next_attempt <= limit,
@@ -544,32 +757,38 @@ fn check_action(
             );
             let class = seen.last_class;
             ensure!(ctx, class.is_some_and(FailureClass::is_retryable), "G4", "a retry scheduled after {class:?}");
-            let budget_end = policy.total().map(|total| model.first_start.saturating_add(total));
+            ensure!(ctx, until == model.last_now.saturating_add(delay), "R6", "a sleep of {delay:?} ends at {until:?}");
             if let Some(end) = budget_end {
                 ensure!(ctx, until <= end, "G7", "a sleep until {until:?} ends past the total budget {end:?}");
             }
-            let left = budget_end.map_or(u64::MAX, |end| nanos_sat(end.saturating_duration_since(model.last_now)));
             match delay_rule {
-                // A delay cut by the end of representable time is not the schedule's.
+                // A delay cut by the end of representable time is neither the hint's nor the
+                // schedule's.
                 _ if until == Instant::MAX => {}
+                DelayRule::Hint(hinted) => {
+                    // B6: waited in full, and only when within max_hint (and the budget).
+                    ensure!(
+                        ctx,
+                        nanos_sat(delay) == hinted,
+                        "B6",
+                        "hinted delay {delay:?}, the hint asked {hinted} ns"
+                    );
+                    ensure!(ctx, hinted <= max_hint, "B6", "a hint of {hinted} ns waited past max_hint {max_hint} ns");
+                }
                 DelayRule::Schedule { n, previous_ns } => {
                     check_delay(ctx, policy.backoff(), n, previous_ns, nanos_sat(delay));
-                }
-                DelayRule::Hint(hinted) => {
-                    let expected = hinted.min(policy.max_hint().map_or(u64::MAX, nanos_sat)).min(left);
-                    ensure!(ctx, nanos_sat(delay) == expected, "B6", "hinted delay {delay:?}, expected {expected} ns");
                 }
                 DelayRule::None => ensure!(ctx, false, "R6", "a sleep without a failure"),
             }
         }
-        Action::Abandon { attempt } => {
+        RetryAction::Abandon { attempt } => {
             ensure!(ctx, attempt == seen.started, "R1", "abandon of attempt {attempt}, attempt {} runs", seen.started);
             if matches!(delay_rule, DelayRule::Schedule { .. }) {
                 // Abandoned at its deadline: the machine's own timeout failure.
                 seen.last_class = Some(FailureClass::Timeout);
             }
         }
-        Action::Finish { ref outcome, stats } => {
+        RetryAction::Finish { ref outcome, stats } => {
             seen.finishes += 1;
             ensure!(
                 ctx,
@@ -579,9 +798,11 @@ fn check_action(
                 stats.attempts,
                 seen.started
             );
+            let elapsed = model.last_now.saturating_duration_since(model.first_start);
+            ensure!(ctx, stats.elapsed == Some(elapsed), "R5", "elapsed {:?}, expected {elapsed:?}", stats.elapsed);
             let class = outcome.last_failure().map(|l| l.class);
-            match outcome.kind() {
-                OutcomeKind::Exhausted => {
+            match *outcome {
+                Outcome::Exhausted { .. } => {
                     ensure!(
                         ctx,
                         stats.attempts == limit,
@@ -590,12 +811,45 @@ fn check_action(
                         stats.attempts
                     )
                 }
-                OutcomeKind::Fatal => ensure!(
+                Outcome::Fatal { .. } => ensure!(
                     ctx,
                     matches!(class, Some(FailureClass::Fatal | FailureClass::DoNotRetry)),
                     "G4",
                     "a fatal outcome after {class:?}"
                 ),
+                Outcome::Deferred { retry_at, .. } => {
+                    // B6: the limit first (a failure of the last attempt exhausts), then a
+                    // hint past max_hint or past the budget defers to the hinted instant.
+                    ensure!(
+                        ctx,
+                        stats.attempts < limit,
+                        "G2",
+                        "deferred by the last allowed attempt {}",
+                        stats.attempts
+                    );
+                    let hinted = match delay_rule {
+                        DelayRule::Hint(hinted) => hinted,
+                        _ => violated(ctx, "B6", format_args!("deferred without a hint ({class:?})")),
+                    };
+                    let expected = model.last_now.saturating_add(Duration::from_nanos(hinted));
+                    ensure!(ctx, retry_at == expected, "B6", "deferred to {retry_at:?}, the hint asked {expected:?}");
+                    let past_budget = budget_end.is_some_and(|end| retry_at > end);
+                    ensure!(
+                        ctx,
+                        hinted > max_hint || past_budget,
+                        "B6",
+                        "a hint of {hinted} ns within max_hint and the budget ended the operation"
+                    );
+                }
+                Outcome::OutOfTime { .. } => {
+                    ensure!(ctx, budget_end.is_some(), "G7", "out of time without a total budget");
+                    ensure!(
+                        ctx,
+                        matches!(delay_rule, DelayRule::Schedule { .. }),
+                        "B6",
+                        "a hinted failure ended out of time, not deferred"
+                    );
+                }
                 _ => {}
             }
         }
@@ -620,6 +874,14 @@ fn check_state(ctx: Ctx<'_>, machine: &Retry<u8>, model: &RetryModel<u8>) {
         "attempt {}, the model expects {}",
         machine.attempt(),
         model.attempt
+    );
+    ensure!(
+        ctx,
+        machine.now() == model.last_now,
+        "R6",
+        "now {:?}, the model expects {:?}",
+        machine.now(),
+        model.last_now
     );
     ensure!(
         ctx,
@@ -650,4 +912,64 @@ fn check_state(ctx: Ctx<'_>, machine: &Retry<u8>, model: &RetryModel<u8>) {
 /// The configuration and operations `data` decodes to.
 pub(crate) fn describe(data: &[u8]) -> String {
     format!("{:#?}", parse::<Config, Op>(data))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn input(max_attempts: Option<Count>, total: Option<Span>) -> RetryIn {
+        let bytes = [0u8; 64];
+        let backoff = BackoffIn::arbitrary(&mut arbitrary::Unstructured::new(&bytes)).expect("zeros decode");
+        RetryIn {
+            backoff,
+            max_attempts,
+            max_retries: None,
+            total,
+            attempt_timeout: None,
+            max_hint: None,
+            restart_after_hint: false,
+        }
+    }
+
+    #[test]
+    fn r3_a_policy_without_a_limit_is_refused_unless_unbounded() {
+        assert_eq!(input(None, None).reasons(false), (vec![], true));
+        assert_eq!(input(None, Some(Span::Max)).reasons(false), (vec![], true), "Duration::MAX is no limit");
+        assert_eq!(input(None, Some(Span::HugeSecs(u64::MAX))).reasons(false), (vec![], true));
+        assert_eq!(input(None, None).reasons(true), (vec![], false));
+        assert_eq!(input(Some(Count::Small(3)), None).reasons(true), (vec![ErrorKind::Conflict], false));
+        assert_eq!(input(None, Some(Span::Secs(3))).reasons(true), (vec![ErrorKind::Conflict], false));
+        assert_eq!(input(None, Some(Span::Secs(3))).reasons(false), (vec![], false));
+    }
+
+    #[test]
+    fn r3_the_builder_agrees_with_the_model_on_every_limit_and_unbounded() {
+        // `build_as` panics if the builder and the model disagree.
+        for (attempts, total) in [
+            (None, None),
+            (Some(Count::Small(3)), None),
+            (None, Some(Span::Secs(1))),
+            (None, Some(Span::Max)),
+            (Some(Count::Small(3)), Some(Span::Max)),
+        ] {
+            let limited = attempts.is_some() || total == Some(Span::Secs(1));
+            for unbounded in [false, true] {
+                let built = input(attempts, total).build_as(unbounded);
+                assert_eq!(built.is_some(), unbounded != limited, "{attempts:?} {total:?} unbounded {unbounded}");
+            }
+        }
+    }
+
+    #[test]
+    fn r3_a_drawn_policy_asks_for_unbounded_only_when_it_has_no_limit_at_all() {
+        // No limit drawn: unbounded, as "no limit" meant before R3 (the corpus keeps its meaning).
+        assert!(input(None, None).asks_unbounded());
+        assert!(input(None, None).build().is_some_and(|p| p.is_unbounded()));
+        // A budget too long to be a limit: not unbounded, so refused (R3).
+        assert!(!input(None, Some(Span::Max)).asks_unbounded());
+        assert!(input(None, Some(Span::Max)).build().is_none());
+        assert!(!input(Some(Count::Small(2)), None).asks_unbounded());
+        assert!(input(Some(Count::Small(2)), None).build().is_some_and(|p| !p.is_unbounded()));
+    }
 }

@@ -1,13 +1,23 @@
-//! The supervision machine (S1–S6, G12) against an exact reference model, plus an independent
-//! check of the event grammar of S6 and the spacing of S5.
+//! The supervision machine (S1–S6, B6, G12) against an exact reference model, plus an
+//! independent check of the event grammar of S6 and the spacing of S5.
+//!
+//! The model restates the one failure decision (revised by issue 12): a failure's class first
+//! (`Fatal` and `DoNotRetry` finish `Fatal`, `Canceled` finishes `Canceled` without counting),
+//! then the limit (`once`, or a streak past `max_retries`, finishes `Failed` / `TimedOut`, a
+//! hinted failure too), then the hint (never shortened; past `max_hint` the task finishes
+//! `Deferred` at the hinted instant) or else the backoff. Every decided failure counts into
+//! the streak; after a hinted delay under `restart_after_hint` the backoff's place starts over
+//! while the streak goes on. Between an input and the drain of its events every input is
+//! refused (`Undrained`, after the validity errors) and a timeout does nothing: the runner
+//! probes that on every step.
 
 use core::time::Duration;
 
 use arbitrary::Arbitrary;
 use persevere::{
-    Backoff, Failure, FailureClass, FailureKind, Hint, Instant, LastFailure, Restart, Setting, Supervision,
-    SupervisionError, SupervisionPolicy, SupervisionPolicyBuilder, TaskDefaults, TaskEvent, TaskOutcome,
-    TaskOutcomeKind, TaskStatus,
+    Backoff, DEFAULT_MAX_HINT, Failure, FailureClass, FailureKind, Hint, Instant, LastFailure, Restart, Setting,
+    Supervision, SupervisionAction, SupervisionError, SupervisionPolicy, SupervisionPolicyBuilder, SupervisionStatus,
+    TaskDefaults, TaskOutcome, TaskOutcomeKind,
 };
 use rand_chacha::ChaCha8Rng;
 
@@ -71,6 +81,46 @@ struct TaskIn {
     min_spacing: SettingIn<Span>,
 }
 
+/// The hint settings (B6) of the defaults and of the task. They are drawn from the top bits of
+/// the configuration's seed rather than from bytes of their own, so that every input decodes
+/// as it did before these settings existed and the committed corpus keeps its meaning.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct HintsIn {
+    /// `TaskDefaults::max_hint` (custom defaults only).
+    default_max_hint: Duration,
+    /// `TaskDefaults::restart_after_hint` (custom defaults only).
+    default_restart: bool,
+    max_hint: Setting<Duration>,
+    restart_after_hint: Setting<bool>,
+}
+
+impl HintsIn {
+    fn from_seed(seed: u64) -> Self {
+        let bits = seed >> 32;
+        let byte = |shift: u32| (bits >> shift) & 0xff;
+        HintsIn {
+            default_max_hint: match bits & 3 {
+                0 => DEFAULT_MAX_HINT,
+                1 => Duration::MAX,
+                2 => Duration::from_millis(byte(8) * 10),
+                _ => Duration::from_secs(byte(8)),
+            },
+            default_restart: bits & 4 != 0,
+            max_hint: match (bits >> 3) & 3 {
+                1 => Setting::Off,
+                2 => Setting::Set(Duration::from_millis(byte(16) * 16)),
+                _ => Setting::Inherit,
+            },
+            restart_after_hint: match (bits >> 5) & 3 {
+                0 => Setting::Inherit,
+                1 => Setting::Off,
+                2 => Setting::Set(true),
+                _ => Setting::Set(false),
+            },
+        }
+    }
+}
+
 fn resolve<T>(setting: Setting<T>, default: Option<T>) -> Option<T> {
     match setting {
         Setting::Inherit => default,
@@ -81,7 +131,7 @@ fn resolve<T>(setting: Setting<T>, default: Option<T>) -> Option<T> {
 
 /// Builds the defaults and the task's policy, checking every verdict against the model's and
 /// the resolved settings against S1.
-fn build(defaults: &DefaultsIn, task: &TaskIn) -> Option<SupervisionPolicy> {
+fn build(defaults: &DefaultsIn, task: &TaskIn, hints: &HintsIn) -> Option<SupervisionPolicy> {
     let defaults = match *defaults {
         DefaultsIn::Standard => {
             let d = TaskDefaults::new();
@@ -92,6 +142,7 @@ fn build(defaults: &DefaultsIn, task: &TaskIn) -> Option<SupervisionPolicy> {
             ensure!(SETUP, Ok(d.backoff) == s2, "S2", "the default backoff is {:?}", d.backoff);
             ensure!(SETUP, d.restart == Restart::Restartable && d.max_retries.is_none(), "S2", "defaults {d:?}");
             ensure!(SETUP, d.attempt_timeout.is_none() && d.min_spacing == Duration::from_millis(1), "S2", "{d:?}");
+            ensure!(SETUP, d.max_hint == DEFAULT_MAX_HINT && !d.restart_after_hint, "B6", "defaults {d:?}");
             d
         }
         DefaultsIn::Custom { restart, backoff, attempt_timeout, max_retries, min_spacing } => TaskDefaults {
@@ -100,6 +151,8 @@ fn build(defaults: &DefaultsIn, task: &TaskIn) -> Option<SupervisionPolicy> {
             attempt_timeout: attempt_timeout.map(Span::get),
             max_retries: max_retries.map(Count::get),
             min_spacing: min_spacing.get(),
+            max_hint: hints.default_max_hint,
+            restart_after_hint: hints.default_restart,
         },
     };
     let backoff = match task.backoff {
@@ -113,11 +166,15 @@ fn build(defaults: &DefaultsIn, task: &TaskIn) -> Option<SupervisionPolicy> {
         attempt_timeout: task.attempt_timeout.map(Span::get),
         max_retries: task.max_retries.map(Count::get),
         min_spacing: task.min_spacing.map(Span::get),
+        max_hint: hints.max_hint,
+        restart_after_hint: hints.restart_after_hint,
     };
     let max_retries = resolve(builder.max_retries, defaults.max_retries);
     let attempt_timeout = resolve(builder.attempt_timeout, defaults.attempt_timeout);
+    // "Off" honours any hint.
+    let max_hint = resolve(builder.max_hint, Some(defaults.max_hint)).unwrap_or(Duration::MAX);
     let mut reasons = Vec::new();
-    if max_retries == Some(0) || attempt_timeout.is_some_and(|t| t.is_zero()) {
+    if max_retries == Some(0) || attempt_timeout.is_some_and(|t| t.is_zero()) || max_hint.is_zero() {
         reasons.push(ErrorKind::Zero);
     }
     let policy = verdict("supervision policy", builder.build(&defaults), &reasons)?;
@@ -151,6 +208,16 @@ fn build(defaults: &DefaultsIn, task: &TaskIn) -> Option<SupervisionPolicy> {
         None => Backoff::constant(Duration::ZERO).build().ok()?,
     };
     ensure!(SETUP, *policy.backoff() == backoff, "S1", "backoff {:?}, resolved {backoff:?}", policy.backoff());
+    let max_hint = if nanos_sat(max_hint) == u64::MAX { Duration::MAX } else { max_hint };
+    ensure!(SETUP, policy.max_hint() == max_hint, "S1", "max_hint {:?}, resolved {max_hint:?}", policy.max_hint());
+    let restart_after_hint = resolve(builder.restart_after_hint, Some(defaults.restart_after_hint)).unwrap_or(false);
+    ensure!(
+        SETUP,
+        policy.restarts_after_hint() == restart_after_hint,
+        "S1",
+        "restarts_after_hint {}, resolved {restart_after_hint}",
+        policy.restarts_after_hint()
+    );
     Some(policy)
 }
 
@@ -163,20 +230,28 @@ enum Phase {
     Finished(TaskOutcomeKind),
 }
 
-/// What a [`Supervision`] must be doing, restated from S1–S6.
-#[derive(Clone, Debug)]
+/// What a [`Supervision`] must be doing, restated from S1–S6 and B6.
+#[derive(Clone, Debug, PartialEq)]
 struct Model {
     phase: Phase,
     attempt: u64,
+    /// The streak: failures since the last success that the failure decision counted (every
+    /// one but a cancel; a panic while dropping a timed-out attempt is final by S4 and is not
+    /// decided, so not counted).
     failures: u32,
-    streak: u32,
+    /// The backoff's place: failures since the schedule last started over.
+    place: u32,
     last_delay_ns: u64,
     last_start: Instant,
     last_now: Instant,
     last_failure: Option<LastFailure<u8>>,
+    /// The hinted instant of a `Deferred` outcome.
+    retry_at: Option<Instant>,
+    /// Events of an earlier input wait to be drained (the runner holds them).
+    undrained: bool,
 }
 
-type Events = Vec<TaskEvent<u8>>;
+type Events = Vec<SupervisionAction<u8>>;
 
 impl Model {
     fn new() -> Self {
@@ -184,43 +259,50 @@ impl Model {
             phase: Phase::Idle,
             attempt: 0,
             failures: 0,
-            streak: 0,
+            place: 0,
             last_delay_ns: 0,
             last_start: Instant::ZERO,
             last_now: Instant::ZERO,
             last_failure: None,
+            retry_at: None,
+            undrained: false,
         }
     }
 
-    fn status(&self) -> TaskStatus {
+    fn status(&self) -> SupervisionStatus {
         match self.phase {
-            Phase::Idle => TaskStatus::Idle,
-            Phase::Running { deadline } => TaskStatus::Running { attempt: self.attempt, deadline },
-            Phase::Abandoning => TaskStatus::Abandoning { attempt: self.attempt },
-            Phase::Waiting { until } => TaskStatus::Waiting { next_attempt: self.attempt.saturating_add(1), until },
-            Phase::Finished(kind) => TaskStatus::Finished(kind),
+            Phase::Idle => SupervisionStatus::Idle,
+            Phase::Running { deadline } => SupervisionStatus::Running { attempt: self.attempt, deadline },
+            Phase::Abandoning => SupervisionStatus::Abandoning { attempt: self.attempt },
+            Phase::Waiting { until } => {
+                SupervisionStatus::Waiting { next_attempt: self.attempt.saturating_add(1), until }
+            }
+            Phase::Finished(kind) => SupervisionStatus::Finished(kind),
         }
     }
 
     fn check_running(&self, attempt: u64) -> Result<(), SupervisionError> {
         match self.phase {
-            Phase::Running { .. } if attempt == self.attempt => Ok(()),
-            Phase::Running { .. } => Err(SupervisionError::StaleAttempt { current: self.attempt, got: attempt }),
+            Phase::Running { .. } if attempt != self.attempt => {
+                Err(SupervisionError::StaleAttempt { current: self.attempt, got: attempt })
+            }
+            Phase::Running { .. } if self.undrained => Err(SupervisionError::Undrained),
+            Phase::Running { .. } => Ok(()),
             Phase::Abandoning | Phase::Waiting { .. } => Err(SupervisionError::NoAttemptRunning),
             Phase::Idle => Err(SupervisionError::NotStarted),
             Phase::Finished(kind) => Err(SupervisionError::Finished(kind)),
         }
     }
 
-    fn begin(&mut self, policy: &SupervisionPolicy, now: Instant) -> TaskEvent<u8> {
-        self.attempt = self.attempt.max(1);
+    fn begin(&mut self, policy: &SupervisionPolicy, now: Instant) -> SupervisionAction<u8> {
+        self.attempt = self.attempt.saturating_add(1);
         self.last_start = now;
         let deadline = policy.attempt_timeout().map(|t| now.saturating_add(t)).filter(|d| *d != Instant::MAX);
         self.phase = Phase::Running { deadline };
-        TaskEvent::AttemptStarting { attempt: self.attempt, deadline }
+        SupervisionAction::AttemptStarting { attempt: self.attempt, deadline }
     }
 
-    fn finish(&mut self, kind: TaskOutcomeKind) -> TaskEvent<u8> {
+    fn finish(&mut self, kind: TaskOutcomeKind) -> SupervisionAction<u8> {
         self.phase = Phase::Finished(kind);
         let last = self.last_failure.take();
         let outcome = match kind {
@@ -229,23 +311,28 @@ impl Model {
             TaskOutcomeKind::Canceled => TaskOutcome::Canceled { last_failure: last },
             TaskOutcomeKind::Panicked => TaskOutcome::Panicked { error: last.and_then(|l| l.error).unwrap_or(0) },
             TaskOutcomeKind::Fatal => TaskOutcome::Fatal { failure: last.expect("a fatal failure is stored") },
+            TaskOutcomeKind::Deferred => TaskOutcome::Deferred {
+                retry_at: self.retry_at.expect("a deferred task has its hinted instant"),
+                last_failure: last.expect("a hinted failure is stored"),
+            },
             _ => TaskOutcome::Failed { last_failure: last.expect("a failure is stored") },
         };
-        TaskEvent::TaskFinished { outcome, attempts: self.attempt }
+        SupervisionAction::TaskFinished { outcome, attempts: self.attempt }
     }
 
-    fn wait(&mut self, policy: &SupervisionPolicy, now: Instant, delay_ns: u64) -> TaskEvent<u8> {
+    fn wait(&mut self, policy: &SupervisionPolicy, now: Instant, delay_ns: u64) -> SupervisionAction<u8> {
         let until = now
             .saturating_add(Duration::from_nanos(delay_ns))
             .later(self.last_start.saturating_add(policy.min_spacing()));
         self.phase = Phase::Waiting { until };
-        TaskEvent::BackoffScheduled {
+        SupervisionAction::BackoffScheduled {
             next_attempt: self.attempt.saturating_add(1),
             delay: until.saturating_duration_since(self.last_now),
             until,
         }
     }
 
+    /// A retryable failure (its hinted delay, if any): the limit, then the hint or the backoff.
     fn retry_or_finish(
         &mut self,
         policy: &SupervisionPolicy,
@@ -253,19 +340,34 @@ impl Model {
         hinted: Option<u64>,
         not_retried: TaskOutcomeKind,
         rng: &mut ChaCha8Rng,
-    ) -> TaskEvent<u8> {
+    ) -> SupervisionAction<u8> {
         self.failures = self.failures.saturating_add(1);
         let limit_reached = policy.max_retries().is_some_and(|max| self.failures > max);
         if policy.restart() == Restart::Once || limit_reached {
             return self.finish(not_retried);
         }
-        self.streak = self.streak.saturating_add(1);
-        let delay = match hinted {
-            Some(hinted) => hinted,
-            None => nanos_sat(policy.backoff().delay(self.streak, Duration::from_nanos(self.last_delay_ns), rng)),
-        };
-        self.last_delay_ns = delay;
-        self.wait(policy, now, delay)
+        match hinted {
+            Some(hinted) if hinted > nanos_sat(policy.max_hint()) => {
+                self.retry_at = Some(now.saturating_add(Duration::from_nanos(hinted)));
+                self.finish(TaskOutcomeKind::Deferred)
+            }
+            Some(hinted) => {
+                if policy.restarts_after_hint() {
+                    self.place = 0;
+                    self.last_delay_ns = 0;
+                } else {
+                    self.place = self.place.saturating_add(1);
+                    self.last_delay_ns = hinted;
+                }
+                self.wait(policy, now, hinted)
+            }
+            None => {
+                self.place = self.place.saturating_add(1);
+                let delay = policy.backoff().delay(self.place, Duration::from_nanos(self.last_delay_ns), rng);
+                self.last_delay_ns = nanos_sat(delay);
+                self.wait(policy, now, self.last_delay_ns)
+            }
+        }
     }
 
     fn start(&mut self, policy: &SupervisionPolicy, now: Instant) -> Result<Events, SupervisionError> {
@@ -284,10 +386,10 @@ impl Model {
         let now = self.last_now.later(now);
         self.last_now = now;
         self.failures = 0;
-        self.streak = 0;
+        self.place = 0;
         self.last_delay_ns = 0;
         self.last_failure = None;
-        let ended = TaskEvent::AttemptSucceeded { attempt };
+        let ended = SupervisionAction::AttemptSucceeded { attempt };
         Ok(vec![
             ended,
             match policy.restart() {
@@ -312,12 +414,15 @@ impl Model {
         self.last_failure = Some(LastFailure { class, error: Some(failure.error) });
         // A cancel reported by the task ends its attempt as canceled (S6).
         let ended = match failure.kind {
-            FailureKind::Canceled => TaskEvent::AttemptCanceled { attempt },
-            _ => TaskEvent::AttemptFailed { attempt, class },
+            FailureKind::Canceled => SupervisionAction::AttemptCanceled { attempt },
+            _ => SupervisionAction::AttemptFailed { attempt, class },
         };
         let next = match failure.kind {
             FailureKind::Canceled => self.finish(TaskOutcomeKind::Canceled),
-            FailureKind::Fatal | FailureKind::Hinted(Hint::DoNotRetry) => self.finish(TaskOutcomeKind::Fatal),
+            FailureKind::Fatal | FailureKind::Hinted(Hint::DoNotRetry) => {
+                self.failures = self.failures.saturating_add(1);
+                self.finish(TaskOutcomeKind::Fatal)
+            }
             kind => {
                 let hinted = match kind {
                     FailureKind::Hinted(Hint::After(d)) => Some(nanos_sat(d)),
@@ -339,8 +444,11 @@ impl Model {
         rng: &mut ChaCha8Rng,
     ) -> Result<Events, SupervisionError> {
         match self.phase {
-            Phase::Abandoning if attempt == self.attempt => {}
-            Phase::Abandoning => return Err(SupervisionError::StaleAttempt { current: self.attempt, got: attempt }),
+            Phase::Abandoning if attempt != self.attempt => {
+                return Err(SupervisionError::StaleAttempt { current: self.attempt, got: attempt });
+            }
+            Phase::Abandoning if self.undrained => return Err(SupervisionError::Undrained),
+            Phase::Abandoning => {}
             Phase::Idle => return Err(SupervisionError::NotStarted),
             Phase::Finished(kind) => return Err(SupervisionError::Finished(kind)),
             Phase::Running { .. } | Phase::Waiting { .. } => return Err(SupervisionError::NothingAbandoned),
@@ -349,7 +457,9 @@ impl Model {
         self.last_now = now;
         Ok(vec![match panic {
             Some(error) => {
+                // The timed-out attempt failed: it counts, and its panicking drop ends the task.
                 self.last_failure = Some(LastFailure { class: FailureClass::Panicked, error: Some(error) });
+                self.failures = self.failures.saturating_add(1);
                 self.finish(TaskOutcomeKind::Panicked)
             }
             None => self.retry_or_finish(policy, now, None, TaskOutcomeKind::TimedOut, rng),
@@ -359,15 +469,15 @@ impl Model {
     fn timeout(&mut self, policy: &SupervisionPolicy, now: Instant) -> Events {
         let now = self.last_now.later(now);
         match self.phase {
+            _ if self.undrained => Vec::new(),
             Phase::Running { deadline: Some(deadline) } if deadline <= now => {
                 self.last_now = now;
                 self.phase = Phase::Abandoning;
                 self.last_failure = Some(LastFailure { class: FailureClass::Timeout, error: None });
-                vec![TaskEvent::AttemptTimedOut { attempt: self.attempt }]
+                vec![SupervisionAction::AttemptTimedOut { attempt: self.attempt }]
             }
             Phase::Waiting { until } if until <= now => {
                 self.last_now = now;
-                self.attempt = self.attempt.saturating_add(1);
                 vec![self.begin(policy, now)]
             }
             _ => Vec::new(),
@@ -377,7 +487,8 @@ impl Model {
     fn cancel(&mut self, now: Instant) -> Result<Events, SupervisionError> {
         let mut events = match self.phase {
             Phase::Finished(kind) => return Err(SupervisionError::Finished(kind)),
-            Phase::Running { .. } => vec![TaskEvent::AttemptCanceled { attempt: self.attempt }],
+            _ if self.undrained => return Err(SupervisionError::Undrained),
+            Phase::Running { .. } => vec![SupervisionAction::AttemptCanceled { attempt: self.attempt }],
             _ => Vec::new(),
         };
         self.last_now = self.last_now.later(now);
@@ -399,10 +510,10 @@ struct Grammar {
 }
 
 impl Grammar {
-    fn event(&mut self, ctx: Ctx<'_>, policy: &SupervisionPolicy, now: Instant, event: &TaskEvent<u8>) {
+    fn event(&mut self, ctx: Ctx<'_>, policy: &SupervisionPolicy, now: Instant, event: &SupervisionAction<u8>) {
         ensure!(ctx, !self.finished, "S6", "{event:?} after TaskFinished");
         match *event {
-            TaskEvent::AttemptStarting { attempt, .. } => {
+            SupervisionAction::AttemptStarting { attempt, .. } => {
                 ensure!(ctx, self.open.is_none(), "S6", "attempt {attempt} starts while {:?} has not ended", self.open);
                 ensure!(
                     ctx,
@@ -434,21 +545,21 @@ impl Grammar {
                 self.ended = None;
                 self.scheduled = None;
             }
-            TaskEvent::AttemptSucceeded { attempt }
-            | TaskEvent::AttemptFailed { attempt, .. }
-            | TaskEvent::AttemptTimedOut { attempt }
-            | TaskEvent::AttemptCanceled { attempt } => {
+            SupervisionAction::AttemptSucceeded { attempt }
+            | SupervisionAction::AttemptFailed { attempt, .. }
+            | SupervisionAction::AttemptTimedOut { attempt }
+            | SupervisionAction::AttemptCanceled { attempt } => {
                 ensure!(ctx, self.open == Some(attempt), "S6", "{event:?} but the open attempt is {:?}", self.open);
                 self.open = None;
                 self.ended = Some(attempt);
                 match event {
-                    TaskEvent::AttemptSucceeded { .. } => self.streak = 0,
-                    TaskEvent::AttemptFailed { class, .. } if class.is_retryable() => self.streak += 1,
-                    TaskEvent::AttemptTimedOut { .. } => self.streak += 1,
+                    SupervisionAction::AttemptSucceeded { .. } => self.streak = 0,
+                    SupervisionAction::AttemptFailed { class, .. } if class.is_retryable() => self.streak += 1,
+                    SupervisionAction::AttemptTimedOut { .. } => self.streak += 1,
                     _ => {}
                 }
             }
-            TaskEvent::BackoffScheduled { next_attempt, until, .. } => {
+            SupervisionAction::BackoffScheduled { next_attempt, until, .. } => {
                 ensure!(ctx, self.open.is_none(), "S6", "BackoffScheduled while attempt {:?} runs", self.open);
                 ensure!(
                     ctx,
@@ -486,8 +597,29 @@ impl Grammar {
                 }
                 self.scheduled = Some(next_attempt);
             }
-            TaskEvent::TaskFinished { attempts, .. } => {
+            SupervisionAction::TaskFinished { attempts, ref outcome } => {
                 ensure!(ctx, self.open.is_none(), "S6", "TaskFinished while attempt {:?} runs", self.open);
+                if let TaskOutcome::Deferred { retry_at, last_failure } = outcome {
+                    // B6: only a hint past max_hint defers, and the limit is judged first.
+                    ensure!(
+                        ctx,
+                        last_failure.class == FailureClass::RetryAfter,
+                        "B6",
+                        "deferred by a {:?} failure",
+                        last_failure.class
+                    );
+                    // (A hint cut by the end of representable time cannot be measured.)
+                    let hinted = retry_at.saturating_duration_since(now);
+                    ensure!(
+                        ctx,
+                        hinted > policy.max_hint() || *retry_at == Instant::MAX,
+                        "B6",
+                        "deferred by a hint of {hinted:?} within max_hint"
+                    );
+                    let within = policy.restart() != Restart::Once
+                        && policy.max_retries().is_none_or(|max| self.streak <= u64::from(max));
+                    ensure!(ctx, within, "S3", "deferred after {} failures in a row, past the limit", self.streak);
+                }
                 ensure!(
                     ctx,
                     attempts == self.started,
@@ -519,19 +651,34 @@ enum Op {
     Cancel(At),
 }
 
+/// An input fed while the events of the previous one wait to be drained (the drain rule).
+#[derive(Clone, Copy, Debug)]
+enum Probe {
+    Timeout,
+    Success,
+    Failure,
+    Abandoned,
+    Cancel,
+    Start,
+}
+
+const PROBES: [Probe; 6] =
+    [Probe::Timeout, Probe::Success, Probe::Failure, Probe::Abandoned, Probe::Cancel, Probe::Start];
+
 pub(crate) fn run(data: &[u8]) {
     let Some((config, ops)) = parse::<Config, Op>(data) else { return };
-    let Some(policy) = build(&config.defaults, &config.task) else { return };
+    let hints = HintsIn::from_seed(config.seed);
+    let Some(policy) = build(&config.defaults, &config.task, &hints) else { return };
     let mut rng = rng(config.seed);
     let mut machine = Supervision::<u8>::new();
     let mut model = Model::new();
     let mut clock = Clock::default();
     let mut grammar = Grammar::default();
+    let mut probes = 0usize;
     for (step, op) in ops.iter().enumerate() {
         let ctx = Ctx { step, op };
         let before = machine;
         let mut draws = rng.clone();
-        let current = u32::try_from(model.attempt).unwrap_or(u32::MAX);
         let result: Result<Events, SupervisionError> = match *op {
             Op::Start(at) => {
                 let now = clock.at(at, machine.poll_timeout());
@@ -539,12 +686,12 @@ pub(crate) fn run(data: &[u8]) {
             }
             Op::Success(at, attempt) => {
                 let now = clock.at(at, machine.poll_timeout());
-                let attempt = u64::from(attempt.get(current));
+                let attempt = attempt.get(model.attempt);
                 compare(ctx, machine.handle_success(&policy, now, attempt), model.success(&policy, now, attempt))
             }
             Op::Failure(at, attempt, kind, error) => {
                 let now = clock.at(at, machine.poll_timeout());
-                let attempt = u64::from(attempt.get(current));
+                let attempt = attempt.get(model.attempt);
                 let failure = Failure::new(kind.get(now), error);
                 let expected = model.failure(&policy, now, attempt, failure, &mut draws);
                 let got = machine.handle_failure(&policy, now, attempt, failure, &mut rng);
@@ -561,7 +708,7 @@ pub(crate) fn run(data: &[u8]) {
             }
             Op::Abandoned(at, attempt, panic) => {
                 let now = clock.at(at, machine.poll_timeout());
-                let attempt = u64::from(attempt.get(current));
+                let attempt = attempt.get(model.attempt);
                 let expected = model.abandoned(&policy, now, attempt, panic, &mut draws);
                 let got = machine.handle_abandoned(&policy, now, attempt, panic, &mut rng);
                 if let Err(refused) = &got {
@@ -572,7 +719,7 @@ pub(crate) fn run(data: &[u8]) {
             Op::Timeout(at) | Op::Timeout2(at) => {
                 let now = clock.at(at, machine.poll_timeout());
                 let expected = model.timeout(&policy, now);
-                machine.handle_timeout(&policy, now);
+                machine.handle_timeout(&policy, now, &mut rng);
                 if expected.is_empty() {
                     ensure!(ctx, machine == before, "S6", "an early or spurious handle_timeout changed the state");
                 }
@@ -580,36 +727,44 @@ pub(crate) fn run(data: &[u8]) {
             }
             Op::Cancel(at) => {
                 let now = clock.at(at, machine.poll_timeout());
-                compare(ctx, machine.handle_cancel(now), model.cancel(now))
+                compare(ctx, machine.handle_cancel(&policy, now), model.cancel(now))
             }
         };
         match result {
             Err(_) => ensure!(ctx, machine == before, "G12", "a refused input changed the state"),
             Ok(expected) => {
-                let mut got = Vec::new();
-                while let Some(event) = machine.poll_action() {
-                    ensure!(ctx, got.len() < 4, "S6", "more than four events after one input: {got:?}");
-                    grammar.event(ctx, &policy, model.last_now, &event);
-                    got.push(event);
+                ensure!(ctx, expected.len() <= 4, "S6", "the model expects more than four events: {expected:?}");
+                // Drained one event at a time; before each, an input is refused and changes
+                // nothing (the drain rule).
+                model.undrained = true;
+                for want in &expected {
+                    let probe = PROBES[probes % PROBES.len()];
+                    probes += 1;
+                    feed_probe(ctx, probe, &policy, &mut machine, &mut model, clock.now, &mut rng);
+                    let event = machine.poll_action();
+                    ensure!(ctx, event.as_ref() == Some(want), "model", "event {event:?}, the model expects {want:?}");
+                    grammar.event(ctx, &policy, model.last_now, want);
                 }
-                ensure!(ctx, got == expected, "model", "events {got:?}, the model expects {expected:?}");
+                model.undrained = false;
+                let extra = machine.poll_action();
+                ensure!(ctx, extra.is_none(), "model", "event {extra:?} after {expected:?}, the model expects none");
             }
         }
         let status = machine.status();
         let timeout = machine.poll_timeout();
         let consistent = match status {
-            TaskStatus::Running { deadline, .. } => timeout == deadline,
-            TaskStatus::Waiting { until, .. } => timeout == Some(until),
+            SupervisionStatus::Running { deadline, .. } => timeout == deadline,
+            SupervisionStatus::Waiting { until, .. } => timeout == Some(until),
             _ => timeout.is_none(),
         };
         ensure!(ctx, consistent, "S6", "poll_timeout {timeout:?} does not match the status {status:?}");
         ensure!(ctx, status == model.status(), "model", "status {status:?}, the model expects {:?}", model.status());
         ensure!(
             ctx,
-            machine.failures() == model.failures,
+            machine.streak() == model.failures,
             "S3",
             "{} failures, the model counts {}",
-            machine.failures(),
+            machine.streak(),
             model.failures
         );
         ensure!(
@@ -622,6 +777,14 @@ pub(crate) fn run(data: &[u8]) {
         );
         ensure!(
             ctx,
+            machine.now() == model.last_now,
+            "S5",
+            "now {:?}, the model expects {:?}",
+            machine.now(),
+            model.last_now
+        );
+        ensure!(
+            ctx,
             machine.last_failure() == model.last_failure.as_ref(),
             "S4",
             "last failure {:?}, the model expects {:?}",
@@ -629,6 +792,51 @@ pub(crate) fn run(data: &[u8]) {
             model.last_failure
         );
     }
+}
+
+/// While events wait to be drained, feeds `probe` and checks that the machine answers what the
+/// model does (its validity error, else `Undrained`; a timeout does nothing) and that neither
+/// changes.
+fn feed_probe(
+    ctx: Ctx<'_>,
+    probe: Probe,
+    policy: &SupervisionPolicy,
+    machine: &mut Supervision<u8>,
+    model: &mut Model,
+    now: Instant,
+    rng: &mut ChaCha8Rng,
+) {
+    let (before, was) = (*machine, model.clone());
+    let attempt = model.attempt;
+    let (got, expected) = match probe {
+        Probe::Timeout => {
+            machine.handle_timeout(policy, Instant::MAX, rng);
+            (Ok(()), Ok(model.timeout(policy, Instant::MAX)))
+        }
+        Probe::Success => (machine.handle_success(policy, now, attempt), model.success(policy, now, attempt)),
+        Probe::Failure => {
+            let failure = Failure::retryable(9);
+            let got = machine.handle_failure(policy, now, attempt, failure, rng);
+            if let Err(refused) = &got {
+                ensure!(ctx, refused.input == failure, "G12", "the refused failure came back as {:?}", refused.input);
+            }
+            (got.map_err(|r| r.error), model.failure(policy, now, attempt, failure, &mut rng.clone()))
+        }
+        Probe::Abandoned => {
+            let got = machine.handle_abandoned(policy, now, attempt, None, rng);
+            if let Err(refused) = &got {
+                ensure!(ctx, refused.input.is_none(), "G12", "the refused drop came back as {:?}", refused.input);
+            }
+            (got.map_err(|r| r.error), model.abandoned(policy, now, attempt, None, &mut rng.clone()))
+        }
+        Probe::Cancel => (machine.handle_cancel(policy, now), model.cancel(now)),
+        Probe::Start => (machine.handle_start(policy, now), model.start(policy, now)),
+    };
+    ensure!(ctx, !matches!(&expected, Ok(v) if !v.is_empty()), "drain", "the model accepts {probe:?} while undrained");
+    let expected = expected.map(|_| ());
+    ensure!(ctx, got == expected, "drain", "{probe:?} while undrained: {got:?}, the model expects {expected:?}");
+    ensure!(ctx, *machine == before, "G12", "{probe:?} while undrained changed the state");
+    ensure!(ctx, *model == was, "model", "{probe:?} while undrained changed the model");
 }
 
 fn compare(
@@ -644,7 +852,10 @@ fn compare(
     expected
 }
 
-/// The configuration and operations `data` decodes to.
+/// The configuration, the hint settings drawn from its seed, and the operations `data`
+/// decodes to.
 pub(crate) fn describe(data: &[u8]) -> String {
-    format!("{:#?}", parse::<Config, Op>(data))
+    let parsed = parse::<Config, Op>(data);
+    let hints = parsed.as_ref().map(|(config, _)| HintsIn::from_seed(config.seed));
+    format!("{parsed:#?}\nhint settings from the seed: {hints:#?}")
 }
