@@ -51,6 +51,59 @@ use crate::{Instant, PolicyError};
 
 /// Milli-tokens per token.
 const MILLI: u64 = 1_000;
+/// The largest gRPC `token_ratio` accepted: far beyond any bucket's use, and small enough that
+/// its thousandths are exact in `u64` and its decimal digits fit a small buffer.
+const MAX_TOKEN_RATIO: u64 = 1_000_000_000_000;
+
+/// The thousandths of a finite, non-negative `x` as it is written (its shortest round-trip
+/// decimal), the digits after the third decimal cut off; `None` past [`MAX_TOKEN_RATIO`].
+fn thousandths_as_written(x: f64) -> Option<u64> {
+    use core::fmt::Write;
+
+    /// Collects formatted text into a fixed buffer; refuses what does not fit.
+    struct Buffer {
+        bytes: [u8; 64],
+        len: usize,
+    }
+
+    impl Write for Buffer {
+        fn write_str(&mut self, s: &str) -> core::fmt::Result {
+            let end = self.len + s.len();
+            self.bytes.get_mut(self.len..end).ok_or(core::fmt::Error)?.copy_from_slice(s.as_bytes());
+            self.len = end;
+            Ok(())
+        }
+    }
+
+    if x > MAX_TOKEN_RATIO as f64 {
+        return None;
+    }
+    if x < 0.001 {
+        // Below a thousandth (Display would spell out many zeros): nothing after the cut.
+        return Some(0);
+    }
+    let mut buffer = Buffer { bytes: [0; 64], len: 0 };
+    // A value in [0.001, 1e12] prints as at most 13 integer digits and 17 significant ones.
+    write!(buffer, "{x}").ok()?;
+    let text = buffer.bytes.get(..buffer.len)?;
+    let (whole, fraction) = match text.iter().position(|&b| b == b'.') {
+        Some(dot) => (&text[..dot], &text[dot + 1..]),
+        None => (text, &text[..0]),
+    };
+    let digit = |b: u8| b.checked_sub(b'0').filter(|d| *d <= 9).map(u64::from);
+    let mut milli: u64 = 0;
+    for &b in whole {
+        milli = milli.checked_mul(10)?.checked_add(digit(b)?)?;
+    }
+    for i in 0..3 {
+        let next = match fraction.get(i) {
+            Some(&b) => digit(b)?,
+            None => 0,
+        };
+        milli = milli.checked_mul(10)?.checked_add(next)?;
+    }
+    Some(milli)
+}
 /// Parts per million.
 const PPM: u64 = 1_000_000;
 /// The most buckets a ratio budget's window may have.
@@ -244,7 +297,17 @@ impl TokenBucketPolicy {
     ///
     /// # Errors
     /// [`PolicyError`] when `max_tokens` is outside `1..=1000`, or `token_ratio` is not finite,
-    /// negative or below 0.001.
+    /// negative, below 0.001 once cut to three decimals, or above 10¹².
+    ///
+    /// ```
+    /// use persevere::TokenBucketPolicy;
+    ///
+    /// let refund = |ratio| TokenBucketPolicy::grpc(10, ratio).map(|p| p.settings().success_refund_milli);
+    /// assert_eq!(refund(0.1239996), Ok(123)); // cut, not rounded
+    /// assert_eq!(refund(0.9999999), Ok(999));
+    /// assert_eq!(refund(1.005), Ok(1005)); // as written, though the f64 is just below 1.005
+    /// assert!(refund(0.0009999).is_err()); // zero thousandths: gRPC refuses it
+    /// ```
     pub fn grpc(max_tokens: u32, token_ratio: f64) -> Result<TokenBucketPolicy, PolicyError> {
         if max_tokens == 0 {
             return Err(PolicyError::Zero { setting: "max_tokens", why: "gRPC requires max_tokens > 0" });
@@ -258,8 +321,13 @@ impl TokenBucketPolicy {
         if token_ratio < 0.0 {
             return Err(PolicyError::FractionOutOfRange { setting: "token_ratio", value: token_ratio });
         }
-        // Rounded to the nearest ppm first, so that 1.005 is 1005 milli and not 1004.
-        let ratio_milli = ((token_ratio * PPM as f64 + 0.5) as u64) / MILLI;
+        // gRPC reads the number as written, in thousandths, and ignores further decimals: the
+        // digits of the shortest decimal that is this `f64` (what the service config held), cut
+        // after the third decimal. No rounding: 0.1239996 is 123, 0.9999999 is 999, 0.0009999
+        // is 0 (refused, as gRPC refuses it).
+        let Some(ratio_milli) = thousandths_as_written(token_ratio) else {
+            return Err(PolicyError::LimitTooLarge { setting: "token_ratio", max: MAX_TOKEN_RATIO });
+        };
         if ratio_milli == 0 {
             return Err(PolicyError::Zero {
                 setting: "token_ratio",

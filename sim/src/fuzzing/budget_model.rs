@@ -122,9 +122,16 @@ fn build_bucket(input: &BucketIn) -> Option<TokenBucketPolicy> {
             } else if ratio < 0.0 {
                 reasons.push(ErrorKind::FractionOutOfRange);
                 1
+            } else if ratio > 1e12 {
+                reasons.push(ErrorKind::LimitTooLarge);
+                1
             } else {
-                // Three decimals, rounded to the nearest ppm first (as documented).
-                ((ratio * PPM as f64).round() as u64) / MILLI
+                // gRPC reads three decimals of the number as written and ignores the rest:
+                // the shortest decimal of the f64, cut after the third decimal.
+                let written = format!("{ratio}");
+                let (whole, fraction) = written.split_once('.').unwrap_or((&written, ""));
+                let fraction: String = fraction.chars().chain("000".chars()).take(3).collect();
+                format!("{whole}{fraction}").parse::<u64>().expect("digits")
             };
             if ratio_milli == 0 {
                 reasons.push(ErrorKind::Zero);
