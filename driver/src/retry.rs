@@ -57,23 +57,14 @@ pub struct GaveUp<E> {
 }
 
 /// `GaveUp::retry_after` when there is none. A hinted instant is `u64` nanoseconds, so no span
-/// to it reaches `Duration::MAX`; one of `u64::MAX` nanoseconds means none too, as it did when
-/// the field was those nanoseconds with `u64::MAX` for none.
+/// to it reaches `Duration::MAX` (the longest is `u64::MAX` nanoseconds, about 584 years).
 const NO_RETRY_AFTER: Duration = Duration::MAX;
 
 impl<E> GaveUp<E> {
     /// How it gave up; `retry_after_ns` is how long after the outcome the hint asked for.
     fn new(outcome: OutcomeKind, class: Option<FailureClass>, error: Option<E>, retry_after_ns: Option<u64>) -> Self {
-        let retry_after = match retry_after_ns {
-            None | Some(u64::MAX) => NO_RETRY_AFTER,
-            Some(ns) => Duration::from_nanos(ns),
-        };
+        let retry_after = retry_after_ns.map_or(NO_RETRY_AFTER, Duration::from_nanos);
         GaveUp { outcome, class, error, retry_after }
-    }
-
-    /// [`retry_after`](Self::retry_after) in nanoseconds, `u64::MAX` for none.
-    fn retry_after_ns(&self) -> u64 {
-        self.retry_after().map_or(u64::MAX, |after| after.as_nanos() as u64)
     }
 
     /// The last attempt's error, if it returned one.
@@ -88,14 +79,14 @@ impl<E> GaveUp<E> {
     }
 }
 
-// By hand, to print what the derive printed when `retry_after` was private nanoseconds.
+// By hand, to show `retry_after` as the `Option` it stands for.
 impl<E: fmt::Debug> fmt::Debug for GaveUp<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("GaveUp")
             .field("outcome", &self.outcome)
             .field("class", &self.class)
             .field("error", &self.error)
-            .field("retry_after_ns", &self.retry_after_ns())
+            .field("retry_after", &self.retry_after())
             .finish()
     }
 }

@@ -277,6 +277,21 @@ fn b6_a_hint_past_max_hint_gives_up_deferred_with_the_time_to_come_back() {
 }
 
 #[test]
+fn b6_the_longest_hint_is_still_told_as_a_time_to_come_back() {
+    // A hint of `Duration::MAX` from the start of the clock-free timeline: the time to come
+    // back is the whole `u64` of nanoseconds, which must not read as "none".
+    let rt = Virtual::default();
+    let p = policy(Backoff::constant(ms(10)).build().unwrap(), 3);
+    let done = block_on(
+        retry(&rt, &p, || async { Err::<(), _>("429") })
+            .classify(|_: &&str| FailureKind::Hinted(Hint::After(Duration::MAX))),
+    );
+    let gave_up = done.result.unwrap_err();
+    assert_eq!(gave_up.outcome, OutcomeKind::Deferred);
+    assert_eq!(gave_up.retry_after(), Some(Duration::from_nanos(u64::MAX)));
+}
+
+#[test]
 fn gave_up_explains_itself() {
     let rt = Virtual::default();
     let p = policy(Backoff::constant(Duration::ZERO).build().unwrap(), 2);
