@@ -417,6 +417,11 @@ impl<E, O: Copy> Attempts<E, O> {
                 Err("an operation that finished without an attempt was not canceled, or has a failure")
             }
             Phase::Abandoning if self.last_failure.is_none() => Err("a timed-out attempt has no failure"),
+            // A wait follows a failure (streak and failure both kept) or, for a periodic task, a
+            // success (both cleared).
+            Phase::Waiting if (self.backoff.failures() == 0) != self.last_failure.is_none() => {
+                Err("a wait's failure streak and last failure disagree")
+            }
             Phase::Finished(outcome)
                 if self.pending & FINISH != 0 && needs_failure(outcome) && self.last_failure.is_none() =>
             {
