@@ -127,8 +127,9 @@ fn build_bucket(input: &BucketIn) -> Option<TokenBucketPolicy> {
                 1
             } else {
                 // gRPC reads three decimals of the number as written and ignores the rest:
-                // the shortest decimal of the f64, cut after the third decimal.
-                let written = format!("{ratio}");
+                // the shortest decimal of the f64, cut after the third decimal. Only -0.0 has a
+                // sign here, and it is zero.
+                let written = format!("{}", ratio.abs());
                 let (whole, fraction) = written.split_once('.').unwrap_or((&written, ""));
                 let fraction: String = fraction.chars().chain("000".chars()).take(3).collect();
                 format!("{whole}{fraction}").parse::<u64>().expect("digits")
