@@ -3,8 +3,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -14,7 +13,7 @@ use persevere::{BreakerPolicy, BreakerStatus, CallOutcome, FailureClass, Instant
 
 use crate::classify::RetryGate;
 use crate::runtime::Runtime;
-use crate::sync::lock;
+use crate::sync::shared::{AtomicU64, Mutex, MutexGuard, Ordering, lock};
 
 /// Why [`Breaker::call`] did not return the call's value.
 #[derive(Debug, PartialEq, Eq)]
@@ -56,9 +55,21 @@ struct Shared<Rt> {
     policy: BreakerPolicy,
     runtime: Rt,
     state: Mutex<State>,
-    /// Closed with no failure streak and no rate window (or disabled): a call needs no permit,
-    /// and a success changes nothing, so neither takes the lock nor reads the clock.
-    clean: AtomicBool,
+    /// [`clean_token`] of the state's generation while the breaker is clean: closed with no
+    /// failure streak and no rate window (or disabled), where a call needs no permit and a
+    /// success changes nothing, so neither takes the lock nor reads the clock. [`NOT_CLEAN`]
+    /// otherwise. Written under the lock, after every input.
+    clean: AtomicU64,
+}
+
+/// [`Shared::clean`] when the breaker is not clean.
+const NOT_CLEAN: u64 = 0;
+
+/// What [`Shared::clean`] holds while the breaker is clean in state `generation`: never
+/// [`NOT_CLEAN`], and different for every generation, so that a call admitted on the clean
+/// path can tell, when it ends, whether the state it was admitted in is still the current one.
+fn clean_token(generation: u32) -> u64 {
+    u64::from(generation) + 1
 }
 
 /// A circuit breaker shared by many tasks: cheap to clone, one state behind it (rules K1–K5).
@@ -97,7 +108,8 @@ impl<Rt> Shared<Rt> {
             BreakerStatus::Disabled => true,
             _ => false,
         };
-        self.clean.store(clean, Ordering::Release);
+        let token = if clean { clean_token(state.breaker.generation()) } else { NOT_CLEAN };
+        self.clean.store(token, Ordering::Release);
     }
 }
 
@@ -132,8 +144,10 @@ impl<T, E> CallClassifier<T, E> for ByResult {
 enum Admission {
     /// Not yet asked (before the first poll).
     Asking,
-    /// Admitted on the clean path: no permit, only a failure is reported.
-    Clean,
+    /// Admitted on the clean path, in the state whose [`clean_token`] this is: no permit. A
+    /// failure is recorded as a call of that state; so is a success if the breaker is no longer
+    /// clean in that state when it ends (a failure was counted meanwhile).
+    Clean(u64),
     /// Admitted with a permit, to be recorded with the outcome (or released if dropped).
     Permit(Permit),
     /// Finished: rejected, or the outcome is recorded.
@@ -181,8 +195,9 @@ where
         let shared: &Shared<Rt> = this.shared;
         assert!(this.classify.is_some(), "`BreakerCall` polled after it completed");
         if *this.admission == Admission::Asking {
-            *this.admission = if shared.clean.load(Ordering::Acquire) {
-                Admission::Clean
+            let token = shared.clean.load(Ordering::Acquire);
+            *this.admission = if token != NOT_CLEAN {
+                Admission::Clean(token)
             } else {
                 match shared.acquire() {
                     Ok(permit) => Admission::Permit(permit),
@@ -202,7 +217,13 @@ where
         let outcome = classify.outcome(&result);
         match std::mem::replace(this.admission, Admission::Done) {
             Admission::Permit(permit) => shared.record(permit, outcome),
-            _ if outcome == CallOutcome::Failure => shared.record_failure_now(),
+            // A success while the state it was admitted in is still clean changes nothing.
+            Admission::Clean(token)
+                if outcome == CallOutcome::Failure
+                    || (outcome == CallOutcome::Success && shared.clean.load(Ordering::Acquire) != token) =>
+            {
+                shared.record_clean(token, outcome)
+            }
             _ => {}
         }
         Poll::Ready(result.map_err(CallError::Failed))
@@ -240,12 +261,19 @@ impl<Rt: Runtime> Shared<Rt> {
         });
     }
 
-    /// A failure seen on the clean fast path: counted as a call that started and failed now.
+    /// The outcome of a call admitted on the clean path in the state whose [`clean_token`] is
+    /// `token`: counted as a call of that state, made now (a clean state has no rate rule, so
+    /// the call's duration does not count). If the breaker has changed state since, the
+    /// outcome is stale and ignored, as a permit from that state would be (K4): a call admitted
+    /// before the breaker opened cannot take a later half-open probe.
     #[cold]
-    fn record_failure_now(&self) {
+    fn record_clean(&self, token: u64, outcome: CallOutcome) {
         self.update(|breaker, policy, now, rng| {
+            if clean_token(breaker.generation()) != token {
+                return;
+            }
             if let Ok(permit) = breaker.try_acquire(policy, now, rng) {
-                let _ = breaker.record(policy, now, permit, CallOutcome::Failure, rng);
+                let _ = breaker.record(policy, now, permit, outcome, rng);
             }
         });
     }
@@ -262,7 +290,7 @@ impl<Rt: Runtime> Breaker<Rt> {
     /// A breaker with `policy` on `runtime`'s clock.
     pub fn with_runtime(runtime: Rt, policy: BreakerPolicy) -> Self {
         let state = State { breaker: persevere::Breaker::new(&policy, 0), rng: SplitMix64::new(runtime.entropy()) };
-        let shared = Shared { policy, runtime, state: Mutex::new(state), clean: AtomicBool::new(false) };
+        let shared = Shared { policy, runtime, state: Mutex::new(state), clean: AtomicU64::new(NOT_CLEAN) };
         shared.refresh(&shared.lock());
         Breaker { shared: Arc::new(shared) }
     }

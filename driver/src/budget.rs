@@ -1,13 +1,13 @@
 //! A retry budget shared by many retried operations (rules U1–U4).
 
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use persevere::{FailureClass, Instant, RatioBudget, RatioBudgetPolicy, RetryClass, TokenBucket, TokenBucketPolicy};
 
 use crate::classify::RetryGate;
 use crate::runtime::Runtime;
-use crate::sync::lock;
+use crate::sync::shared::{Mutex, lock};
 
 enum Kind {
     Tokens { policy: TokenBucketPolicy, bucket: Mutex<TokenBucket> },

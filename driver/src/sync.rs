@@ -1,6 +1,7 @@
 //! Small executor-independent synchronisation pieces shared by the supervisor and the scheduler:
 //! a level signal with one waiter, and a one-shot slot for a final outcome.
 
+use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -12,21 +13,51 @@ pub(crate) fn lock<T: ?Sized>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// The primitives the shared [`Breaker`](crate::Breaker) and [`Budget`](crate::Budget), and
+/// the signals below, synchronise with: std's, or loom's when the crate is built with
+/// `--cfg persevere_loom` for the model-checking tests (`driver/tests/loom.rs` and this
+/// module's), which explore every interleaving of their locks and atomics.
+pub(crate) mod shared {
+    #[cfg(persevere_loom)]
+    pub(crate) use loom::sync::atomic::{AtomicU64, Ordering};
+    #[cfg(persevere_loom)]
+    pub(crate) use loom::sync::{Mutex, MutexGuard};
+    #[cfg(not(persevere_loom))]
+    pub(crate) use std::sync::atomic::{AtomicU64, Ordering};
+    #[cfg(not(persevere_loom))]
+    pub(crate) use std::sync::{Mutex, MutexGuard};
+
+    #[cfg(not(persevere_loom))]
+    pub(crate) use super::lock;
+
+    /// Locks `mutex`, ignoring poisoning (see [`super::lock`]).
+    #[cfg(persevere_loom)]
+    pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+        mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
 /// A level that only rises, watched by one waiter at a time.
 ///
 /// Raising wakes the waiter registered by the last [`poll`](Self::poll); a raise between a poll
 /// and the next is never lost, because the level is read under the same lock that registers the
 /// waker.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub(crate) struct Signal {
-    inner: Mutex<(u8, Option<Waker>)>,
+    inner: shared::Mutex<(u8, Option<Waker>)>,
+}
+
+impl fmt::Debug for Signal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Signal").field("level", &self.level()).finish()
+    }
 }
 
 impl Signal {
     /// Raises the level to `level` (never lowers it) and wakes the waiter if it rose.
     pub(crate) fn raise(&self, level: u8) {
         let waker = {
-            let mut inner = lock(&self.inner);
+            let mut inner = shared::lock(&self.inner);
             if inner.0 >= level {
                 return;
             }
@@ -40,12 +71,12 @@ impl Signal {
 
     /// The current level.
     pub(crate) fn level(&self) -> u8 {
-        lock(&self.inner).0
+        shared::lock(&self.inner).0
     }
 
     /// The current level, registering `cx`'s waker for the next raise.
     pub(crate) fn poll(&self, cx: &mut Context<'_>) -> u8 {
-        let mut inner = lock(&self.inner);
+        let mut inner = shared::lock(&self.inner);
         match &inner.1 {
             Some(waker) if waker.will_wake(cx.waker()) => {}
             _ => inner.1 = Some(cx.waker().clone()),
@@ -55,16 +86,22 @@ impl Signal {
 }
 
 /// A flag that wakes one waiter and is cleared by that waiter: "something changed, look again".
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub(crate) struct Nudge {
-    inner: Mutex<(bool, Option<Waker>)>,
+    inner: shared::Mutex<(bool, Option<Waker>)>,
+}
+
+impl fmt::Debug for Nudge {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Nudge").field("set", &shared::lock(&self.inner).0).finish()
+    }
 }
 
 impl Nudge {
     /// Sets the flag and wakes the waiter.
     pub(crate) fn nudge(&self) {
         let waker = {
-            let mut inner = lock(&self.inner);
+            let mut inner = shared::lock(&self.inner);
             inner.0 = true;
             inner.1.take()
         };
@@ -75,12 +112,12 @@ impl Nudge {
 
     /// Clears the flag (call before reading the state the flag is about).
     pub(crate) fn clear(&self) {
-        lock(&self.inner).0 = false;
+        shared::lock(&self.inner).0 = false;
     }
 
     /// `true` (and clears it) if the flag is set; otherwise registers `cx`'s waker.
     pub(crate) fn poll_take(&self, cx: &mut Context<'_>) -> bool {
-        let mut inner = lock(&self.inner);
+        let mut inner = shared::lock(&self.inner);
         if inner.0 {
             inner.0 = false;
             return true;
@@ -101,16 +138,26 @@ struct Slot<T> {
 }
 
 /// The sending half of a one-shot slot.
-#[derive(Debug)]
-pub(crate) struct OneshotSender<T>(Arc<Mutex<Slot<T>>>);
+pub(crate) struct OneshotSender<T>(Arc<shared::Mutex<Slot<T>>>);
 
 /// The receiving half of a one-shot slot: a future of the value.
-#[derive(Debug)]
-pub(crate) struct OneshotReceiver<T>(Arc<Mutex<Slot<T>>>);
+pub(crate) struct OneshotReceiver<T>(Arc<shared::Mutex<Slot<T>>>);
+
+impl<T> fmt::Debug for OneshotSender<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OneshotSender").finish_non_exhaustive()
+    }
+}
+
+impl<T> fmt::Debug for OneshotReceiver<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OneshotReceiver").field("sent", &self.is_sent()).finish()
+    }
+}
 
 /// A slot written once and awaited once.
 pub(crate) fn oneshot<T>() -> (OneshotSender<T>, OneshotReceiver<T>) {
-    let slot = Arc::new(Mutex::new(Slot { value: None, sent: false, waker: None }));
+    let slot = Arc::new(shared::Mutex::new(Slot { value: None, sent: false, waker: None }));
     (OneshotSender(slot.clone()), OneshotReceiver(slot))
 }
 
@@ -118,7 +165,7 @@ impl<T> OneshotSender<T> {
     /// Fills the slot and wakes the receiver.
     pub(crate) fn send(self, value: T) {
         let waker = {
-            let mut slot = lock(&self.0);
+            let mut slot = shared::lock(&self.0);
             slot.value = Some(value);
             slot.sent = true;
             slot.waker.take()
@@ -132,7 +179,7 @@ impl<T> OneshotSender<T> {
 impl<T> OneshotReceiver<T> {
     /// Whether the value has been sent (taken or not).
     pub(crate) fn is_sent(&self) -> bool {
-        lock(&self.0).sent
+        shared::lock(&self.0).sent
     }
 }
 
@@ -141,11 +188,92 @@ impl<T> Future for OneshotReceiver<T> {
     type Output = Option<T>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<T>> {
-        let mut slot = lock(&self.0);
+        let mut slot = shared::lock(&self.0);
         if slot.sent {
             return Poll::Ready(slot.value.take());
         }
         slot.waker = Some(cx.waker().clone());
         Poll::Pending
+    }
+}
+
+/// Every interleaving of a wake-up with the poll that waits for it, model-checked: none is
+/// lost. Run with the loom cfg (see [`shared`]):
+/// `RUSTFLAGS="--cfg persevere_loom" CARGO_TARGET_DIR=target/loom cargo test -p persevere-driver --lib --release`.
+#[cfg(all(test, persevere_loom))]
+mod loom_tests {
+    use std::future::Future;
+    use std::pin::pin;
+    use std::sync::Arc;
+    use std::task::{Context, Poll, Wake, Waker};
+
+    use loom::sync::atomic::{AtomicBool, Ordering};
+    use loom::thread;
+
+    use super::{Nudge, Signal, oneshot};
+
+    /// A waker that remembers it was woken.
+    #[derive(Default)]
+    struct Flag(AtomicBool);
+
+    impl Wake for Flag {
+        fn wake(self: Arc<Self>) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// A waiter that polls once and a waker that acts once, racing: afterwards the waiter either
+    /// saw the change in its poll or was woken (its next poll would see it).
+    fn no_lost_wake_up<T: Send + 'static>(
+        waiter: impl FnOnce(&mut Context<'_>) -> bool + Send + 'static,
+        waker: impl FnOnce() -> T + Send + 'static,
+    ) {
+        let woken = Arc::new(Flag::default());
+        let waiting = {
+            let woken = woken.clone();
+            thread::spawn(move || waiter(&mut Context::from_waker(&Waker::from(woken))))
+        };
+        let acting = thread::spawn(waker);
+        let saw = waiting.join().unwrap();
+        let _ = acting.join().unwrap();
+        assert!(saw || woken.0.load(Ordering::SeqCst), "the change was neither seen nor woken for");
+    }
+
+    #[test]
+    fn a_raise_is_seen_or_wakes_the_waiter() {
+        loom::model(|| {
+            let signal = Arc::new(Signal::default());
+            let (waiter, raiser) = (signal.clone(), signal.clone());
+            no_lost_wake_up(move |cx| waiter.poll(cx) >= 1, move || raiser.raise(1));
+        });
+    }
+
+    #[test]
+    fn a_nudge_is_taken_or_wakes_the_waiter() {
+        loom::model(|| {
+            let nudge = Arc::new(Nudge::default());
+            let (waiter, nudger) = (nudge.clone(), nudge.clone());
+            no_lost_wake_up(move |cx| waiter.poll_take(cx), move || nudger.nudge());
+        });
+    }
+
+    #[test]
+    fn a_sent_value_is_received_or_wakes_the_receiver() {
+        loom::model(|| {
+            let (tx, rx) = oneshot::<u8>();
+            no_lost_wake_up(
+                move |cx| {
+                    let mut rx = pin!(rx);
+                    match rx.as_mut().poll(cx) {
+                        Poll::Ready(value) => {
+                            assert_eq!(value, Some(7));
+                            true
+                        }
+                        Poll::Pending => false,
+                    }
+                },
+                move || tx.send(7),
+            );
+        });
     }
 }

@@ -174,3 +174,50 @@ fn u2_a_ratio_budget_counts_requests_and_grants_its_ratio() {
     budget.on_request(None); // the fast path: the budget reads its own clock
     assert!(rt.reads.get() >= 1);
 }
+
+/// Polls `call` once, so that it asks for admission and its call is in flight.
+fn admit<F: Future>(call: std::pin::Pin<&mut F>) {
+    assert!(call.poll(&mut Context::from_waker(Waker::noop())).is_pending(), "the call is in flight");
+}
+
+#[test]
+fn k2_a_success_admitted_on_the_clean_path_still_resets_a_streak_recorded_while_it_ran() {
+    // A is admitted while the breaker is clean; B fails while A runs; then A succeeds. As the
+    // machine orders them (B's failure, then A's success, both in the same closed state), the
+    // streak is back at zero: two more failures must not trip a limit of 3.
+    let rt = Virtual::default();
+    let breaker = Breaker::with_runtime(rt.clone(), policy(3));
+    let (tx, rx) = async_channel::bounded::<()>(1);
+    let mut a = pin!(breaker.call(async move { rx.recv().await.map_err(|_| ()) }));
+    admit(a.as_mut());
+    assert_eq!(block_on(breaker.call(async { Err::<(), _>(()) })), Err(CallError::Failed(())));
+    tx.try_send(()).unwrap();
+    assert_eq!(block_on(a), Ok(()));
+    for _ in 0..2 {
+        let _ = block_on(breaker.call(async { Err::<(), _>(()) }));
+    }
+    assert_eq!(breaker.status(), BreakerStatus::Closed, "A's success was recorded after B's failure");
+}
+
+#[test]
+fn k4_a_failure_admitted_before_the_breaker_opened_does_not_take_a_later_probe() {
+    // A is admitted while closed; B's failure opens the breaker; it turns half-open; then A
+    // fails. A's outcome belongs to a state that is gone (a stale permit, K4): it must neither
+    // take the probe nor reopen the breaker.
+    let rt = Virtual::default();
+    let breaker = Breaker::with_runtime(rt.clone(), policy(1));
+    let (tx, rx) = async_channel::bounded::<()>(1);
+    let mut a = pin!(breaker.call(async move {
+        let _ = rx.recv().await;
+        Err::<(), _>("late")
+    }));
+    admit(a.as_mut());
+    let _ = block_on(breaker.call(async { Err::<(), _>("down") }));
+    rt.advance(ms(100));
+    assert_eq!(breaker.status(), BreakerStatus::HalfOpen { permits: 0 });
+    tx.try_send(()).unwrap();
+    assert_eq!(block_on(a), Err(CallError::Failed("late")));
+    assert_eq!(breaker.status(), BreakerStatus::HalfOpen { permits: 0 }, "the stale failure is not counted");
+    assert_eq!(block_on(breaker.call(async { Ok::<_, &str>(1) })), Ok(1), "the probe is still free");
+    assert_eq!(breaker.status(), BreakerStatus::Closed);
+}
