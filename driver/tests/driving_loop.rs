@@ -46,21 +46,6 @@ fn a_policy_with_a_deadline_reads_the_clock_and_reports_elapsed() {
 }
 
 #[test]
-fn zero_delays_never_touch_the_timer() {
-    let rt = Virtual::default();
-    let p = policy(Backoff::constant(Duration::ZERO).build().unwrap(), 4);
-    let mut calls = 0;
-    let done = block_on(retry(&rt, &p, || {
-        calls += 1;
-        let n = calls;
-        async move { if n < 4 { Err(n) } else { Ok(n) } }
-    }));
-    assert_eq!(done.result, Ok(4));
-    assert_eq!(done.stats.attempts, 4);
-    assert_eq!(rt.sleeps.get(), 0, "no timer for zero delays");
-}
-
-#[test]
 fn r6_delays_are_slept_on_the_runtime_clock_and_notified() {
     let rt = Virtual::default();
     let p = policy(Backoff::exponential(ms(100), 2.0).build().unwrap(), 4);

@@ -13,7 +13,7 @@ use persevere::{
 };
 
 use crate::world::{
-    Summary, Violation, World, clamp_hint, delay_bounds, draw_backoff, draw_failure, draw_fault_weights,
+    SchedulePlace, Summary, Violation, World, clamp_hint, delay_bounds, draw_backoff, draw_failure, draw_fault_weights,
 };
 
 /// A deliberate defect, to prove the checks can fail.
@@ -138,11 +138,10 @@ struct Model {
     interval_due: Instant,
     /// The run in flight and when it ends.
     running: Option<(u64, Instant)>,
-    /// The delay of the last window (a hint's, or the schedule's), for a decorrelated schedule.
-    previous_delay: u64,
-    /// The schedule's place: failures since it started, the first of a streak or the one after
-    /// a hint with `restart_after_hint` (B6); the streak itself keeps counting.
-    place: u32,
+    /// Where the schedule stands: it starts over with a streak, or after a hint with
+    /// `restart_after_hint` (B6; the streak itself keeps counting), and its last delay is a
+    /// hint's or the schedule's.
+    schedule: SchedulePlace,
     /// The last failed run's error, and why the flow tripped (F3).
     last_error: u32,
     reason: TripReason,
@@ -165,8 +164,7 @@ impl Model {
             outcomes: 0,
             interval_due: spec.created,
             running: None,
-            previous_delay: 0,
-            place: 0,
+            schedule: SchedulePlace::default(),
             last_error: 0,
             reason: TripReason::Streak,
             last_now: spec.created,
@@ -194,8 +192,7 @@ impl Model {
     /// Ends the streak (a success or a reset, F3, F8).
     fn clear_streak(&mut self) {
         self.streak = 0;
-        self.place = 0;
-        self.previous_delay = 0;
+        self.schedule.start_over();
         self.next_eligible = None;
     }
 
@@ -522,24 +519,17 @@ fn failed(
             world.check("G1", window == Some(until), || {
                 format!("flow {i}: a hint of {d} ns at {now:?} set the window to {window:?}, not {until:?}")
             })?;
-            if policy.restarts_after_hint() {
-                m.place = 0;
-                m.previous_delay = 0;
-            } else {
-                m.place += 1;
-                m.previous_delay = d;
-            }
+            m.schedule.hinted(policy.restarts_after_hint(), d);
             until
         }
         None => {
-            m.place += 1;
             let until = window.unwrap_or(Instant::ZERO);
             let delay = until.saturating_duration_since(now).as_nanos() as u64;
-            let (lo, hi) = delay_bounds(policy.backoff(), m.place, m.previous_delay);
+            let (lo, hi) = m.schedule.next_bounds(policy.backoff());
             world.check("G1", until >= now && (lo..=hi).contains(&delay), || {
                 format!("flow {i}: window until {until:?} from {now:?}: {delay} ns outside [{lo}, {hi}]")
             })?;
-            m.previous_delay = delay;
+            m.schedule.previous_delay = delay;
             until
         }
     };

@@ -18,7 +18,7 @@ use persevere::{
 };
 
 use crate::world::{
-    Summary, Violation, World, clamp_hint, delay_bounds, draw_backoff, draw_failure, draw_fault_weights,
+    SchedulePlace, Summary, Violation, World, clamp_hint, draw_backoff, draw_failure, draw_fault_weights,
 };
 
 /// A deliberate defect, to prove the checks can fail.
@@ -134,9 +134,8 @@ struct Model {
     last: Option<(FailureClass, Option<u64>)>,
     /// The streak: consecutive failures (every one but a cancel).
     streak: u32,
-    /// The schedule's place (failures since it last started over), and the last delay.
-    place: u32,
-    previous_delay: u64,
+    /// Where the schedule stands.
+    schedule: SchedulePlace,
     /// Time asleep so far, and when the current sleep began.
     slept: Duration,
     sleep_from: Instant,
@@ -235,7 +234,7 @@ pub fn run(seed: u64, bug: Option<RetryBug>) -> Result<Summary, Violation> {
                     .handle_success(&policy, reported, attempt)
                     .map_err(|e| world.violation("G12", format!("success refused: {e}")))?;
                 model.streak = 0;
-                model.place = 0;
+                model.schedule.start_over();
                 world.record(i as u32, "attempt succeeds", attempt, report_at.as_nanos());
             } else {
                 let (kind, hint_ns) = draw_failure(&mut world, &scenario.fault_weights, scenario.hint_ns, eff);
@@ -511,21 +510,14 @@ fn check_delay(
         world.check("G1", Duration::from_nanos(hinted) <= max_hint, || {
             format!("a hint of {hinted} ns waited past max_hint {max_hint:?}")
         })?;
-        if policy.restarts_after_hint() {
-            model.place = 0;
-            model.previous_delay = 0;
-        } else {
-            model.place += 1;
-            model.previous_delay = delay_ns;
-        }
+        model.schedule.hinted(policy.restarts_after_hint(), hinted);
         return Ok(());
     }
-    model.place += 1;
-    let (lo, hi) = delay_bounds(policy.backoff(), model.place, model.previous_delay);
+    let (lo, hi) = model.schedule.next_bounds(policy.backoff());
     world.check("G1", (lo..=hi).contains(&delay_ns), || {
-        format!("delay {delay_ns} ns outside [{lo}, {hi}] ns at the schedule's place {}", model.place)
+        format!("delay {delay_ns} ns outside [{lo}, {hi}] ns at the schedule's place {}", model.schedule.place)
     })?;
-    model.previous_delay = delay_ns;
+    model.schedule.previous_delay = delay_ns;
     Ok(())
 }
 

@@ -20,7 +20,7 @@ use persevere::{
 };
 
 use crate::world::{
-    Summary, Violation, World, clamp_hint, delay_bounds, draw_backoff, draw_failure, draw_fault_weights,
+    SchedulePlace, Summary, Violation, World, clamp_hint, delay_bounds, draw_backoff, draw_failure, draw_fault_weights,
 };
 
 /// A deliberate defect, to prove the checks can fail.
@@ -201,11 +201,10 @@ struct Model {
     /// The streak: consecutive failed attempts the failure decision counted, the latest
     /// included (every failure but a cancel; a panic while dropping is final and not counted).
     streak: u32,
-    /// The backoff's place: failures since it last started over (after a hinted delay under
-    /// `restart_after_hint`).
-    place: u32,
-    /// An upper bound of the backoff's previous delay (exact unless `min_spacing` hid it).
-    previous_delay: u64,
+    /// Where the backoff stands (it starts over after a hinted delay under
+    /// `restart_after_hint`); its previous delay is an upper bound, exact unless `min_spacing`
+    /// hid it.
+    schedule: SchedulePlace,
     first_start: Instant,
     last_start: Instant,
     last_now: Instant,
@@ -525,8 +524,7 @@ fn drain(
                     format!("task {i}: AttemptSucceeded {attempt} after {:?}", model.end)
                 })?;
                 model.streak = 0;
-                model.place = 0;
-                model.previous_delay = 0;
+                model.schedule.start_over();
                 if world.now >= scenario.horizon {
                     model.successes_after_horizon += 1;
                 }
@@ -671,28 +669,21 @@ fn check_wait(
         world.check("G1", Duration::from_nanos(hinted) <= policy.max_hint(), || {
             format!("task {i}: a hint of {hinted} ns waited past max_hint {:?}", policy.max_hint())
         })?;
-        if policy.restarts_after_hint() {
-            model.place = 0;
-            model.previous_delay = 0;
-        } else {
-            model.place += 1;
-            model.previous_delay = hinted;
-        }
+        model.schedule.hinted(policy.restarts_after_hint(), hinted);
         return Ok(());
     }
-    model.place += 1;
-    let (lo, hi) = delay_bounds(policy.backoff(), model.place, model.previous_delay);
+    let (lo, hi) = model.schedule.next_bounds(policy.backoff());
     let d = until.saturating_duration_since(eff).as_nanos() as u64;
     if until > spaced {
         world.check("G1", (lo..=hi).contains(&d), || {
-            format!("task {i}: delay {d} ns outside [{lo}, {hi}] at the backoff's place {}", model.place)
+            format!("task {i}: delay {d} ns outside [{lo}, {hi}] at the backoff's place {}", model.schedule.place)
         })?;
-        model.previous_delay = d;
+        model.schedule.previous_delay = d;
     } else {
         world.check("G1", eff.saturating_add(Duration::from_nanos(lo)) <= spaced, || {
             format!("task {i}: a wait of min_spacing, shorter than the least delay {lo} ns")
         })?;
-        model.previous_delay = hi.min(d);
+        model.schedule.previous_delay = hi.min(d);
     }
     Ok(())
 }
