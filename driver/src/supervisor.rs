@@ -104,10 +104,15 @@ pub enum SupervisorError {
 /// What [`Supervisor::shutdown`] did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ShutdownReport<K> {
-    /// Tasks that ended within the time limit, with their outcomes, in the order they ended.
+    /// Tasks that ended by themselves, with their outcomes, in the order they ended.
     pub completed: Vec<(K, TaskOutcomeKind)>,
-    /// Tasks still running at the time limit: their attempts were dropped and they ended
-    /// [`Canceled`](TaskOutcomeKind::Canceled) with [`TaskExit::aborted`] set.
+    /// Tasks aborted at the time limit (their attempts were dropped) or dropped by their
+    /// executor, in the order they ended; each ended [`Canceled`](TaskOutcomeKind::Canceled)
+    /// with [`TaskExit::aborted`] set.
+    ///
+    /// Each task is in exactly one of the two lists, the one its [`TaskExit::aborted`] names: a
+    /// task whose attempt ends by itself at the limit's instant, before it sees the abort, is
+    /// completed.
     pub aborted: Vec<K>,
 }
 
@@ -447,11 +452,9 @@ where
                 break true;
             }
         };
-        let mut aborted = Vec::new();
         if timed_out {
-            for (id, entry) in &lock(&inner.registry).tasks {
+            for entry in lock(&inner.registry).tasks.values() {
                 entry.control.raise(ABORT);
-                aborted.push(id.clone());
             }
         }
         loop {
@@ -461,9 +464,16 @@ where
             }
             listener.await;
         }
-        let ended = std::mem::take(&mut lock(&inner.registry).ended);
-        let completed = ended.into_iter().filter(|(_, _, aborted)| !aborted).map(|(id, kind, _)| (id, kind)).collect();
-        ShutdownReport { completed, aborted }
+        // Each task's own finish decides its list: a task that ends by itself at the limit's
+        // instant, before it sees the abort, is completed, as its exit says.
+        let mut report = ShutdownReport { completed: Vec::new(), aborted: Vec::new() };
+        for (id, kind, aborted) in std::mem::take(&mut lock(&inner.registry).ended) {
+            match aborted {
+                true => report.aborted.push(id),
+                false => report.completed.push((id, kind)),
+            }
+        }
+        report
     }
 }
 
