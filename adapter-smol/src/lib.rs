@@ -35,8 +35,8 @@ pub use persevere_driver::{
     RetryEvent, RetryGate, Stats, retry_after,
 };
 pub use persevere_driver::{
-    DEFAULT_EVENT_CAPACITY, Events, JobError, Runtime, SchedulerError, ShutdownReport, Spawn, SupervisorError,
-    SupervisorEvent, TaskExit, TaskHandle, TaskSpec,
+    DEFAULT_EVENT_CAPACITY, EventCounts, Events, JobError, Runtime, SchedulerError, ShutdownReport, Spawn,
+    SupervisorError, SupervisorEvent, TaskExit, TaskHandle, TaskSpec,
 };
 
 /// async-io's clock and timers. Its epoch is its first clock reading, taken lazily: creating

@@ -38,8 +38,8 @@ pub use persevere_driver::{
     RetryEvent, RetryGate, Stats, retry_after,
 };
 pub use persevere_driver::{
-    DEFAULT_EVENT_CAPACITY, Events, JobError, Runtime, SchedulerError, ShutdownReport, Spawn, SupervisorError,
-    SupervisorEvent, TaskExit, TaskHandle, TaskSpec,
+    DEFAULT_EVENT_CAPACITY, EventCounts, Events, JobError, Runtime, SchedulerError, ShutdownReport, Spawn,
+    SupervisorError, SupervisorEvent, TaskExit, TaskHandle, TaskSpec,
 };
 
 /// How far ahead an instant beyond the clock's range is put (about 30 years, as tokio does).

@@ -1210,6 +1210,40 @@ impl Breaker {
         }
     }
 
+    /// Permits of the current state that are out and not yet recorded: closed or disabled,
+    /// the calls admitted and not yet recorded (mod 2^31); half-open, the probes out; open
+    /// and isolated, none. A permit of an earlier state is stale and not counted. A caller
+    /// that records or releases every permit sees this return to 0 when its calls are done.
+    ///
+    /// ```
+    /// use core::time::Duration;
+    /// use persevere::{Backoff, Breaker, BreakerPolicy, CallOutcome, Instant, SplitMix64};
+    ///
+    /// let open = Backoff::constant(Duration::from_secs(5)).build()?;
+    /// let policy = BreakerPolicy::builder(open).consecutive_failures(1).build()?;
+    /// let (mut breaker, mut rng) = (Breaker::new(&policy, 0), SplitMix64::new(1));
+    /// let now = Instant::from_secs(1);
+    /// let a = breaker.try_acquire(&policy, now, &mut rng)?;
+    /// let b = breaker.try_acquire(&policy, now, &mut rng)?;
+    /// assert_eq!(breaker.outstanding_permits(), 2);
+    /// breaker.record(&policy, now, a, CallOutcome::Ignored, &mut rng)?;
+    /// assert_eq!(breaker.outstanding_permits(), 1);
+    /// // `b` fails and opens the breaker: nothing of the closed state is out any more.
+    /// breaker.record(&policy, now, b, CallOutcome::Failure, &mut rng)?;
+    /// assert_eq!(breaker.outstanding_permits(), 0);
+    /// // Half-open, the probe is the one permit out.
+    /// let _probe = breaker.try_acquire(&policy, Instant::from_secs(6), &mut rng)?;
+    /// assert_eq!(breaker.outstanding_permits(), 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub const fn outstanding_permits(&self) -> u32 {
+        match &self.phase {
+            Phase::Closed(_) | Phase::Disabled => self.next_id.wrapping_sub(self.settled) & !PROBE_BIT,
+            Phase::HalfOpen(probes) => probes.busy.count_ones(),
+            Phase::Open { .. } | Phase::Isolated => 0,
+        }
+    }
+
     /// Consecutive openings since the breaker last closed (the backoff's failure count, K3).
     pub const fn openings(&self) -> u32 {
         self.openings.failures()

@@ -402,6 +402,43 @@ fn k4_one_failed_probe_reopens_and_outstanding_probes_become_stale() {
     assert_eq!(b, before);
 }
 
+/// What `outstanding_permits` reports: the current state's permits not yet recorded, so an
+/// operator can see a leak (a permit neither recorded nor released).
+#[test]
+fn k4_outstanding_permits_count_the_current_states_unrecorded_permits() {
+    let p = policy(|b| b.consecutive_failures(2).half_open_permits(2));
+    let mut b = Breaker::new(&p, 1);
+    let mut r = rng();
+    let closed: Vec<Permit> = (0..3).map(|_| b.try_acquire(&p, at(0), &mut r).unwrap()).collect();
+    assert_eq!(b.outstanding_permits(), 3);
+    b.record(&p, at(1), closed[1], CallOutcome::Success, &mut r).unwrap();
+    assert_eq!(b.outstanding_permits(), 2, "recording one settles one, in any order");
+    b.record(&p, at(2), closed[0], CallOutcome::Success, &mut r).unwrap();
+    b.record(&p, at(2), closed[2], CallOutcome::Ignored, &mut r).unwrap();
+    assert_eq!(b.outstanding_permits(), 0);
+    let before = b;
+    assert!(b.record(&p, at(3), closed[2], CallOutcome::Success, &mut r).is_err());
+    assert_eq!((b, b.outstanding_permits()), (before, 0), "a record with none out settles nothing");
+    fail(&mut b, &p, at(3));
+    fail(&mut b, &p, at(3));
+    assert!(matches!(b.status(), BreakerStatus::Open { .. }));
+    assert_eq!(b.outstanding_permits(), 0, "open: nothing is out");
+
+    let probes: Vec<Permit> = (0..2).map(|_| b.try_acquire(&p, at(1_003), &mut r).unwrap()).collect();
+    assert_eq!(b.outstanding_permits(), 2, "half-open: the probes out");
+    b.record(&p, at(1_004), probes[0], CallOutcome::Ignored, &mut r).unwrap();
+    assert_eq!(b.outstanding_permits(), 1);
+    b.record(&p, at(1_005), probes[1], CallOutcome::Failure, &mut r).unwrap();
+    assert_eq!(b.outstanding_permits(), 0, "reopened");
+
+    b.handle_disable(&p, at(5_000));
+    let disabled = b.try_acquire(&p, at(5_000), &mut r).unwrap();
+    assert_eq!(b.outstanding_permits(), 1, "disabled still counts its permits");
+    b.handle_isolate(&p, at(5_001));
+    assert_eq!(b.outstanding_permits(), 0, "isolated: the disabled permit is stale");
+    assert!(b.record(&p, at(5_002), disabled, CallOutcome::Success, &mut r).is_err());
+}
+
 #[test]
 fn k4_a_lost_probe_result_expires_at_its_lease_deadline_as_a_failure() {
     let p = policy(|b| b.consecutive_failures(1).probe_timeout(ms(500)));

@@ -326,6 +326,16 @@ impl<Rt: Runtime> Breaker<Rt> {
         })
     }
 
+    /// Calls admitted with a permit in the breaker's current state whose outcome is not yet
+    /// recorded: while closed with a failure streak or a rate rule (or disabled), the calls in
+    /// flight; half-open, the probes out; open or isolated, none. A call admitted on the
+    /// lock-free clean path (closed, no streak, no rate rule) holds no permit and is not
+    /// counted. Every call records or releases its permit when it ends or is dropped, so once
+    /// the calls of a state are done this is 0: a figure that stays above 0 is a leak.
+    pub fn outstanding_permits(&self) -> u32 {
+        self.shared.lock().breaker.outstanding_permits()
+    }
+
     /// Forces the breaker open until [`reset`](Self::reset).
     pub fn isolate(&self) {
         self.shared.update(|breaker, policy, now, _| breaker.handle_isolate(policy, now));

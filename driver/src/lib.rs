@@ -46,6 +46,6 @@ pub use runtime::{LazyEpoch, Runtime};
 pub use scheduler::{Scheduler, SchedulerError, SchedulerHandle};
 pub use spawn::Spawn;
 pub use supervisor::{
-    DEFAULT_EVENT_CAPACITY, Events, ShutdownReport, Supervisor, SupervisorBuilder, SupervisorError, SupervisorEvent,
-    TaskExit, TaskHandle, TaskSpec,
+    DEFAULT_EVENT_CAPACITY, EventCounts, Events, ShutdownReport, Supervisor, SupervisorBuilder, SupervisorError,
+    SupervisorEvent, TaskExit, TaskHandle, TaskSpec,
 };

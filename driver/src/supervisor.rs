@@ -136,7 +136,8 @@ struct Inner<Rt, Sp, K, E> {
     seed: Option<u64>,
     events_tx: async_channel::Sender<SupervisorEvent<K, E>>,
     events_rx: async_channel::Receiver<SupervisorEvent<K, E>>,
-    dropped: AtomicU64,
+    /// Events emitted, by [`event_slot`], and the dropped ones in the last slot.
+    emitted: [AtomicU64; EVENT_KINDS + 1],
     registry: Mutex<Registry<K>>,
     changed: Event,
 }
@@ -146,12 +147,51 @@ impl<Rt, Sp, K, E> Inner<Rt, Sp, K, E> {
     where
         K: Clone,
     {
+        self.emitted[event_slot(&event)].fetch_add(1, Ordering::Relaxed);
         if let Err(async_channel::TrySendError::Full(_)) =
             self.events_tx.try_send(SupervisorEvent { id: id.clone(), at, event })
         {
-            self.dropped.fetch_add(1, Ordering::Relaxed);
+            self.emitted[EVENT_KINDS].fetch_add(1, Ordering::Relaxed);
         }
     }
+}
+
+/// The kinds of [`SupervisionAction`].
+const EVENT_KINDS: usize = 7;
+
+/// The counter of `event`'s kind in [`Inner::emitted`] (the order of [`EventCounts`]).
+fn event_slot<E>(event: &SupervisionAction<E>) -> usize {
+    match event {
+        SupervisionAction::AttemptStarting { .. } => 0,
+        SupervisionAction::AttemptSucceeded { .. } => 1,
+        SupervisionAction::AttemptFailed { .. } => 2,
+        SupervisionAction::AttemptTimedOut { .. } => 3,
+        SupervisionAction::AttemptCanceled { .. } => 4,
+        SupervisionAction::BackoffScheduled { .. } => 5,
+        SupervisionAction::TaskFinished { .. } => 6,
+    }
+}
+
+/// The events a [`Supervisor`] has emitted, by kind; see [`Supervisor::event_counts`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct EventCounts {
+    /// [`AttemptStarting`](SupervisionAction::AttemptStarting) events.
+    pub attempt_starting: u64,
+    /// [`AttemptSucceeded`](SupervisionAction::AttemptSucceeded) events.
+    pub attempt_succeeded: u64,
+    /// [`AttemptFailed`](SupervisionAction::AttemptFailed) events.
+    pub attempt_failed: u64,
+    /// [`AttemptTimedOut`](SupervisionAction::AttemptTimedOut) events.
+    pub attempt_timed_out: u64,
+    /// [`AttemptCanceled`](SupervisionAction::AttemptCanceled) events.
+    pub attempt_canceled: u64,
+    /// [`BackoffScheduled`](SupervisionAction::BackoffScheduled) events.
+    pub backoff_scheduled: u64,
+    /// [`TaskFinished`](SupervisionAction::TaskFinished) events: one per task that ended.
+    pub task_finished: u64,
+    /// Events of any kind dropped because the channel was full (also counted by kind above).
+    pub dropped: u64,
 }
 
 /// Configures a [`Supervisor`]: runtime, spawner, event capacity and jitter seed.
@@ -226,7 +266,7 @@ impl<Rt, Sp> SupervisorBuilder<Rt, Sp> {
                 seed: self.seed,
                 events_tx,
                 events_rx,
-                dropped: AtomicU64::new(0),
+                emitted: Default::default(),
                 registry: Mutex::new(Registry {
                     tasks: BTreeMap::new(),
                     serial: 0,
@@ -409,7 +449,27 @@ where
 
     /// Events dropped because the channel was full.
     pub fn dropped_events(&self) -> u64 {
-        self.inner.dropped.load(Ordering::Relaxed)
+        self.inner.emitted[EVENT_KINDS].load(Ordering::Relaxed)
+    }
+
+    /// How many events of each kind the supervisor has emitted since it was built, whether
+    /// they reached the channel or were dropped, and how many were dropped. Every task adds
+    /// exactly one [`TaskFinished`](SupervisionAction::TaskFinished), and every attempt one
+    /// [`AttemptStarting`](SupervisionAction::AttemptStarting) and at most one ending, so the
+    /// counts check the event grammar (S6) even when the channel is full. Each figure is read
+    /// on its own (tasks may emit between two reads).
+    pub fn event_counts(&self) -> EventCounts {
+        let read = |slot: usize| self.inner.emitted[slot].load(Ordering::Relaxed);
+        EventCounts {
+            attempt_starting: read(0),
+            attempt_succeeded: read(1),
+            attempt_failed: read(2),
+            attempt_timed_out: read(3),
+            attempt_canceled: read(4),
+            backoff_scheduled: read(5),
+            task_finished: read(6),
+            dropped: read(EVENT_KINDS),
+        }
     }
 
     /// The runtime this supervisor runs on.

@@ -60,6 +60,36 @@ fn k1_the_clean_closed_path_reads_no_clock() {
     assert_eq!(breaker.status(), BreakerStatus::Closed, "2 failures after a success do not trip a limit of 3");
 }
 
+/// Calls in flight hold permits while the breaker counts every call (a rate rule); each is
+/// recorded when it completes and released when it is dropped, so the count returns to 0.
+#[test]
+fn k4_outstanding_permits_are_the_calls_in_flight_and_return_to_zero() {
+    let rt = Virtual::default();
+    let rated = BreakerPolicy::builder(Backoff::constant(ms(100)).build().unwrap()).failure_rate(0.5).build().unwrap();
+    let breaker = Breaker::with_runtime(rt.clone(), rated);
+    let mut cx = Context::from_waker(Waker::noop());
+    let mut dropped = Box::pin(breaker.call(pending::<Result<(), ()>>()));
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let mut finishing = Box::pin(breaker.call(async move {
+        futures_lite::future::yield_now().await;
+        rx.try_recv().map_err(|_| ())
+    }));
+    assert!(dropped.as_mut().poll(&mut cx).is_pending());
+    assert!(finishing.as_mut().poll(&mut cx).is_pending());
+    assert_eq!(breaker.outstanding_permits(), 2, "two calls admitted and running");
+    tx.send(()).unwrap();
+    assert_eq!(finishing.as_mut().poll(&mut cx), std::task::Poll::Ready(Ok(())));
+    assert_eq!(breaker.outstanding_permits(), 1, "the finished call recorded its permit");
+    drop(dropped);
+    assert_eq!(breaker.outstanding_permits(), 0, "the dropped call released its permit");
+
+    // On the clean path (no rate rule, no streak) a call holds no permit.
+    let clean = Breaker::with_runtime(rt, policy(3));
+    let mut running = Box::pin(clean.call(pending::<Result<(), ()>>()));
+    assert!(running.as_mut().poll(&mut cx).is_pending());
+    assert_eq!(clean.outstanding_permits(), 0);
+}
+
 #[test]
 fn k4_a_dropped_probe_releases_its_permit() {
     let rt = Virtual::default();

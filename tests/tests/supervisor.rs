@@ -11,7 +11,9 @@ use common::{Exec, Hang, PanicOnDrop, ms, sleep, until};
 use persevere::{
     Backoff, FailureKind, Jitter, PolicyError, SupervisionAction, TaskDefaults, TaskOutcome, TaskOutcomeKind,
 };
-use persevere_driver::{Events, JobError, Runtime, Supervisor, SupervisorBuilder, SupervisorError, TaskSpec};
+use persevere_driver::{
+    EventCounts, Events, JobError, Runtime, Supervisor, SupervisorBuilder, SupervisorError, TaskSpec,
+};
 
 type Sup<X> = Supervisor<<X as Exec>::Rt, <X as Exec>::Sp, &'static str, String>;
 
@@ -42,6 +44,20 @@ fn trace(events: &Events<&'static str, String>, id: &str) -> Vec<String> {
         });
     }
     out
+}
+
+/// [`Supervisor::event_counts`] without the dropped total: starting, succeeded, failed, timed
+/// out, canceled, backoff, finished.
+fn by_kind(c: EventCounts) -> [u64; 7] {
+    [
+        c.attempt_starting,
+        c.attempt_succeeded,
+        c.attempt_failed,
+        c.attempt_timed_out,
+        c.attempt_canceled,
+        c.backoff_scheduled,
+        c.task_finished,
+    ]
 }
 
 /// Fails the first `failures` attempts, then succeeds; counts attempts.
@@ -184,6 +200,7 @@ async fn s4_an_attempt_timeout_drops_the_attempt_and_emits_attempt_timed_out<X: 
     assert_eq!(drops.load(Ordering::SeqCst), 2, "each timed-out attempt was dropped");
     assert!(rt.now().saturating_duration_since(started) >= ms(42));
     assert_eq!(trace(&events, "t"), ["start1", "timeout1", "backoff2", "start2", "timeout2", "finish:TimedOut/2"]);
+    assert_eq!(by_kind(sup.event_counts()), [2, 0, 0, 2, 0, 1, 1]);
 }
 on_tokio_and_smol!(s4_an_attempt_timeout_drops_the_attempt_and_emits_attempt_timed_out);
 
@@ -248,6 +265,7 @@ async fn cancel_drops_the_running_attempt_and_remove_frees_the_id_at_once<X: Exe
     assert_eq!((exit.outcome, exit.attempts, exit.aborted), (TaskOutcome::Canceled { last_failure: None }, 1, false));
     assert_eq!(a.load(Ordering::SeqCst), 1, "the running attempt was dropped");
     assert_eq!(trace(&events, "a"), ["start1", "cancel1", "finish:Canceled/1"]);
+    assert_eq!(by_kind(sup.event_counts()), [2, 0, 0, 0, 1, 0, 1], "b has started, a was canceled");
     assert!(sup.contains(&"b") && !sup.contains(&"a"), "the other task runs on");
     assert_eq!(sup.cancel(&"a"), Err(SupervisorError::UnknownId));
 
@@ -309,6 +327,9 @@ async fn events_are_dropped_and_counted_when_the_channel_is_full_and_outcomes_st
     // 5 starts + 5 ends + 4 backoffs + 1 finish = 15 events; 2 fit.
     assert_eq!(events.len(), 2);
     assert_eq!(sup.dropped_events(), 13);
+    // Every event is counted by its kind, dropped or not.
+    assert_eq!(by_kind(sup.event_counts()), [5, 1, 4, 0, 0, 4, 1]);
+    assert_eq!(sup.event_counts().dropped, 13);
 }
 on_tokio_and_smol!(events_are_dropped_and_counted_when_the_channel_is_full_and_outcomes_stay_reliable);
 
