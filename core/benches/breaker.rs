@@ -165,6 +165,17 @@ fn budget(c: &mut Criterion) {
             black_box(ratio.try_acquire(black_box(&finagle), now).is_ok())
         })
     });
+    // The same budget with a burst window of 5 buckets: every grant weighs up to 5 stretches.
+    let bounded = RatioBudgetPolicy::builder(0.2).burst_window(Duration::from_secs(5)).build().unwrap();
+    let mut ratio = RatioBudget::new();
+    group.bench_function("ratio/finagle_burst_5s", |b| {
+        b.iter(|| {
+            i = i.wrapping_add(1);
+            let now = Instant::from_micros(i);
+            ratio.record_request(black_box(&bounded), now);
+            black_box(ratio.try_acquire(black_box(&bounded), now).is_ok())
+        })
+    });
     group.finish();
 }
 

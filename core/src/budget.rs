@@ -495,6 +495,13 @@ impl TokenBucket {
 /// The configuration of a [`RatioBudget`] (U2): retries ≤ `ratio` × requests over a sliding
 /// window of `ttl`, plus `min_retries_per_sec` × `ttl` (in seconds) retries that need no request.
 ///
+/// **The outage burst.** The window is sliding: retries are weighed against every request of
+/// the last `ttl`, so the allowance a healthy stretch earns and does not spend is still there
+/// when an outage begins, and the first moments of the outage may retry far more than `ratio`
+/// of their own requests (with a 10 s window and every request failing, up to all of them for a
+/// second). [`burst_window`](RatioBudgetPolicyBuilder::burst_window) bounds that: every recent
+/// stretch of buckets must also keep its retries within the ratio of its own requests.
+///
 /// ```
 /// use core::time::Duration;
 /// use persevere::RatioBudgetPolicy;
@@ -517,6 +524,10 @@ pub struct RatioBudgetPolicy {
     floor_ppm: u64,
     width_ns: u64,
     buckets: u32,
+    /// The buckets of the burst window; 0 without one.
+    burst_buckets: u32,
+    /// `min_retries_per_sec × burst_window` in millionths of a retry.
+    burst_floor_ppm: u64,
     given: RatioBudgetPolicyBuilder,
 }
 
@@ -536,6 +547,15 @@ pub struct RatioBudgetPolicyBuilder {
     /// Retries per second allowed without any request (for clients that just started or call
     /// rarely); over the window, `min_retries_per_sec × ttl` retries. 10 by default.
     pub min_retries_per_sec: u32,
+    /// When set (a whole number of buckets, from one bucket to `ttl`), a retry is also granted
+    /// only if every stretch of whole buckets that ends with the current one and lies within
+    /// the latest `burst_window` keeps its retries, this one included, within `ratio` × its own
+    /// requests plus `min_retries_per_sec × burst_window`. An outage then cannot spend the
+    /// allowance a quiet stretch earned: from the bucket an outage begins in, its retries stay
+    /// within `ratio` × its requests (and those of that bucket before the onset) plus that
+    /// floor. `None` (the default, as Finagle): only the whole window counts.
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub burst_window: Option<Duration>,
 }
 
 impl RatioBudgetPolicyBuilder {
@@ -557,12 +577,46 @@ impl RatioBudgetPolicyBuilder {
         self
     }
 
+    /// Holds every stretch of the latest `span` (a whole number of buckets) to the ratio of its
+    /// own requests plus the floor; see [`burst_window`](Self::burst_window).
+    ///
+    /// ```
+    /// use core::time::Duration;
+    /// use persevere::{Instant, RatioBudget, RatioBudgetPolicy};
+    ///
+    /// let bounded = RatioBudgetPolicy::builder(0.1)
+    ///     .min_retries_per_sec(0)
+    ///     .burst_window(Duration::from_secs(1))
+    ///     .build()?;
+    /// let mut budget = RatioBudget::new();
+    /// // Nine healthy seconds of 100 requests each, no retries...
+    /// for second in 0..9 {
+    ///     for _ in 0..100 {
+    ///         budget.record_request(&bounded, Instant::from_secs(second));
+    ///     }
+    /// }
+    /// // ...then every request of the tenth second fails and asks for a retry.
+    /// let outage = Instant::from_secs(9);
+    /// let mut granted = 0;
+    /// for _ in 0..100 {
+    ///     budget.record_request(&bounded, outage);
+    ///     granted += u32::from(budget.try_acquire(&bounded, outage).is_ok());
+    /// }
+    /// assert_eq!(granted, 10, "0.1 of this second's requests; without the bound, 100");
+    /// # Ok::<(), persevere::PolicyError>(())
+    /// ```
+    pub const fn burst_window(mut self, span: Duration) -> Self {
+        self.burst_window = Some(span);
+        self
+    }
+
     /// Validates the settings.
     ///
     /// # Errors
     /// [`PolicyError`] when the ratio is NaN, infinite or outside `[0, 1]`, the ttl is zero,
-    /// overflows or is shorter than `buckets` nanoseconds, or `buckets` is zero or above
-    /// [`MAX_BUDGET_BUCKETS`].
+    /// overflows or is shorter than `buckets` nanoseconds, `buckets` is zero or above
+    /// [`MAX_BUDGET_BUCKETS`], or a `burst_window` is zero, longer than `ttl` or not a whole
+    /// number of buckets.
     pub fn build(self) -> Result<RatioBudgetPolicy, PolicyError> {
         if !self.ratio.is_finite() {
             return Err(PolicyError::NotFinite { setting: "ratio", value: self.ratio });
@@ -591,12 +645,38 @@ impl RatioBudgetPolicyBuilder {
                 why: "each bucket must be at least 1 ns wide (ttl ≥ buckets ns)",
             });
         }
-        let floor = u128::from(self.min_retries_per_sec) * u128::from(ttl_ns) / 1_000;
+        let floor_ppm = |span_ns: u64| {
+            let floor = u128::from(self.min_retries_per_sec) * u128::from(span_ns) / 1_000;
+            u64::try_from(floor).unwrap_or(u64::MAX)
+        };
+        let (burst_buckets, burst_floor_ppm) = match self.burst_window {
+            None => (0, 0),
+            Some(span) => {
+                let span_ns = nanos_of(span).filter(|&ns| ns <= ttl_ns).ok_or(PolicyError::Conflict {
+                    setting: "burst_window",
+                    other: "ttl",
+                    why: "the burst window lies within the window; make it at most ttl",
+                })?;
+                if span_ns == 0 {
+                    return Err(PolicyError::Zero { setting: "burst_window", why: "it must hold at least one bucket" });
+                }
+                if !span_ns.is_multiple_of(width_ns) {
+                    return Err(PolicyError::Conflict {
+                        setting: "burst_window",
+                        other: "buckets",
+                        why: "the burst window is counted in whole buckets; make it a multiple of ttl / buckets",
+                    });
+                }
+                ((span_ns / width_ns) as u32, floor_ppm(span_ns))
+            }
+        };
         Ok(RatioBudgetPolicy {
             ratio_ppm,
-            floor_ppm: u64::try_from(floor).unwrap_or(u64::MAX),
+            floor_ppm: floor_ppm(ttl_ns),
             width_ns,
             buckets: self.buckets,
+            burst_buckets,
+            burst_floor_ppm,
             given: self,
         })
     }
@@ -620,7 +700,13 @@ impl RatioBudgetPolicy {
     /// A builder for `ratio` retries per request, with Finagle's ttl (10 s) and floor (10
     /// retries per second), in 10 buckets.
     pub const fn builder(ratio: f64) -> RatioBudgetPolicyBuilder {
-        RatioBudgetPolicyBuilder { ratio, ttl: Duration::from_secs(10), buckets: 10, min_retries_per_sec: 10 }
+        RatioBudgetPolicyBuilder {
+            ratio,
+            ttl: Duration::from_secs(10),
+            buckets: 10,
+            min_retries_per_sec: 10,
+            burst_window: None,
+        }
     }
 
     /// Finagle's default `RetryBudget`: 20 % of requests may be retried (`percentCanRetry =
@@ -633,6 +719,8 @@ impl RatioBudgetPolicy {
             floor_ppm: 100 * PPM,
             width_ns: 1_000_000_000,
             buckets: 10,
+            burst_buckets: 0,
+            burst_floor_ppm: 0,
             given: RatioBudgetPolicy::builder(0.2),
         }
     }
@@ -658,6 +746,11 @@ impl RatioBudgetPolicy {
         self.buckets
     }
 
+    /// The burst window, in buckets; `None` without one.
+    pub const fn burst_buckets(&self) -> Option<u32> {
+        if self.burst_buckets == 0 { None } else { Some(self.burst_buckets) }
+    }
+
     /// Retries allowed over a window holding `requests` requests, whole:
     /// `⌊(ratio_ppm × requests + floor) / 10⁶⌋`.
     pub const fn allowance(&self, requests: u64) -> u64 {
@@ -681,7 +774,9 @@ struct Counts {
 /// latest one.
 ///
 /// The bound holds at every grant (G9): the retries granted in the window that ends with a
-/// grant, that one included, never exceed `ratio × requests` in that window plus the floor.
+/// grant, that one included, never exceed `ratio × requests` in that window plus the floor;
+/// with a burst window, the same holds of every stretch of buckets ending with the current one
+/// within the burst window, with the burst floor.
 /// Later, requests may leave the window before the retries granted against them, as in
 /// Finagle.
 ///
@@ -755,9 +850,31 @@ impl RatioBudget {
         if wanted > allowed {
             return Err(BudgetRefused);
         }
+        if policy.burst_buckets != 0 && !self.burst_allows(policy) {
+            return Err(BudgetRefused);
+        }
         self.buckets[slot].retries = self.buckets[slot].retries.saturating_add(1);
         self.retries = self.retries.saturating_add(1);
         Ok(())
+    }
+
+    /// Whether one more retry fits every stretch of the burst window: for the current bucket
+    /// and each run of buckets back from it, up to the burst window's, the retries of the
+    /// stretch, this one included, within `ratio` × its requests plus the burst floor.
+    #[inline(never)]
+    fn burst_allows(&self, policy: &RatioBudgetPolicy) -> bool {
+        let count = self.count.clamp(1, MAX_BUDGET_BUCKETS);
+        let (mut requests, mut retries) = (0u64, 0u64);
+        for back in 0..policy.burst_buckets.min(count) {
+            let slot = (self.slot + count - back) % count;
+            let b = &self.buckets[slot as usize & (BUCKETS - 1)];
+            requests += u64::from(b.requests);
+            retries += u64::from(b.retries);
+            if (retries + 1) * PPM > policy.ratio_ppm.saturating_mul(requests).saturating_add(policy.burst_floor_ppm) {
+                return false;
+            }
+        }
+        true
     }
 
     /// Requests in the window (as of the latest call).

@@ -202,6 +202,92 @@ fn u2_invalid_ratio_budget_configurations_are_policy_errors() {
     assert!(b.try_acquire(&never, secs(0)).is_err());
 }
 
+/// Drives a 100-requests-per-second client (one request every 10 ms) through healthy seconds
+/// and a 3 s outage from `onset_ms` in which every request fails and asks for one retry at
+/// once; returns the instants (ms) of the retries granted.
+fn outage_grants(policy: &RatioBudgetPolicy, onset_ms: u64) -> Vec<u64> {
+    let mut b = RatioBudget::new();
+    let mut granted = Vec::new();
+    for ms in (0..onset_ms + 3_000).step_by(10) {
+        let now = Instant::from_millis(ms);
+        b.record_request(policy, now);
+        if ms >= onset_ms && b.try_acquire(policy, now).is_ok() {
+            granted.push(ms);
+        }
+    }
+    granted
+}
+
+/// How many of `instants` lie in `[from, to)` (ms).
+fn within(instants: &[u64], from: u64, to: u64) -> u64 {
+    instants.iter().filter(|&&t| (from..to).contains(&t)).count() as u64
+}
+
+/// The outage burst (issue 18): the window is sliding, so the first second of an outage can
+/// spend what ten healthy seconds earned; a burst window of 1 s holds every second of the
+/// outage to the ratio of its own requests plus the floor of one second.
+#[test]
+fn u2_a_burst_window_holds_the_first_second_of_an_outage_to_its_ratio_plus_floor() {
+    let sliding = RatioBudgetPolicy::builder(0.1).min_retries_per_sec(2);
+    let bounded = sliding.burst_window(Duration::from_secs(1)).build().unwrap();
+    let sliding = sliding.build().unwrap();
+    assert_eq!(bounded.burst_buckets(), Some(1));
+    assert_eq!(sliding.burst_buckets(), None);
+
+    // Onset on a bucket boundary: each second is one bucket of 100 requests, and it retries
+    // 0.1 × 100 + 2.
+    let grants = outage_grants(&bounded, 10_000);
+    let per_second: Vec<u64> = (0..3).map(|s| within(&grants, 10_000 + s * 1_000, 11_000 + s * 1_000)).collect();
+    assert_eq!(per_second, [12, 12, 12]);
+    // Without the bound, the first second spends the healthy seconds' allowance: every one of
+    // its 100 requests is retried (0.1 × the window's 1,000 requests + 20).
+    assert_eq!(within(&outage_grants(&sliding, 10_000), 10_000, 11_000), 100);
+
+    // Onset inside a bucket (100 ms buckets, a burst window of 10): every second that starts
+    // on the onset's bucket keeps its retries within 0.1 × its 100 requests + 2, and the first
+    // second from the onset itself, which also touches the next bucket (10 more requests), at
+    // most 0.1 × 110 + 2 × 2.
+    let fine = RatioBudgetPolicy::builder(0.1)
+        .min_retries_per_sec(2)
+        .buckets(16)
+        .ttl(Duration::from_millis(1_600))
+        .burst_window(Duration::from_millis(1_000))
+        .build()
+        .unwrap();
+    assert_eq!(fine.burst_buckets(), Some(10));
+    for onset in [10_050, 10_130, 10_370, 10_990] {
+        let grants = outage_grants(&fine, onset);
+        let bucket = onset / 100 * 100;
+        for second in 0..2 {
+            let from = bucket + second * 1_000;
+            let n = within(&grants, from, from + 1_000);
+            assert!((9..=12).contains(&n), "onset {onset} ms, {from}..+1 s: {n} retries for 100 requests");
+        }
+        let first = within(&grants, onset, onset + 1_000);
+        assert!(first <= 15, "onset {onset} ms: {first} retries in the outage's first second");
+    }
+}
+
+#[test]
+fn u2_a_burst_window_is_whole_buckets_within_the_window_or_a_policy_error() {
+    let ten = RatioBudgetPolicy::builder(0.1).ttl(Duration::from_secs(10)).buckets(10);
+    assert!(matches!(ten.burst_window(Duration::ZERO).build(), Err(PolicyError::Zero { setting: "burst_window", .. })));
+    assert!(matches!(
+        ten.burst_window(Duration::from_millis(1_500)).build(),
+        Err(PolicyError::Conflict { setting: "burst_window", other: "buckets", .. })
+    ));
+    assert!(matches!(
+        ten.burst_window(Duration::from_secs(11)).build(),
+        Err(PolicyError::Conflict { setting: "burst_window", other: "ttl", .. })
+    ));
+    assert!(matches!(
+        ten.burst_window(Duration::MAX).build(),
+        Err(PolicyError::Conflict { setting: "burst_window", other: "ttl", .. })
+    ));
+    assert_eq!(ten.burst_window(Duration::from_secs(10)).build().unwrap().burst_buckets(), Some(10));
+    assert_eq!(ten.burst_window(Duration::from_secs(3)).build().unwrap().burst_buckets(), Some(3));
+}
+
 /// Any state that loads is safe to drive (DESIGN §3): a ratio budget remembers the bucket
 /// width and count it was kept in, and under a policy with another width or count it starts
 /// over empty, so counts kept in one shape are never read as buckets of another.
@@ -544,6 +630,15 @@ fn u1_budgets_round_trip_through_serde() {
     let mut b = RatioBudget::new();
     b.record_request(&p, secs(3));
     assert_eq!(serde_json::from_str::<RatioBudget>(&serde_json::to_string(&b).unwrap()).unwrap(), b);
+    // A burst window round-trips, and a policy saved before it existed still loads, without one.
+    let bounded = RatioBudgetPolicy::builder(0.1).burst_window(Duration::from_secs(2)).build().unwrap();
+    let json = serde_json::to_string(&bounded).unwrap();
+    assert_eq!(serde_json::from_str::<RatioBudgetPolicy>(&json).unwrap(), bounded);
+    let saved = r#"{"ratio":0.2,"ttl":{"secs":10,"nanos":0},"buckets":10,"min_retries_per_sec":10}"#;
+    assert_eq!(serde_json::from_str::<RatioBudgetPolicy>(saved).unwrap(), RatioBudgetPolicy::finagle());
+    // A saved burst window that does not fit the window is refused as it loads.
+    let bad = r#"{"ratio":0.2,"ttl":{"secs":10,"nanos":0},"buckets":10,"min_retries_per_sec":10,"burst_window":{"secs":11,"nanos":0}}"#;
+    assert!(serde_json::from_str::<RatioBudgetPolicy>(bad).is_err());
 }
 
 /// Any state that loads is safe to drive (DESIGN §3): a persisted ratio budget whose totals are

@@ -54,6 +54,15 @@ struct RatioIn {
     ttl: Option<Span>,
     buckets: Option<Count>,
     per_sec: Option<Count>,
+    burst: Option<BurstIn>,
+}
+
+/// A burst window: mostly a whole number of buckets of the policy's width (so that the bound
+/// is exercised, not only its validation), sometimes any span.
+#[derive(Arbitrary, Clone, Copy, Debug, PartialEq)]
+enum BurstIn {
+    Buckets(u8),
+    Span(Span),
 }
 
 #[derive(Arbitrary, Debug)]
@@ -174,6 +183,8 @@ struct Ratio {
     floor_ppm: u64,
     width_ns: u64,
     buckets: u32,
+    /// The burst window in buckets, and its floor in millionths of a retry.
+    burst: Option<(u64, u64)>,
 }
 
 fn build_ratio(input: &RatioIn) -> Option<(RatioBudgetPolicy, Ratio)> {
@@ -186,6 +197,16 @@ fn build_ratio(input: &RatioIn) -> Option<(RatioBudgetPolicy, Ratio)> {
     }
     if let Some(per_sec) = input.per_sec {
         builder = builder.min_retries_per_sec(per_sec.get());
+    }
+    if let Some(burst) = input.burst {
+        let span = match burst {
+            BurstIn::Buckets(n) => {
+                let width = builder.ttl.checked_div(builder.buckets).unwrap_or_default();
+                width.checked_mul(u32::from(n % 17)).unwrap_or(std::time::Duration::MAX)
+            }
+            BurstIn::Span(span) => span.get(),
+        };
+        builder = builder.burst_window(span);
     }
     let mut reasons = Vec::new();
     if !builder.ratio.is_finite() {
@@ -210,14 +231,35 @@ fn build_ratio(input: &RatioIn) -> Option<(RatioBudgetPolicy, Ratio)> {
     if width_ns == 0 && ttl_ns != 0 {
         reasons.push(ErrorKind::Zero);
     }
+    // The burst window: within the window, at least one bucket, whole buckets.
+    let burst_ns = builder.burst_window.map(nanos);
+    match burst_ns {
+        Some(None) => reasons.push(ErrorKind::Conflict),
+        Some(Some(ns)) if ns > ttl_ns => reasons.push(ErrorKind::Conflict),
+        Some(Some(0)) => reasons.push(ErrorKind::Zero),
+        Some(Some(ns)) if width_ns != 0 && ns % width_ns != 0 => reasons.push(ErrorKind::Conflict),
+        _ => {}
+    }
     let policy = verdict("ratio budget", builder.build(), &reasons)?;
-    let floor = u128::from(builder.min_retries_per_sec) * u128::from(ttl_ns) / 1_000;
+    let floor_over = |span_ns: u64| {
+        let floor = u128::from(builder.min_retries_per_sec) * u128::from(span_ns) / 1_000;
+        u64::try_from(floor).unwrap_or(u64::MAX)
+    };
+    let floor = floor_over(ttl_ns);
     let ratio = Ratio {
         ratio_ppm: (builder.ratio * PPM as f64).round() as u64,
-        floor_ppm: u64::try_from(floor).unwrap_or(u64::MAX),
+        floor_ppm: floor,
         width_ns,
         buckets: builder.buckets,
+        burst: burst_ns.flatten().map(|ns| (ns / width_ns, floor_over(ns))),
     };
+    ensure!(
+        SETUP,
+        policy.burst_buckets().map(u64::from) == ratio.burst.map(|b| b.0),
+        "U2",
+        "burst window of {:?} buckets",
+        policy.burst_buckets()
+    );
     ensure!(
         SETUP,
         policy.ratio_ppm() == ratio.ratio_ppm,
@@ -273,6 +315,16 @@ impl Window {
     fn retries(&self) -> u64 {
         self.entries.iter().filter(|e| !e.1).count() as u64
     }
+
+    /// Whether one more retry keeps every stretch of the last `buckets` buckets that ends
+    /// with the latest within `ratio × its requests + floor`.
+    fn burst_allows(&self, ratio: &Ratio, buckets: u64, floor_ppm: u64) -> bool {
+        (1..=buckets).all(|stretch| {
+            let recent = self.entries.iter().filter(|&&(epoch, _)| self.latest - epoch < stretch);
+            let (requests, retries) = recent.fold((0u64, 0u64), |(q, r), e| if e.1 { (q + 1, r) } else { (q, r + 1) });
+            (retries + 1) * PPM <= ratio.ratio_ppm.saturating_mul(requests).saturating_add(floor_ppm)
+        })
+    }
 }
 
 #[derive(Arbitrary, Clone, Copy, Debug, PartialEq, Eq)]
@@ -306,6 +358,11 @@ enum Op {
 
 pub(crate) fn run(data: &[u8]) {
     let Some((config, ops)) = parse::<Config, Op>(data) else { return };
+    check(&config, &ops);
+}
+
+/// Drives both budgets through `ops` and checks them against the model after every step.
+fn check(config: &Config, ops: &[Op]) {
     let finagle = RatioBudgetPolicy::builder(0.2).build();
     ensure!(SETUP, finagle == Ok(RatioBudgetPolicy::finagle()), "U2", "the Finagle preset differs from its settings");
     let mut bucket_policy = build_bucket(&config.bucket);
@@ -419,7 +476,8 @@ pub(crate) fn run(data: &[u8]) {
                 window.advance(model, now);
                 let (requests, retries) = (window.requests(), window.retries());
                 let allowed = model.ratio_ppm.saturating_mul(requests).saturating_add(model.floor_ppm);
-                let granted = (retries + 1) * PPM <= allowed;
+                let burst_ok = model.burst.is_none_or(|(buckets, floor)| window.burst_allows(model, buckets, floor));
+                let granted = (retries + 1) * PPM <= allowed && burst_ok;
                 let got = ratio.try_acquire(policy, now);
                 ensure!(
                     ctx,
@@ -489,4 +547,37 @@ pub(crate) fn run(data: &[u8]) {
 /// The configuration and operations `data` decodes to.
 pub(crate) fn describe(data: &[u8]) -> String {
     format!("{:#?}", parse::<Config, Op>(data))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The burst bound is checked stretch by stretch: ten requests in one bucket back a retry
+    /// over a burst window of two buckets, but not in the next bucket, which has no request of
+    /// its own (a core that weighed only the whole burst window would grant it).
+    #[test]
+    fn u2_the_model_refuses_a_retry_that_a_recent_stretch_cannot_back() {
+        let config = Config {
+            bucket: BucketIn::Aws,
+            ratio: RatioIn {
+                ratio: Fraction::Thousandths(500),
+                ttl: Some(Span::Secs(10)),
+                buckets: Some(Count::Byte(10)),
+                per_sec: Some(Count::Small(0)),
+                burst: Some(BurstIn::Buckets(2)),
+            },
+        };
+        let mut ops: Vec<Op> = (0..10).map(|_| Op::Request(At::Abs(1_000_000_000))).collect();
+        ops.push(Op::Retry(At::Same));
+        ops.push(Op::Retry(At::Abs(2_000_000_000)));
+        let policy = build_ratio(&config.ratio).expect("a valid policy").0;
+        let mut budget = RatioBudget::new();
+        for _ in 0..10 {
+            budget.record_request(&policy, Instant::from_secs(1));
+        }
+        assert!(budget.try_acquire(&policy, Instant::from_secs(1)).is_ok());
+        assert!(budget.try_acquire(&policy, Instant::from_secs(2)).is_err(), "the newest bucket backs no retry");
+        check(&config, &ops);
+    }
 }
