@@ -17,6 +17,7 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 thread_local! {
     static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
@@ -68,4 +69,65 @@ pub fn allocations_in(f: impl FnOnce()) -> u64 {
     let before = allocations();
     f();
     allocations() - before
+}
+
+/// The system allocator, counting allocations over every thread and the bytes live (allocated
+/// and not yet freed): for soaks, where the work runs on many threads.
+///
+/// ```
+/// #[global_allocator]
+/// static GLOBAL: alloc_counter::CountingEverywhere = alloc_counter::CountingEverywhere;
+///
+/// let (before, live) = (alloc_counter::total_allocations(), alloc_counter::live_bytes());
+/// let kept = std::hint::black_box(vec![0u8; 4096]);
+/// assert!(alloc_counter::total_allocations() > before);
+/// assert!(alloc_counter::live_bytes() >= live + 4096);
+/// drop(kept);
+/// ```
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CountingEverywhere;
+
+static TOTAL: AtomicU64 = AtomicU64::new(0);
+static LIVE: AtomicU64 = AtomicU64::new(0);
+
+/// Allocations (and reallocations) counted by [`CountingEverywhere`] on every thread so far.
+pub fn total_allocations() -> u64 {
+    TOTAL.load(Ordering::Relaxed)
+}
+
+/// Bytes allocated through [`CountingEverywhere`] and not yet freed.
+pub fn live_bytes() -> u64 {
+    LIVE.load(Ordering::Relaxed)
+}
+
+// SAFETY: every call is forwarded unchanged to the system allocator; counting touches only
+// atomics, which never allocate.
+unsafe impl GlobalAlloc for CountingEverywhere {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        TOTAL.fetch_add(1, Ordering::Relaxed);
+        LIVE.fetch_add(layout.size() as u64, Ordering::Relaxed);
+        // SAFETY: forwarded with the caller's layout.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        TOTAL.fetch_add(1, Ordering::Relaxed);
+        LIVE.fetch_add(layout.size() as u64, Ordering::Relaxed);
+        // SAFETY: forwarded with the caller's layout.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE.fetch_sub(layout.size() as u64, Ordering::Relaxed);
+        // SAFETY: `ptr` came from `System` with this layout.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        TOTAL.fetch_add(1, Ordering::Relaxed);
+        LIVE.fetch_add(new_size as u64, Ordering::Relaxed);
+        LIVE.fetch_sub(layout.size() as u64, Ordering::Relaxed);
+        // SAFETY: forwarded unchanged.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
 }
