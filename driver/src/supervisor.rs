@@ -24,7 +24,7 @@ use crate::classify::{Classifier, RetryAll};
 use crate::job::{JobError, catch_create, drop_caught, poll_caught};
 use crate::runtime::Runtime;
 use crate::spawn::Spawn;
-use crate::sync::{OneshotReceiver, OneshotSender, Signal, lock, oneshot};
+use crate::sync::{OneshotReceiver, OneshotSender, TaskCell, lock, oneshot};
 use persevere::SplitMix64;
 
 /// Control levels of a task (they only rise).
@@ -116,13 +116,14 @@ pub struct ShutdownReport<K> {
     pub aborted: Vec<K>,
 }
 
-struct Entry {
+struct Entry<E> {
     serial: u64,
-    control: Arc<Signal>,
+    /// The task's control signal, in the cell it shares with its handle.
+    cell: Arc<TaskCell<TaskExit<E>>>,
 }
 
-struct Registry<K> {
-    tasks: BTreeMap<K, Entry>,
+struct Registry<K, E> {
+    tasks: BTreeMap<K, Entry<E>>,
     serial: u64,
     shutting_down: bool,
     /// `(id, outcome, aborted)` of tasks that ended after the shutdown began.
@@ -138,7 +139,7 @@ struct Inner<Rt, Sp, K, E> {
     events_rx: async_channel::Receiver<SupervisorEvent<K, E>>,
     /// Events emitted, by [`event_slot`], and the dropped ones in the last slot.
     emitted: [AtomicU64; EVENT_KINDS + 1],
-    registry: Mutex<Registry<K>>,
+    registry: Mutex<Registry<K, E>>,
     changed: Event,
 }
 
@@ -369,7 +370,8 @@ where
     {
         let inner = &self.inner;
         let policy = spec.build(&inner.defaults)?;
-        let control = Arc::new(Signal::default());
+        let (exit_tx, exit_rx) = oneshot();
+        let cell = exit_rx.cell().clone();
         let serial = {
             let mut registry = lock(&inner.registry);
             if registry.shutting_down {
@@ -380,14 +382,13 @@ where
             }
             registry.serial += 1;
             let serial = registry.serial;
-            registry.tasks.insert(id.clone(), Entry { serial, control: control.clone() });
+            registry.tasks.insert(id.clone(), Entry { serial, cell: cell.clone() });
             serial
         };
         let seed = match inner.seed {
             Some(seed) => seed.wrapping_add(serial.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
             None => inner.rt.entropy(),
         };
-        let (exit_tx, exit_rx) = oneshot();
         let guard = TaskGuard {
             inner: inner.clone(),
             id,
@@ -397,8 +398,8 @@ where
             exit: Some(exit_tx),
             aborted: false,
         };
-        inner.spawner.spawn(drive(guard, control.clone(), SplitMix64::new(seed), classifier, task));
-        Ok(TaskHandle { control, exit: exit_rx })
+        inner.spawner.spawn(drive(guard, cell, SplitMix64::new(seed), classifier, task));
+        Ok(TaskHandle { exit: exit_rx })
     }
 
     /// Cancels the task `id` now: its running attempt is dropped
@@ -410,7 +411,7 @@ where
     pub fn cancel(&self, id: &K) -> Result<(), SupervisorError> {
         let registry = lock(&self.inner.registry);
         let entry = registry.tasks.get(id).ok_or(SupervisorError::UnknownId)?;
-        entry.control.raise(CANCEL);
+        entry.cell.control.raise(CANCEL);
         Ok(())
     }
 
@@ -421,7 +422,7 @@ where
     /// [`SupervisorError::UnknownId`]; nothing changes.
     pub fn remove(&self, id: &K) -> Result<(), SupervisorError> {
         let entry = lock(&self.inner.registry).tasks.remove(id).ok_or(SupervisorError::UnknownId)?;
-        entry.control.raise(CANCEL);
+        entry.cell.control.raise(CANCEL);
         self.inner.changed.notify(usize::MAX);
         Ok(())
     }
@@ -492,7 +493,7 @@ where
             let mut registry = lock(&inner.registry);
             registry.shutting_down = true;
             for entry in registry.tasks.values() {
-                entry.control.raise(STOP);
+                entry.cell.control.raise(STOP);
             }
         }
         let mut timer = pin!(inner.rt.sleep_until(deadline));
@@ -514,7 +515,7 @@ where
         };
         if timed_out {
             for entry in lock(&inner.registry).tasks.values() {
-                entry.control.raise(ABORT);
+                entry.cell.control.raise(ABORT);
             }
         }
         loop {
@@ -541,14 +542,13 @@ where
 ///
 /// Dropping the handle does not stop the task.
 pub struct TaskHandle<E> {
-    control: Arc<Signal>,
     exit: OneshotReceiver<TaskExit<E>>,
 }
 
 impl<E> TaskHandle<E> {
     /// Cancels the task now (as [`Supervisor::cancel`]).
     pub fn cancel(&self) {
-        self.control.raise(CANCEL);
+        self.exit.cell().control.raise(CANCEL);
     }
 
     /// Whether the task has finished (its outcome is ready).
@@ -682,7 +682,7 @@ enum Step<E> {
 /// One task's driving loop.
 async fn drive<Rt, Sp, K, E, C, F, Fut>(
     mut guard: TaskGuard<Rt, Sp, K, E>,
-    control: Arc<Signal>,
+    cell: Arc<TaskCell<TaskExit<E>>>,
     mut rng: SplitMix64,
     mut classifier: C,
     mut task: F,
@@ -695,6 +695,7 @@ async fn drive<Rt, Sp, K, E, C, F, Fut>(
     Fut: Future<Output = Result<(), E>>,
 {
     let inner = guard.inner.clone();
+    let control = &cell.control;
     let policy = guard.policy;
     let rt = &inner.rt;
     let mut attempt = pin!(None::<Fut>);

@@ -137,11 +137,19 @@ struct Slot<T> {
     waker: Option<Waker>,
 }
 
+/// A one-shot slot together with a control [`Signal`], in one allocation: a supervised task's
+/// exit and the level its handle, the registry and a shutdown raise.
+pub(crate) struct TaskCell<T> {
+    /// The control level.
+    pub(crate) control: Signal,
+    slot: shared::Mutex<Slot<T>>,
+}
+
 /// The sending half of a one-shot slot.
-pub(crate) struct OneshotSender<T>(Arc<shared::Mutex<Slot<T>>>);
+pub(crate) struct OneshotSender<T>(Arc<TaskCell<T>>);
 
 /// The receiving half of a one-shot slot: a future of the value.
-pub(crate) struct OneshotReceiver<T>(Arc<shared::Mutex<Slot<T>>>);
+pub(crate) struct OneshotReceiver<T>(Arc<TaskCell<T>>);
 
 impl<T> fmt::Debug for OneshotSender<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -157,15 +165,16 @@ impl<T> fmt::Debug for OneshotReceiver<T> {
 
 /// A slot written once and awaited once.
 pub(crate) fn oneshot<T>() -> (OneshotSender<T>, OneshotReceiver<T>) {
-    let slot = Arc::new(shared::Mutex::new(Slot { value: None, sent: false, waker: None }));
-    (OneshotSender(slot.clone()), OneshotReceiver(slot))
+    let slot = shared::Mutex::new(Slot { value: None, sent: false, waker: None });
+    let cell = Arc::new(TaskCell { control: Signal::default(), slot });
+    (OneshotSender(cell.clone()), OneshotReceiver(cell))
 }
 
 impl<T> OneshotSender<T> {
     /// Fills the slot and wakes the receiver.
     pub(crate) fn send(self, value: T) {
         let waker = {
-            let mut slot = shared::lock(&self.0);
+            let mut slot = shared::lock(&self.0.slot);
             slot.value = Some(value);
             slot.sent = true;
             slot.waker.take()
@@ -179,7 +188,12 @@ impl<T> OneshotSender<T> {
 impl<T> OneshotReceiver<T> {
     /// Whether the value has been sent (taken or not).
     pub(crate) fn is_sent(&self) -> bool {
-        shared::lock(&self.0).sent
+        shared::lock(&self.0.slot).sent
+    }
+
+    /// The cell the slot lives in, with its control signal.
+    pub(crate) fn cell(&self) -> &Arc<TaskCell<T>> {
+        &self.0
     }
 }
 
@@ -188,7 +202,7 @@ impl<T> Future for OneshotReceiver<T> {
     type Output = Option<T>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<T>> {
-        let mut slot = shared::lock(&self.0);
+        let mut slot = shared::lock(&self.0.slot);
         if slot.sent {
             return Poll::Ready(slot.value.take());
         }
