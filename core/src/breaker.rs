@@ -783,7 +783,7 @@ impl Probes {
         Probes { successes: 0, busy: 0, ids: [0; LEASES], deadlines: [Instant::ZERO; LEASES] }
     }
 
-    fn held(&self) -> u32 {
+    const fn held(&self) -> u32 {
         self.busy.count_ones()
     }
 
@@ -1238,8 +1238,8 @@ impl Breaker {
     /// ```
     pub const fn outstanding_permits(&self) -> u32 {
         match &self.phase {
-            Phase::Closed(_) | Phase::Disabled => self.next_id.wrapping_sub(self.settled) & !PROBE_BIT,
-            Phase::HalfOpen(probes) => probes.busy.count_ones(),
+            Phase::Closed(_) | Phase::Disabled => closed_permits_out(self.next_id, self.settled),
+            Phase::HalfOpen(probes) => probes.held(),
             Phase::Open { .. } | Phase::Isolated => 0,
         }
     }
@@ -1329,11 +1329,17 @@ crate::serde_validated!(Breaker, "a Breaker");
 /// outstanding at once.
 #[inline]
 fn settle_closed_permit(next_id: u32, settled: &mut u32, id: u32) -> Result<(), BreakerError> {
-    if next_id.wrapping_sub(*settled) & !PROBE_BIT == 0 {
+    if closed_permits_out(next_id, *settled) == 0 {
         return Err(BreakerError::NotOutstanding { id });
     }
     *settled = settled.wrapping_add(1) & !PROBE_BIT;
     Ok(())
+}
+
+/// Closed or disabled permits issued and not yet recorded: `next_id − settled`, mod 2^31.
+#[inline]
+const fn closed_permits_out(next_id: u32, settled: u32) -> u32 {
+    next_id.wrapping_sub(settled) & !PROBE_BIT
 }
 
 /// The counts of a closed breaker's window; see [`Breaker::window_counts`].

@@ -751,6 +751,14 @@ impl RatioBudgetPolicy {
         if self.burst_buckets == 0 { None } else { Some(self.burst_buckets) }
     }
 
+    /// Whether one more retry fits a span that holds `retries` retries and `requests` requests,
+    /// with a floor of `floor_ppm` millionths of a retry: `(retries + 1) × 10⁶ ≤ ratio_ppm ×
+    /// requests + floor`.
+    #[inline]
+    const fn fits(&self, retries: u64, requests: u64, floor_ppm: u64) -> bool {
+        (retries + 1) * PPM <= self.ratio_ppm.saturating_mul(requests).saturating_add(floor_ppm)
+    }
+
     /// Retries allowed over a window holding `requests` requests, whole:
     /// `⌊(ratio_ppm × requests + floor) / 10⁶⌋`.
     pub const fn allowance(&self, requests: u64) -> u64 {
@@ -845,9 +853,7 @@ impl RatioBudget {
     #[inline]
     pub fn try_acquire(&mut self, policy: &RatioBudgetPolicy, now: Instant) -> Result<(), BudgetRefused> {
         let slot = self.advance(policy, now);
-        let wanted = (u64::from(self.retries) + 1) * PPM;
-        let allowed = policy.ratio_ppm.saturating_mul(u64::from(self.requests)).saturating_add(policy.floor_ppm);
-        if wanted > allowed {
+        if !policy.fits(u64::from(self.retries), u64::from(self.requests), policy.floor_ppm) {
             return Err(BudgetRefused);
         }
         if policy.burst_buckets != 0 && !self.burst_allows(policy) {
@@ -870,7 +876,7 @@ impl RatioBudget {
             let b = &self.buckets[slot as usize & (BUCKETS - 1)];
             requests += u64::from(b.requests);
             retries += u64::from(b.retries);
-            if (retries + 1) * PPM > policy.ratio_ppm.saturating_mul(requests).saturating_add(policy.burst_floor_ppm) {
+            if !policy.fits(retries, requests, policy.burst_floor_ppm) {
                 return false;
             }
         }

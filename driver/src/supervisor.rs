@@ -529,9 +529,10 @@ where
         // instant, before it sees the abort, is completed, as its exit says.
         let mut report = ShutdownReport { completed: Vec::new(), aborted: Vec::new() };
         for (id, kind, aborted) in std::mem::take(&mut lock(&inner.registry).ended) {
-            match aborted {
-                true => report.aborted.push(id),
-                false => report.completed.push((id, kind)),
+            if aborted {
+                report.aborted.push(id);
+            } else {
+                report.completed.push((id, kind));
             }
         }
         report

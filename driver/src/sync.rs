@@ -1,5 +1,6 @@
 //! Small executor-independent synchronisation pieces shared by the supervisor and the scheduler:
-//! a level signal with one waiter, and a one-shot slot for a final outcome.
+//! a level signal with one waiter, a wake-up flag, and a one-shot slot for a task's final
+//! outcome that shares its allocation with the task's control signal.
 
 use std::fmt;
 use std::future::Future;

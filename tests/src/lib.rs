@@ -14,6 +14,30 @@ use std::time::Duration;
 use persevere::{Backoff, FailureKind, Hint, Jitter, RetryPolicy};
 use persevere_driver::{RetryEvent, Runtime, retry};
 
+/// An attempt that never completes and panics when it is dropped (a task's attempt whose drop
+/// panics at its timeout), shared by the supervisor tests and the soak.
+#[derive(Debug)]
+pub struct PanicOnDrop;
+
+impl PanicOnDrop {
+    /// The message its drop panics with.
+    pub const MESSAGE: &'static str = "dropping the attempt panicked";
+}
+
+impl std::future::Future for PanicOnDrop {
+    type Output = Result<(), String>;
+
+    fn poll(self: std::pin::Pin<&mut Self>, _: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
+        std::task::Poll::Pending
+    }
+}
+
+impl Drop for PanicOnDrop {
+    fn drop(&mut self) {
+        panic!("{}", PanicOnDrop::MESSAGE);
+    }
+}
+
 /// One decision of a retried operation.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Decision {

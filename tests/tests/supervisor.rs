@@ -7,13 +7,14 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{Exec, Hang, PanicOnDrop, ms, sleep, until};
+use common::{Exec, Hang, ms, sleep, until};
 use persevere::{
     Backoff, FailureKind, Jitter, PolicyError, SupervisionAction, TaskDefaults, TaskOutcome, TaskOutcomeKind,
 };
 use persevere_driver::{
     EventCounts, Events, JobError, Runtime, Supervisor, SupervisorBuilder, SupervisorError, TaskSpec,
 };
+use persevere_tests::PanicOnDrop;
 
 type Sup<X> = Supervisor<<X as Exec>::Rt, <X as Exec>::Sp, &'static str, String>;
 
@@ -215,10 +216,7 @@ async fn s4_a_panic_while_dropping_a_timed_out_attempt_finishes_panicked<X: Exec
         })
         .unwrap()
         .await;
-    assert_eq!(
-        exit.outcome,
-        TaskOutcome::Panicked { error: JobError::Panicked("dropping the attempt panicked".into()) }
-    );
+    assert_eq!(exit.outcome, TaskOutcome::Panicked { error: JobError::Panicked(PanicOnDrop::MESSAGE.into()) });
     assert_eq!((exit.attempts, calls.load(Ordering::SeqCst)), (1, 1), "never retried");
 }
 on_tokio_and_smol!(s4_a_panic_while_dropping_a_timed_out_attempt_finishes_panicked);

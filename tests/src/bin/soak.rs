@@ -22,13 +22,13 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant as StdInstant};
 
 use persevere::{
     Backoff, BreakerPolicy, BreakerStatus, FailureKind, FlowPolicy, FlowStatusKind, RatioBudgetPolicy, RetryPolicy,
     TaskDefaults, TaskOutcomeKind,
 };
+use persevere_tests::PanicOnDrop;
 use persevere_tokio::{
     Breaker, Budget, CallError, Scheduler, Supervisor, SupervisorBuilder, TaskSpec, TokioRuntime, retry,
 };
@@ -219,8 +219,8 @@ async fn breaker(secs: u64) -> bool {
     );
 
     let seconds = secs as usize + 1;
-    let per_second = |_: ()| (0..seconds).map(|_| AtomicU64::new(0)).collect::<Vec<_>>();
-    let (requests, retries) = (Arc::new(per_second(())), Arc::new(per_second(())));
+    let per_second = || Arc::new((0..seconds).map(|_| AtomicU64::new(0)).collect::<Vec<_>>());
+    let (requests, retries) = (per_second(), per_second());
     let outage_calls_while_opened = Arc::new(AtomicU64::new(0));
     let opened_once = Arc::new(AtomicBool::new(false));
     let ops = Arc::new(AtomicU64::new(0));
@@ -368,22 +368,6 @@ async fn breaker(secs: u64) -> bool {
 
 // ---------------------------------------------------------------------------------------------
 // supervisor: churn with panics, hangs and panicking drops.
-
-/// A future that never completes and panics when it is dropped.
-struct PanicOnDrop;
-
-impl Future for PanicOnDrop {
-    type Output = Result<(), String>;
-    fn poll(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Self::Output> {
-        Poll::Pending
-    }
-}
-
-impl Drop for PanicOnDrop {
-    fn drop(&mut self) {
-        panic!("soak: a panicking drop");
-    }
-}
 
 async fn panicking() -> Result<(), String> {
     panic!("soak: a panicking attempt")
@@ -695,10 +679,13 @@ async fn cancel(secs: u64) -> bool {
 // ---------------------------------------------------------------------------------------------
 // Allocations per unit of work, each measured alone on a current-thread runtime.
 
-fn allocations_per_unit() {
+/// Prints the allocations of each unit of work; returns whether each stays within what the
+/// design needs (a task: its spawned future and the cell it shares with its handle; a restart
+/// and a retry: nothing).
+fn allocations_per_unit() -> bool {
     let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
     const N: u64 = 2_000;
-    rt.block_on(async {
+    let per_retry = rt.block_on(async {
         let sup: Supervisor<u64, String> = SupervisorBuilder::new(TaskDefaults::new()).seed(1).build();
         let quick = Backoff::constant(Duration::ZERO).build().unwrap();
         // Warm up the channel, the registry's tree and tokio's timer slabs.
@@ -762,7 +749,18 @@ fn allocations_per_unit() {
         }
         let per_retry = (alloc_counter::total_allocations() - before) as f64 / N as f64;
         println!("| retry(..) of 4 failing attempts, zero delay | {per_retry:.2} |");
+        (per_task, per_restart, per_retry)
     });
+    let (per_task, per_restart, per_retry) = per_retry;
+    let checks = [
+        ("a supervised task allocates at most 2", (per_task * 100.0).round() <= 200.0),
+        ("a restart allocates nothing", per_restart == 0.0),
+        ("a retry allocates nothing", per_retry == 0.0),
+    ];
+    for (what, holds) in checks {
+        println!("| {}: {what} | |", if holds { "PASS" } else { "FAIL" });
+    }
+    checks.iter().all(|(_, holds)| *holds)
 }
 
 fn main() {
@@ -786,7 +784,12 @@ fn main() {
     // The panics injected on purpose are expected; keep the output to the tables.
     let default_hook = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
-        let soak = info.payload().downcast_ref::<&str>().is_some_and(|m| m.starts_with("soak:"));
+        let message = info
+            .payload()
+            .downcast_ref::<&str>()
+            .copied()
+            .or_else(|| info.payload().downcast_ref::<String>().map(String::as_str));
+        let soak = message.is_some_and(|m| m.starts_with("soak:") || m == PanicOnDrop::MESSAGE);
         if !soak {
             default_hook(info);
         }
@@ -795,7 +798,7 @@ fn main() {
     let run = |name: &str| scenario == "all" || scenario == name;
     let mut ok = true;
     if run("allocations") {
-        allocations_per_unit();
+        ok &= allocations_per_unit();
     }
     if run("breaker") {
         ok &= rt.block_on(breaker(secs));

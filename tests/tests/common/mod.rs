@@ -101,22 +101,6 @@ impl Drop for Hang {
     }
 }
 
-/// A future that never completes and panics when dropped.
-pub struct PanicOnDrop;
-
-impl Future for PanicOnDrop {
-    type Output = Result<(), String>;
-    fn poll(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Self::Output> {
-        Poll::Pending
-    }
-}
-
-impl Drop for PanicOnDrop {
-    fn drop(&mut self) {
-        panic!("dropping the attempt panicked");
-    }
-}
-
 pub fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
