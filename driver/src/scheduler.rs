@@ -10,7 +10,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::future::{Future, poll_fn};
-use std::pin::{Pin, pin};
+use std::pin::pin;
 use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 use std::task::Poll;
@@ -79,19 +79,45 @@ impl From<FlowError> for SchedulerError {
     }
 }
 
-/// A job: makes one run's future.
-type Job<E> = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Result<(), E>> + Send>> + Send + Sync>;
+/// A flow's job with its type erased. It spawns each run of its flow itself, so the run's
+/// future holds the job's future inline: a dispatch costs the spawn's allocation and no box.
+trait Job<Rt, Sp, K, E>: Send + Sync {
+    /// Spawns one run of the flow `id` on `shared`'s spawner.
+    fn spawn_run(self: Arc<Self>, shared: &Arc<Shared<Rt, Sp, K, E>>, id: K, classifier: Option<SharedClassifier<E>>);
+}
+
+/// A job closure, as given to [`Scheduler::every`] or [`Scheduler::cron`].
+struct JobFn<F>(F);
+
+impl<F, Fut, Rt, Sp, K, E> Job<Rt, Sp, K, E> for JobFn<F>
+where
+    F: Fn() -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<(), E>> + Send + 'static,
+    Rt: Runtime + Send + Sync + 'static,
+    Rt::Sleep: Send,
+    Sp: Spawn,
+    K: Ord + Clone + Send + 'static,
+    E: Clone + Send + 'static,
+{
+    fn spawn_run(self: Arc<Self>, shared: &Arc<Shared<Rt, Sp, K, E>>, id: K, classifier: Option<SharedClassifier<E>>) {
+        let guard = RunGuard { shared: shared.clone(), id: Some(id) };
+        shared.spawner.spawn(run(guard, self, classifier));
+    }
+}
 
 /// A flow's classifier, shared by its runs (which never overlap, so the lock is never waited on).
 type SharedClassifier<E> = Arc<Mutex<dyn Classifier<E> + Send>>;
 
 /// What one run of a flow needs: its job, and how its errors are classified.
-struct Work<E> {
-    job: Job<E>,
+struct Work<Rt, Sp, K, E> {
+    job: Arc<dyn Job<Rt, Sp, K, E>>,
     classifier: Option<SharedClassifier<E>>,
 }
 
-impl<E> Clone for Work<E> {
+/// The runs a dispatch took, spawned once the registry's lock is released.
+type Batch<Rt, Sp, K, E> = Vec<(K, Work<Rt, Sp, K, E>)>;
+
+impl<Rt, Sp, K, E> Clone for Work<Rt, Sp, K, E> {
     fn clone(&self) -> Self {
         Work { job: self.job.clone(), classifier: self.classifier.clone() }
     }
@@ -108,9 +134,9 @@ enum Schedule {
     Cron(Box<Cron>),
 }
 
-struct Spec<E> {
+struct Spec<Rt, Sp, K, E> {
     schedule: Schedule,
-    work: Work<E>,
+    work: Work<Rt, Sp, K, E>,
     policy: Option<FlowPolicy>,
 }
 
@@ -140,7 +166,7 @@ struct Spec<E> {
 pub struct Scheduler<Rt, Sp, K, E> {
     rt: Rt,
     spawner: Sp,
-    specs: BTreeMap<K, Spec<E>>,
+    specs: BTreeMap<K, Spec<Rt, Sp, K, E>>,
     default_policy: FlowPolicy,
     seed: Option<u64>,
     wall: Option<SystemTime>,
@@ -219,7 +245,7 @@ where
         if self.specs.contains_key(&id) {
             return Err(SchedulerError::DuplicateId);
         }
-        let job: Job<E> = Arc::new(move || Box::pin(job()));
+        let job: Arc<dyn Job<Rt, Sp, K, E>> = Arc::new(JobFn(job));
         self.specs.insert(id, Spec { schedule, work: Work { job, classifier: None }, policy: None });
         Ok(self)
     }
@@ -373,15 +399,15 @@ impl WallClock {
     }
 }
 
-struct Entry<E> {
-    work: Work<E>,
+struct Entry<Rt, Sp, K, E> {
+    work: Work<Rt, Sp, K, E>,
     policy: Arc<FlowPolicy>,
     cron: Option<Box<Cron>>,
 }
 
-struct State<K, E> {
+struct State<Rt, Sp, K, E> {
     flows: Flows<K, JobError<E>>,
-    entries: BTreeMap<K, Entry<E>>,
+    entries: BTreeMap<K, Entry<Rt, Sp, K, E>>,
     /// The next tick of each cron flow.
     cron_due: BTreeSet<(Instant, K)>,
     rng: SplitMix64,
@@ -401,7 +427,7 @@ struct Shared<Rt, Sp, K, E> {
     rt: Rt,
     spawner: Sp,
     wall: WallClock,
-    state: Mutex<State<K, E>>,
+    state: Mutex<State<Rt, Sp, K, E>>,
     wake: Nudge,
     done: Event,
 }
@@ -417,7 +443,7 @@ where
     /// Takes note of run `id`, which the registry has just dispatched; the caller spawns it
     /// with [`launch`](Self::launch) once the lock is released (a spawner may drop a future at
     /// once, and its drop takes the lock).
-    fn take_run(state: &mut State<K, E>, id: K, batch: &mut Vec<(K, Work<E>)>) {
+    fn take_run(state: &mut State<Rt, Sp, K, E>, id: K, batch: &mut Batch<Rt, Sp, K, E>) {
         if let Some(entry) = state.entries.get(&id) {
             state.in_flight += 1;
             batch.push((id, entry.work.clone()));
@@ -425,14 +451,19 @@ where
     }
 
     /// Spawns the runs of `batch`. Called without the lock.
-    fn launch(self: &Arc<Self>, batch: &mut Vec<(K, Work<E>)>) {
+    fn launch(self: &Arc<Self>, batch: &mut Batch<Rt, Sp, K, E>) {
         for (id, work) in batch.drain(..) {
-            self.spawner.spawn(run(RunGuard { shared: self.clone(), id: Some(id) }, work));
+            work.job.spawn_run(self, id, work.classifier);
         }
     }
 
     /// Dispatches everything due at `now` into `batch`; returns when the loop must wake next.
-    fn dispatch_due(&self, state: &mut State<K, E>, now: Instant, batch: &mut Vec<(K, Work<E>)>) -> Option<Instant> {
+    fn dispatch_due(
+        &self,
+        state: &mut State<Rt, Sp, K, E>,
+        now: Instant,
+        batch: &mut Batch<Rt, Sp, K, E>,
+    ) -> Option<Instant> {
         let default_policy = state.default_policy.clone();
         state.flows.handle_timeout(&default_policy, now, &mut state.rng);
         while let Some((id, action)) = state.flows.poll_action() {
@@ -525,22 +556,30 @@ where
 }
 
 /// One run of a flow.
-async fn run<Rt, Sp, K, E>(mut guard: RunGuard<Rt, Sp, K, E>, work: Work<E>)
-where
+async fn run<Rt, Sp, K, E, F, Fut>(
+    mut guard: RunGuard<Rt, Sp, K, E>,
+    job: Arc<JobFn<F>>,
+    classifier: Option<SharedClassifier<E>>,
+) where
+    F: Fn() -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<(), E>> + Send + 'static,
     Rt: Runtime + Send + Sync + 'static,
     Rt::Sleep: Send,
     Sp: Spawn,
     K: Ord + Clone + Send + 'static,
     E: Clone + Send + 'static,
 {
-    let result = match catch_create(|| (work.job)()) {
-        Ok(mut future) => poll_fn(|cx| poll_caught(future.as_mut(), cx)).await,
+    let result = match catch_create(|| (job.0)()) {
+        Ok(future) => {
+            let mut future = pin!(future);
+            poll_fn(|cx| poll_caught(future.as_mut(), cx)).await
+        }
         Err(message) => Err(message),
     };
     let end = match result {
         Ok(Ok(())) => RunEnd::Succeeded,
         Ok(Err(error)) => {
-            let kind = match &work.classifier {
+            let kind = match &classifier {
                 Some(classifier) => catch_create(|| lock(classifier).classify(&error)).unwrap_or(FailureKind::Panicked),
                 None => FailureKind::Retryable,
             };
