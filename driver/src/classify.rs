@@ -115,6 +115,37 @@ impl<E, F: FnMut(&RetryEvent<'_, E>)> Notify<E> for F {
 /// [`allow_retry`](RetryGate::allow_retry) whenever the machine wants to retry (a refusal ends
 /// the operation with `Rejected`), and [`on_success`](RetryGate::on_success) when an attempt
 /// succeeds. `()` allows everything.
+///
+/// # Several gates
+/// A tuple of up to four gates is a gate: every gate hears of each request and success, and a
+/// retry is allowed when every gate allows it. The gates are asked in order and the first
+/// refusal stops the asking, so a gate that spends on a grant (a [`Budget`](crate::Budget))
+/// belongs after one that only looks (a [`Breaker`](crate::Breaker)): then no token is spent
+/// on a retry the breaker refuses.
+///
+/// ```
+/// use std::time::Duration;
+/// use persevere::{Backoff, BreakerPolicy, RatioBudgetPolicy};
+/// use persevere_driver::{Breaker, Budget, RetryGate};
+/// # use persevere::{FailureClass, Instant};
+/// # #[derive(Clone, Default)]
+/// # struct Clock;
+/// # impl persevere_driver::Runtime for Clock {
+/// #     type Sleep = std::future::Ready<()>;
+/// #     fn now(&self) -> Instant { Instant::ZERO }
+/// #     fn sleep_until(&self, _: Instant) -> Self::Sleep { std::future::ready(()) }
+/// # }
+///
+/// let open_for = Backoff::constant(Duration::from_secs(1)).build()?;
+/// let breaker = Breaker::with_runtime(Clock, BreakerPolicy::builder(open_for).consecutive_failures(5).build()?);
+/// let budget = Budget::ratio(Clock, RatioBudgetPolicy::builder(0.1).build()?);
+/// // The breaker first: an open breaker refuses before the budget spends anything.
+/// let gates = (breaker.clone(), budget.clone());
+/// // `retry(..).gate(gates)` asks both before each retry.
+/// # gates.on_request(None);
+/// # assert!(gates.allow_retry(None, FailureClass::Retryable));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub trait RetryGate {
     /// An operation starts (its first attempt). `now` is `None` on the clock-free fast path.
     fn on_request(&self, now: Option<Instant>) {
@@ -135,6 +166,28 @@ impl RetryGate for () {
         true
     }
 }
+
+macro_rules! tuple_gate {
+    ($($gate:ident . $index:tt),+) => {
+        impl<$($gate: RetryGate),+> RetryGate for ($($gate,)+) {
+            fn on_request(&self, now: Option<Instant>) {
+                $(self.$index.on_request(now);)+
+            }
+
+            fn allow_retry(&self, now: Option<Instant>, class: FailureClass) -> bool {
+                $(self.$index.allow_retry(now, class))&&+
+            }
+
+            fn on_success(&self) {
+                $(self.$index.on_success();)+
+            }
+        }
+    };
+}
+
+tuple_gate!(A.0, B.1);
+tuple_gate!(A.0, B.1, C.2);
+tuple_gate!(A.0, B.1, C.2, D.3);
 
 impl<G: RetryGate + ?Sized> RetryGate for &G {
     fn on_request(&self, now: Option<Instant>) {

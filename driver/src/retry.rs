@@ -363,8 +363,9 @@ impl<Rt: Runtime, P, Op, Fut, E, C, N, G, S> RetryFuture<Rt, P, Op, Fut, E, C, N
         self.map(|c, _, g, s| (c, notify, g, s))
     }
 
-    /// Asks `gate` (a retry budget, a breaker) before each retry; a refusal ends the operation
-    /// with [`OutcomeKind::Rejected`].
+    /// Asks `gate` (a retry budget, a breaker, or a tuple of gates such as `(breaker, budget)`,
+    /// asked in order) before each retry; a refusal ends the operation with
+    /// [`OutcomeKind::Rejected`].
     pub fn gate<G2: RetryGate>(self, gate: G2) -> RetryFuture<Rt, P, Op, Fut, E, C, N, G2, S> {
         self.map(|c, n, _, s| (c, n, gate, s))
     }

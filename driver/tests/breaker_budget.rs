@@ -251,3 +251,77 @@ fn k4_a_failure_admitted_before_the_breaker_opened_does_not_take_a_later_probe()
     assert_eq!(block_on(breaker.call(async { Ok::<_, &str>(1) })), Ok(1), "the probe is still free");
     assert_eq!(breaker.status(), BreakerStatus::Closed);
 }
+
+#[test]
+fn u4_a_breaker_and_a_budget_together_each_veto_retries() {
+    let rt = Virtual::default();
+    let p = RetryPolicy::builder(Backoff::constant(Duration::ZERO).build().unwrap()).max_attempts(10).build().unwrap();
+    let tokens = |n| Budget::tokens(rt.clone(), TokenBucketPolicy::builder(n).costs(5, 5, 5).build().unwrap());
+
+    // The budget refuses: 10 tokens at 5 a retry allow 2 retries, and the breaker (5 failures)
+    // stays closed.
+    let (breaker, budget) = (Breaker::with_runtime(rt.clone(), policy(5)), tokens(10));
+    let gates = (breaker.clone(), budget.clone());
+    let b = breaker.clone();
+    let done = block_on(retry(&rt, &p, || b.call(async { Err::<(), _>("down") })).gate(&gates));
+    assert_eq!((done.result.unwrap_err().outcome, done.stats.attempts), (OutcomeKind::Rejected, 3));
+    assert_eq!(breaker.status(), BreakerStatus::Closed);
+
+    // The breaker refuses: it opens on the first failure, before the budget is asked, so the
+    // budget keeps its one retry.
+    let (breaker, budget) = (Breaker::with_runtime(rt.clone(), policy(1)), tokens(5));
+    let b = breaker.clone();
+    let done = block_on(retry(&rt, &p, || b.call(async { Err::<(), _>("down") })).gate((&breaker, &budget)));
+    assert_eq!((done.result.unwrap_err().outcome, done.stats.attempts), (OutcomeKind::Rejected, 1));
+    assert!(budget.allow_retry(None, FailureClass::Retryable), "the budget spent nothing");
+
+    // In the other order the budget is asked first and spends its retry on one that the open
+    // breaker then refuses: the order the docs of `RetryGate` warn about.
+    let (breaker, budget) = (Breaker::with_runtime(rt.clone(), policy(1)), tokens(5));
+    let b = breaker.clone();
+    let done = block_on(retry(&rt, &p, || b.call(async { Err::<(), _>("down") })).gate((&budget, &breaker)));
+    assert_eq!((done.result.unwrap_err().outcome, done.stats.attempts), (OutcomeKind::Rejected, 1));
+    assert!(!budget.allow_retry(None, FailureClass::Retryable), "the budget spent its retry");
+}
+
+#[test]
+fn u4_gates_are_asked_in_order_and_each_hears_every_request_and_success() {
+    use std::cell::RefCell;
+    struct Log<'a>(&'static str, bool, &'a RefCell<Vec<String>>);
+    impl RetryGate for Log<'_> {
+        fn on_request(&self, _: Option<Instant>) {
+            self.2.borrow_mut().push(format!("{}:request", self.0));
+        }
+        fn allow_retry(&self, _: Option<Instant>, _: FailureClass) -> bool {
+            self.2.borrow_mut().push(format!("{}:ask", self.0));
+            self.1
+        }
+        fn on_success(&self) {
+            self.2.borrow_mut().push(format!("{}:success", self.0));
+        }
+    }
+    let log = RefCell::new(Vec::new());
+    let gates = (Log("a", true, &log), Log("b", true, &log), Log("c", false, &log), Log("d", true, &log));
+    gates.on_request(None);
+    assert!(!gates.allow_retry(None, FailureClass::Retryable));
+    gates.on_success();
+    let expected = [
+        "a:request",
+        "b:request",
+        "c:request",
+        "d:request",
+        "a:ask",
+        "b:ask",
+        "c:ask",
+        "a:success",
+        "b:success",
+        "c:success",
+        "d:success",
+    ];
+    assert_eq!(*log.borrow(), expected, "d is not asked after c refused");
+    log.borrow_mut().clear();
+    let pair = (Log("a", true, &log), Log("b", true, &log));
+    assert!(pair.allow_retry(None, FailureClass::Retryable));
+    let triple = (Log("a", true, &log), Log("b", true, &log), Log("c", true, &log));
+    assert!(triple.allow_retry(None, FailureClass::Retryable));
+}
