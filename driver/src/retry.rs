@@ -292,7 +292,7 @@ pin_project! {
 ///         let fail = calls < 3;
 ///         async move { if fail { Err("busy") } else { Ok(calls) } }
 ///     })
-///     .notify(|e: &persevere_driver::RetryEvent<'_, &str>| println!("retry {} after {:?}", e.next_attempt, e.delay)),
+///     .notify(|e| println!("retry {} after {:?}", e.next_attempt, e.delay)),
 /// );
 /// assert_eq!(done.result, Ok(3));
 /// assert_eq!(done.stats.attempts, 3);
@@ -344,9 +344,18 @@ impl<Rt: Runtime, P, Op, Fut, E, C, N, G, S> RetryFuture<Rt, P, Op, Fut, E, C, N
         }
     }
 
-    /// Classifies errors with a closure (or any [`Classifier`]): return
+    /// Classifies errors with a closure `|error| kind` (its argument's type is inferred): return
     /// [`FailureKind::Fatal`] to stop, [`FailureKind::Hinted`] to honour a `Retry-After`.
-    pub fn classify<C2: Classifier<E>>(self, classifier: C2) -> RetryFuture<Rt, P, Op, Fut, E, C2, N, G, S> {
+    pub fn classify<C2>(self, classifier: C2) -> RetryFuture<Rt, P, Op, Fut, E, C2, N, G, S>
+    where
+        C2: FnMut(&E) -> FailureKind,
+    {
+        self.classify_with(classifier)
+    }
+
+    /// Classifies errors with any [`Classifier`] (a type of your own, [`RetryAll`](crate::RetryAll),
+    /// [`ByTrait`]).
+    pub fn classify_with<C2: Classifier<E>>(self, classifier: C2) -> RetryFuture<Rt, P, Op, Fut, E, C2, N, G, S> {
         self.map(|_, n, g, s| (classifier, n, g, s))
     }
 
@@ -355,11 +364,20 @@ impl<Rt: Runtime, P, Op, Fut, E, C, N, G, S> RetryFuture<Rt, P, Op, Fut, E, C, N
     where
         E: Classify,
     {
-        self.classify(ByTrait)
+        self.classify_with(ByTrait)
     }
 
-    /// Calls `notify` before each retry with the error, the delay and the next attempt's number.
-    pub fn notify<N2: Notify<E>>(self, notify: N2) -> RetryFuture<Rt, P, Op, Fut, E, C, N2, G, S> {
+    /// Calls `notify` before each retry with a [`RetryEvent`]: the error, the delay and the next
+    /// attempt's number (the closure's argument type is inferred).
+    pub fn notify<N2>(self, notify: N2) -> RetryFuture<Rt, P, Op, Fut, E, C, N2, G, S>
+    where
+        N2: FnMut(&RetryEvent<'_, E>),
+    {
+        self.notify_with(notify)
+    }
+
+    /// Calls any [`Notify`] implementation before each retry.
+    pub fn notify_with<N2: Notify<E>>(self, notify: N2) -> RetryFuture<Rt, P, Op, Fut, E, C, N2, G, S> {
         self.map(|c, _, g, s| (c, notify, g, s))
     }
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use futures_lite::future::block_on;
 use persevere::{Backoff, FailureClass, FailureKind, Hint, Instant, OutcomeKind, RetryPolicy};
-use persevere_driver::{RetryEvent, RetryGate, retry};
+use persevere_driver::{RetryGate, retry};
 
 mod common;
 use common::Virtual;
@@ -52,7 +52,7 @@ fn r6_delays_are_slept_on_the_runtime_clock_and_notified() {
     let mut seen = Vec::new();
     let done = block_on(
         retry(&rt, &p, || async { Err::<(), _>("busy") })
-            .notify(|e: &RetryEvent<'_, &'static str>| seen.push((e.next_attempt, e.delay, e.error.copied()))),
+            .notify(|e| seen.push((e.next_attempt, e.delay, e.error.copied()))),
     );
     assert_eq!(seen, vec![(2, ms(100), Some("busy")), (3, ms(200), Some("busy")), (4, ms(400), Some("busy"))]);
     let gave_up = done.result.unwrap_err();
@@ -76,7 +76,7 @@ fn r2_a_classifier_stops_on_fatal_errors_and_honours_hints() {
             let n = calls;
             async move { Err::<(), u32>(n) }
         })
-        .classify(|e: &u32| match e {
+        .classify(|e| match e {
             1 => FailureKind::Hinted(Hint::After(ms(250))),
             _ => FailureKind::Fatal,
         }),
@@ -190,11 +190,7 @@ fn the_same_seed_gives_the_same_delays() {
         let rt = Virtual::default();
         let p = policy(Backoff::exponential(ms(10), 2.0).jitter(persevere::Jitter::Full).build().unwrap(), 6);
         let mut seen = Vec::new();
-        let _ = block_on(
-            retry(&rt, &p, || async { Err::<(), ()>(()) })
-                .seed(seed)
-                .notify(|e: &RetryEvent<'_, ()>| seen.push(e.delay)),
-        );
+        let _ = block_on(retry(&rt, &p, || async { Err::<(), ()>(()) }).seed(seed).notify(|e| seen.push(e.delay)));
         seen
     };
     assert_eq!(delays(1), delays(1));
@@ -247,7 +243,7 @@ fn b6_a_hint_past_max_hint_gives_up_deferred_with_the_time_to_come_back() {
     let p = policy(Backoff::constant(ms(10)).build().unwrap(), 5);
     let done = block_on(
         retry(&rt, &p, || async { Err::<(), _>("429") })
-            .classify(|_: &&str| FailureKind::Hinted(Hint::After(Duration::from_secs(600)))),
+            .classify(|_| FailureKind::Hinted(Hint::After(Duration::from_secs(600)))),
     );
     let gave_up = done.result.unwrap_err();
     assert_eq!(
@@ -268,8 +264,7 @@ fn b6_the_longest_hint_is_still_told_as_a_time_to_come_back() {
     let rt = Virtual::default();
     let p = policy(Backoff::constant(ms(10)).build().unwrap(), 3);
     let done = block_on(
-        retry(&rt, &p, || async { Err::<(), _>("429") })
-            .classify(|_: &&str| FailureKind::Hinted(Hint::After(Duration::MAX))),
+        retry(&rt, &p, || async { Err::<(), _>("429") }).classify(|_| FailureKind::Hinted(Hint::After(Duration::MAX))),
     );
     let gave_up = done.result.unwrap_err();
     assert_eq!(gave_up.outcome, OutcomeKind::Deferred);

@@ -12,7 +12,7 @@ mod readme {}
 use std::time::Duration;
 
 use persevere::{Backoff, FailureKind, Hint, Jitter, RetryPolicy};
-use persevere_driver::{RetryEvent, Runtime, retry};
+use persevere_driver::{Runtime, retry};
 
 /// An attempt that never completes and panics when it is dropped (a task's attempt whose drop
 /// panics at its timeout), shared by the supervisor tests and the soak.
@@ -81,12 +81,12 @@ pub async fn scripted<Rt: Runtime>(runtime: impl Fn() -> Rt) -> Vec<Decision> {
             async move { if step == "ok" { Ok(attempt) } else { Err(step) } }
         })
         .seed(2026)
-        .classify(|e: &&str| match *e {
+        .classify(|e| match *e {
             "retry-after" => FailureKind::Hinted(Hint::After(Duration::from_millis(3))),
             "fatal" => FailureKind::Fatal,
             _ => FailureKind::Retryable,
         })
-        .notify(|e: &RetryEvent<'_, &str>| {
+        .notify(|e| {
             trace.push(Decision::Retry {
                 next_attempt: e.next_attempt,
                 delay: e.delay,

@@ -250,13 +250,13 @@ async fn breaker(secs: u64) -> bool {
                         if down { Err("dependency down") } else { Ok(()) }
                     })
                 })
-                .classify(|e: &CallError<&str>| match e {
+                .classify(|e| match e {
                     // A rejection asks the budget for a retry, so that the budget is what bounds
                     // the retries of the outage (the breaker alone would stop them all).
                     CallError::Rejected { .. } => FailureKind::Retryable,
                     CallError::Failed(_) => FailureKind::Retryable,
                 })
-                .notify(move |_: &persevere_tokio::RetryEvent<'_, CallError<&str>>| {
+                .notify(move |_| {
                     let second = start.elapsed().as_secs() as usize;
                     retries[second.min(seconds - 1)].fetch_add(1, Relaxed);
                 })
