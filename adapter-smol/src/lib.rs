@@ -30,14 +30,22 @@ use std::future::Future;
 
 use persevere::{Instant, RetryPolicy};
 use persevere_driver::LazyEpoch;
+pub use persevere_driver::Runtime;
+#[cfg(feature = "scheduler")]
+pub use persevere_driver::SchedulerError;
+#[cfg(feature = "http")]
+pub use persevere_driver::retry_after;
 pub use persevere_driver::{
     BreakerCall, ByResult, ByTrait, CallClassifier, CallError, Classifier, Classify, GaveUp, Notify, Retried, RetryAll,
-    RetryEvent, RetryGate, Stats, retry_after,
+    RetryEvent, RetryGate, Stats,
 };
+#[cfg(feature = "supervisor")]
 pub use persevere_driver::{
-    DEFAULT_EVENT_CAPACITY, EventCounts, Events, JobError, Runtime, SchedulerError, ShutdownReport, Spawn,
-    SupervisorError, SupervisorEvent, TaskExit, TaskHandle, TaskSpec,
+    DEFAULT_EVENT_CAPACITY, EventCounts, Events, ShutdownReport, SupervisorError, SupervisorEvent, TaskExit,
+    TaskHandle, TaskSpec,
 };
+#[cfg(any(feature = "supervisor", feature = "scheduler"))]
+pub use persevere_driver::{JobError, Spawn};
 
 /// async-io's clock and timers. Its epoch is its first clock reading, taken lazily: creating
 /// one costs nothing and reads no clock.
@@ -93,26 +101,47 @@ pub type Breaker = persevere_driver::Breaker<SmolRuntime>;
 /// `retry(..).gate(budget.clone())`. See [`persevere_driver::Budget`].
 pub type Budget = persevere_driver::Budget<SmolRuntime>;
 
-/// Spawns the supervisor's tasks and the scheduler's runs: on smol's global executor (the
-/// default; it runs its own threads, so this works under async-std's executor too), or on a
-/// given `smol::Executor`.
+#[cfg(any(feature = "supervisor", feature = "scheduler"))]
+/// Spawns the supervisor's tasks and the scheduler's runs: on persevere's own global executor
+/// (the default), or on a given executor (`smol::Executor` is `async_executor::Executor`).
+///
+/// The global executor is one `async_executor::Executor` run by one background thread named
+/// `persevere-smol`, started at the first spawn; because it runs on its own thread, the
+/// supervisor and the scheduler work under smol's and async-std's executors alike. To run the
+/// tasks on threads of your own, give your executor to [`on`](Self::on) and run it.
 #[derive(Clone, Debug, Default)]
 pub struct SmolSpawn {
-    executor: Option<std::sync::Arc<smol::Executor<'static>>>,
+    executor: Option<std::sync::Arc<async_executor::Executor<'static>>>,
 }
 
+#[cfg(any(feature = "supervisor", feature = "scheduler"))]
 impl SmolSpawn {
-    /// Spawns with `smol::spawn` on smol's global executor.
+    /// Spawns on persevere's global executor (its thread starts at the first spawn).
     pub const fn global() -> Self {
         SmolSpawn { executor: None }
     }
 
     /// Spawns on `executor` (someone must run it).
-    pub const fn on(executor: std::sync::Arc<smol::Executor<'static>>) -> Self {
+    pub const fn on(executor: std::sync::Arc<async_executor::Executor<'static>>) -> Self {
         SmolSpawn { executor: Some(executor) }
     }
 }
 
+/// The executor behind [`SmolSpawn::global`], and the thread that runs it.
+#[cfg(any(feature = "supervisor", feature = "scheduler"))]
+fn global_executor() -> &'static async_executor::Executor<'static> {
+    static GLOBAL: std::sync::OnceLock<async_executor::Executor<'static>> = std::sync::OnceLock::new();
+    GLOBAL.get_or_init(|| {
+        // The thread waits for this initialisation to finish before it runs the executor.
+        std::thread::Builder::new()
+            .name("persevere-smol".into())
+            .spawn(|| async_io::block_on(global_executor().run(std::future::pending::<()>())))
+            .expect("persevere-smol: the operating system refused to start the executor's thread");
+        async_executor::Executor::new()
+    })
+}
+
+#[cfg(any(feature = "supervisor", feature = "scheduler"))]
 impl Spawn for SmolSpawn {
     fn spawn<F>(&self, future: F)
     where
@@ -121,19 +150,23 @@ impl Spawn for SmolSpawn {
         // A detached task runs to its end; the driver cancels and reports by itself.
         match &self.executor {
             Some(executor) => executor.spawn(future).detach(),
-            None => smol::spawn(future).detach(),
+            None => global_executor().spawn(future).detach(),
         }
     }
 }
 
+#[cfg(feature = "supervisor")]
 /// [`persevere_driver::Supervisor`] on smol: `Supervisor::new(TaskDefaults::new())`.
 pub type Supervisor<K, E> = persevere_driver::Supervisor<SmolRuntime, SmolSpawn, K, E>;
 
+#[cfg(feature = "supervisor")]
 /// [`persevere_driver::SupervisorBuilder`] on smol.
 pub type SupervisorBuilder = persevere_driver::SupervisorBuilder<SmolRuntime, SmolSpawn>;
 
+#[cfg(feature = "scheduler")]
 /// [`persevere_driver::Scheduler`] on smol: `Scheduler::new()`.
 pub type Scheduler<K, E> = persevere_driver::Scheduler<SmolRuntime, SmolSpawn, K, E>;
 
+#[cfg(feature = "scheduler")]
 /// [`persevere_driver::SchedulerHandle`] on smol.
 pub type SchedulerHandle<K, E> = persevere_driver::SchedulerHandle<SmolRuntime, SmolSpawn, K, E>;

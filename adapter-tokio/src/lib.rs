@@ -33,14 +33,22 @@ use std::time::Duration;
 
 use persevere::{Instant, RetryPolicy};
 use persevere_driver::LazyEpoch;
+pub use persevere_driver::Runtime;
+#[cfg(feature = "scheduler")]
+pub use persevere_driver::SchedulerError;
+#[cfg(feature = "http")]
+pub use persevere_driver::retry_after;
 pub use persevere_driver::{
     BreakerCall, ByResult, ByTrait, CallClassifier, CallError, Classifier, Classify, GaveUp, Notify, Retried, RetryAll,
-    RetryEvent, RetryGate, Stats, retry_after,
+    RetryEvent, RetryGate, Stats,
 };
+#[cfg(feature = "supervisor")]
 pub use persevere_driver::{
-    DEFAULT_EVENT_CAPACITY, EventCounts, Events, JobError, Runtime, SchedulerError, ShutdownReport, Spawn,
-    SupervisorError, SupervisorEvent, TaskExit, TaskHandle, TaskSpec,
+    DEFAULT_EVENT_CAPACITY, EventCounts, Events, ShutdownReport, SupervisorError, SupervisorEvent, TaskExit,
+    TaskHandle, TaskSpec,
 };
+#[cfg(any(feature = "supervisor", feature = "scheduler"))]
+pub use persevere_driver::{JobError, Spawn};
 
 /// How far ahead an instant beyond the clock's range is put (about 30 years, as tokio does).
 const FAR_FUTURE: Duration = Duration::from_secs(86_400 * 365 * 30);
@@ -101,6 +109,7 @@ pub type Breaker = persevere_driver::Breaker<TokioRuntime>;
 /// `retry(..).gate(budget.clone())`. See [`persevere_driver::Budget`].
 pub type Budget = persevere_driver::Budget<TokioRuntime>;
 
+#[cfg(any(feature = "supervisor", feature = "scheduler"))]
 /// Spawns the supervisor's tasks and the scheduler's runs on tokio.
 ///
 /// The default spawns on the runtime current when it is created (so a supervisor or scheduler
@@ -111,12 +120,14 @@ pub struct TokioSpawn {
     handle: Option<tokio::runtime::Handle>,
 }
 
+#[cfg(any(feature = "supervisor", feature = "scheduler"))]
 impl Default for TokioSpawn {
     fn default() -> Self {
         TokioSpawn { handle: tokio::runtime::Handle::try_current().ok() }
     }
 }
 
+#[cfg(any(feature = "supervisor", feature = "scheduler"))]
 impl TokioSpawn {
     /// Spawns with `tokio::spawn` on the runtime current at each spawn (panics outside one).
     pub const fn current() -> Self {
@@ -129,6 +140,7 @@ impl TokioSpawn {
     }
 }
 
+#[cfg(any(feature = "supervisor", feature = "scheduler"))]
 impl Spawn for TokioSpawn {
     fn spawn<F>(&self, future: F)
     where
@@ -142,14 +154,18 @@ impl Spawn for TokioSpawn {
     }
 }
 
+#[cfg(feature = "supervisor")]
 /// [`persevere_driver::Supervisor`] on tokio: `Supervisor::new(TaskDefaults::new())`.
 pub type Supervisor<K, E> = persevere_driver::Supervisor<TokioRuntime, TokioSpawn, K, E>;
 
+#[cfg(feature = "supervisor")]
 /// [`persevere_driver::SupervisorBuilder`] on tokio.
 pub type SupervisorBuilder = persevere_driver::SupervisorBuilder<TokioRuntime, TokioSpawn>;
 
+#[cfg(feature = "scheduler")]
 /// [`persevere_driver::Scheduler`] on tokio: `Scheduler::new()`.
 pub type Scheduler<K, E> = persevere_driver::Scheduler<TokioRuntime, TokioSpawn, K, E>;
 
+#[cfg(feature = "scheduler")]
 /// [`persevere_driver::SchedulerHandle`] on tokio.
 pub type SchedulerHandle<K, E> = persevere_driver::SchedulerHandle<TokioRuntime, TokioSpawn, K, E>;

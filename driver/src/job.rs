@@ -76,6 +76,7 @@ pub(crate) fn poll_caught<F: Future + ?Sized>(
 }
 
 /// Runs `drop_it` (a drop of user code), catching a panic.
+#[cfg(feature = "supervisor")]
 pub(crate) fn drop_caught(drop_it: impl FnOnce()) -> Option<Arc<str>> {
     catch_unwind(AssertUnwindSafe(drop_it)).err().map(panic_message)
 }

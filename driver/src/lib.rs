@@ -19,32 +19,49 @@
 //!   trip (F1–F10), all driven by one timer loop over the core's [`persevere::Flows`] registry.
 //!
 //! Besides [`Runtime`], the supervisor and the scheduler need one more capability of an
-//! executor, [`Spawn`]: start a future in the background. Cancellation, abort and outcomes are
+//! executor, `Spawn`: start a future in the background. Cancellation, abort and outcomes are
 //! done here, the same on every executor.
+//!
+//! # Features
+//! `supervisor`, `scheduler` and `http` (`retry_after`) are on by default; `tracing` is off.
+//! With `default-features = false`, only [`retry`], [`Breaker`] and [`Budget`] are built, and
+//! none of the supervisor's and scheduler's dependencies are compiled.
 #![deny(missing_docs)]
 
 mod breaker;
 mod budget;
 mod classify;
+#[cfg(any(feature = "supervisor", feature = "scheduler"))]
 mod job;
 mod retry;
+#[cfg(feature = "http")]
 mod retry_after;
 mod runtime;
+#[cfg(feature = "scheduler")]
 mod scheduler;
+#[cfg(any(feature = "supervisor", feature = "scheduler"))]
+mod signals;
+#[cfg(any(feature = "supervisor", feature = "scheduler"))]
 mod spawn;
+#[cfg(feature = "supervisor")]
 mod supervisor;
 mod sync;
 
 pub use breaker::{Breaker, BreakerCall, ByResult, CallClassifier, CallError};
 pub use budget::Budget;
 pub use classify::{ByTrait, Classifier, Classify, Notify, RetryAll, RetryEvent, RetryGate};
+#[cfg(any(feature = "supervisor", feature = "scheduler"))]
 pub use job::JobError;
 pub use persevere::Stats;
 pub use retry::{GaveUp, Retried, RetryFuture, retry};
+#[cfg(feature = "http")]
 pub use retry_after::retry_after;
 pub use runtime::{LazyEpoch, Runtime};
+#[cfg(feature = "scheduler")]
 pub use scheduler::{Scheduler, SchedulerError, SchedulerHandle};
+#[cfg(any(feature = "supervisor", feature = "scheduler"))]
 pub use spawn::Spawn;
+#[cfg(feature = "supervisor")]
 pub use supervisor::{
     DEFAULT_EVENT_CAPACITY, EventCounts, Events, ShutdownReport, Supervisor, SupervisorBuilder, SupervisorError,
     SupervisorEvent, TaskExit, TaskHandle, TaskSpec,

@@ -24,8 +24,9 @@ use persevere::{Failure, FailureKind, Flow, FlowAction, FlowError, FlowInfo, Flo
 use crate::classify::Classifier;
 use crate::job::{JobError, catch_create, poll_caught};
 use crate::runtime::Runtime;
+use crate::signals::Nudge;
 use crate::spawn::Spawn;
-use crate::sync::{Nudge, lock};
+use crate::sync::lock;
 use persevere::SplitMix64;
 
 /// A caller mistake; nothing changed.

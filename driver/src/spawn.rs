@@ -12,7 +12,7 @@ use std::future::Future;
 /// poll the future, and drop it if it shuts down.
 ///
 /// `persevere-tokio` implements it with `tokio::spawn` (and for a `tokio::runtime::Handle`);
-/// `persevere-smol` with `smol::spawn` or a given `smol::Executor`. For any other executor, a
+/// `persevere-smol` on its own global `async_executor::Executor` or a given one. For any other executor, a
 /// one-line implementation:
 ///
 /// ```

@@ -23,8 +23,9 @@ use pin_project_lite::pin_project;
 use crate::classify::{Classifier, RetryAll};
 use crate::job::{JobError, catch_create, drop_caught, poll_caught};
 use crate::runtime::Runtime;
+use crate::signals::{OneshotReceiver, OneshotSender, TaskCell, oneshot};
 use crate::spawn::Spawn;
-use crate::sync::{OneshotReceiver, OneshotSender, TaskCell, lock, oneshot};
+use crate::sync::lock;
 use persevere::SplitMix64;
 
 /// Control levels of a task (they only rise).
