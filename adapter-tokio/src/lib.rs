@@ -39,8 +39,8 @@ pub use persevere_driver::SchedulerError;
 #[cfg(feature = "http")]
 pub use persevere_driver::retry_after;
 pub use persevere_driver::{
-    BreakerCall, ByResult, ByTrait, CallClassifier, CallError, Classifier, Classify, GaveUp, Notify, Retried, RetryAll,
-    RetryEvent, RetryGate, Stats,
+    BreakerCall, ByResult, ByTrait, CallClassifier, CallError, Classifier, Classify, GaveUp, Notify, Operation,
+    Retried, RetryAll, RetryEvent, RetryGate, Stats,
 };
 #[cfg(feature = "supervisor")]
 pub use persevere_driver::{
@@ -94,7 +94,7 @@ pub type RetryFuture<P, Op, Fut, E, C = RetryAll, N = (), G = (), S = std::futur
 pub fn retry<P, Op, Fut, T, E>(policy: P, op: Op) -> RetryFuture<P, Op, Fut, E>
 where
     P: Borrow<RetryPolicy>,
-    Op: FnMut() -> Fut,
+    Op: Operation<Future = Fut>,
     Fut: Future<Output = Result<T, E>>,
 {
     persevere_driver::retry(TokioRuntime::new(), policy, op)

@@ -33,6 +33,7 @@ mod budget;
 mod classify;
 #[cfg(any(feature = "supervisor", feature = "scheduler"))]
 mod job;
+mod operation;
 mod retry;
 #[cfg(feature = "http")]
 mod retry_after;
@@ -52,6 +53,7 @@ pub use budget::Budget;
 pub use classify::{ByTrait, Classifier, Classify, Notify, RetryAll, RetryEvent, RetryGate};
 #[cfg(any(feature = "supervisor", feature = "scheduler"))]
 pub use job::JobError;
+pub use operation::Operation;
 pub use persevere::Stats;
 pub use retry::{GaveUp, Retried, RetryFuture, retry};
 #[cfg(feature = "http")]

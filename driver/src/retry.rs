@@ -9,6 +9,8 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use crate::operation::Operation;
+
 use persevere::rand_core::TryRng;
 use persevere::{
     Failure, FailureClass, FailureKind, Instant, OutcomeKind, Retry, RetryAction, RetryPolicy, SplitMix64, Stats,
@@ -302,7 +304,7 @@ pub fn retry<Rt, P, Op, Fut, T, E>(rt: Rt, policy: P, op: Op) -> RetryFuture<Rt,
 where
     Rt: Runtime,
     P: Borrow<RetryPolicy>,
-    Op: FnMut() -> Fut,
+    Op: Operation<Future = Fut>,
     Fut: Future<Output = Result<T, E>>,
 {
     RetryFuture {
@@ -419,17 +421,17 @@ macro_rules! event {
     };
 }
 
-/// Calls `op` for a new attempt, catching a panic raised while creating it.
+/// Starts a new attempt of `op`, catching a panic raised while creating it.
 #[inline(always)]
-fn create<Op: FnMut() -> Fut, Fut>(op: &mut Op) -> Option<Fut> {
-    catch_unwind(AssertUnwindSafe(op)).ok()
+fn create<Op: Operation>(op: &mut Op) -> Option<Op::Future> {
+    catch_unwind(AssertUnwindSafe(|| op.attempt())).ok()
 }
 
 impl<Rt, P, Op, Fut, T, E, C, N, G, S> Future for RetryFuture<Rt, P, Op, Fut, E, C, N, G, S>
 where
     Rt: Runtime,
     P: Borrow<RetryPolicy>,
-    Op: FnMut() -> Fut,
+    Op: Operation<Future = Fut>,
     Fut: Future<Output = Result<T, E>>,
     C: Classifier<E>,
     N: Notify<E>,
@@ -490,7 +492,7 @@ impl<Rt, P, Op, Fut, T, E, C, N, G, S> RetryFuture<Rt, P, Op, Fut, E, C, N, G, S
 where
     Rt: Runtime,
     P: Borrow<RetryPolicy>,
-    Op: FnMut() -> Fut,
+    Op: Operation<Future = Fut>,
     Fut: Future<Output = Result<T, E>>,
     C: Classifier<E>,
     N: Notify<E>,
@@ -593,7 +595,7 @@ fn run<Rt, Op, Fut, T, E, C, N, G, S>(
 ) -> Poll<Option<T>>
 where
     Rt: Runtime,
-    Op: FnMut() -> Fut,
+    Op: Operation<Future = Fut>,
     Fut: Future<Output = Result<T, E>>,
     C: Classifier<E>,
     N: Notify<E>,

@@ -279,3 +279,47 @@ fn gave_up_explains_itself() {
     let message = done.result.unwrap_err().to_string();
     assert_eq!(message, "gave up: attempt limit reached; last error: disk on fire");
 }
+
+/// An operation of its own type: fails `fail` times, then succeeds; panics while creating the
+/// attempt numbered `panic_at`.
+struct Scripted {
+    attempts: u32,
+    fail: u32,
+    panic_at: u32,
+}
+
+impl persevere_driver::Operation for Scripted {
+    type Future = Ready<Result<u32, &'static str>>;
+
+    fn attempt(&mut self) -> Self::Future {
+        self.attempts += 1;
+        assert_ne!(self.attempts, self.panic_at, "creating this attempt panics");
+        ready(if self.attempts <= self.fail { Err("busy") } else { Ok(self.attempts) })
+    }
+}
+
+/// The retry of a `Scripted` on the virtual clock, with its type written out.
+type ScriptedRetry<'a> = persevere_driver::RetryFuture<
+    &'a Virtual,
+    &'a RetryPolicy,
+    Scripted,
+    Ready<Result<u32, &'static str>>,
+    &'static str,
+>;
+
+#[test]
+fn r1_a_named_operation_is_asked_for_one_attempt_at_a_time_and_its_panics_are_caught() {
+    let rt = Virtual::default();
+    let p = policy(Backoff::constant(ms(10)).build().unwrap(), 4);
+    let run: ScriptedRetry<'_> = retry(&rt, &p, Scripted { attempts: 0, fail: 2, panic_at: 0 });
+    let done = block_on(run);
+    assert_eq!((done.result, done.stats.attempts, done.stats.slept), (Ok(3), 3, ms(20)));
+
+    // A panic while creating the second attempt is that attempt's failure (class Panicked).
+    let mut classes = Vec::new();
+    let done =
+        block_on(retry(&rt, &p, Scripted { attempts: 0, fail: 9, panic_at: 2 }).notify(|e| classes.push(e.class)));
+    assert_eq!(done.stats.attempts, 4);
+    assert_eq!(done.result.unwrap_err().outcome, OutcomeKind::Exhausted);
+    assert_eq!(classes, [FailureClass::Retryable, FailureClass::Panicked, FailureClass::Retryable]);
+}
