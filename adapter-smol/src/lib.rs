@@ -49,7 +49,7 @@ pub use persevere_driver::{JobError, Spawn};
 
 /// async-io's clock and timers. Its epoch is its first clock reading, taken lazily: creating
 /// one costs nothing and reads no clock.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct SmolRuntime {
     epoch: LazyEpoch,
 }

@@ -56,7 +56,7 @@ const FAR_FUTURE: Duration = Duration::from_secs(86_400 * 365 * 30);
 /// tokio's clock and timers. Its epoch is its first clock reading, taken lazily: creating one
 /// costs nothing and reads no clock. Honours tokio's paused time (`start_paused`,
 /// `tokio::time::pause`).
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct TokioRuntime {
     epoch: LazyEpoch,
 }

@@ -139,6 +139,23 @@ impl<T, E> CallClassifier<T, E> for ByResult {
     }
 }
 
+/// How a [`BreakerCall`] reaches its breaker: by borrow ([`Breaker::call`]) or by a counted
+/// reference of its own ([`Breaker::call_owned`]).
+enum Holder<'a, Rt> {
+    Borrowed(&'a Shared<Rt>),
+    Owned(Arc<Shared<Rt>>),
+}
+
+impl<Rt> Holder<'_, Rt> {
+    #[inline(always)]
+    fn get(&self) -> &Shared<Rt> {
+        match self {
+            Holder::Borrowed(shared) => shared,
+            Holder::Owned(shared) => shared,
+        }
+    }
+}
+
 /// Where a [`BreakerCall`] stands with the breaker.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Admission {
@@ -162,9 +179,13 @@ pin_project! {
     /// Dropping it before the call completes releases its permit without counting anything
     /// ([`CallOutcome::Ignored`]), so a canceled probe cannot wedge the breaker. The call
     /// future is pinned in place from the start: nothing is moved between polls.
+    ///
+    /// [`Breaker::call_owned`] returns one that holds the breaker itself (`'static` when the
+    /// call and the runtime are), for a future that must outlive the borrow, such as a tower
+    /// service's.
     #[must_use = "futures do nothing unless awaited"]
     pub struct BreakerCall<'a, Rt: Runtime, F, C> {
-        shared: &'a Shared<Rt>,
+        shared: Holder<'a, Rt>,
         classify: Option<C>,
         admission: Admission,
         #[pin]
@@ -175,9 +196,15 @@ pin_project! {
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
             if let Admission::Permit(permit) = *this.admission {
-                this.shared.record(permit, CallOutcome::Ignored);
+                this.shared.get().record(permit, CallOutcome::Ignored);
             }
         }
+    }
+}
+
+impl<'a, Rt: Runtime, F, C> BreakerCall<'a, Rt, F, C> {
+    fn new(shared: Holder<'a, Rt>, call: F, classify: C) -> Self {
+        BreakerCall { shared, classify: Some(classify), admission: Admission::Asking, call }
     }
 }
 
@@ -192,7 +219,7 @@ where
     #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        let shared: &Shared<Rt> = this.shared;
+        let shared: &Shared<Rt> = this.shared.get();
         assert!(this.classify.is_some(), "`BreakerCall` polled after it completed");
         if *this.admission == Admission::Asking {
             let token = shared.clean.load(Ordering::Acquire);
@@ -305,7 +332,7 @@ impl<Rt: Runtime> Breaker<Rt> {
     where
         F: Future<Output = Result<T, E>>,
     {
-        BreakerCall { shared: &self.shared, classify: Some(ByResult), admission: Admission::Asking, call }
+        BreakerCall::new(Holder::Borrowed(&self.shared), call, ByResult)
     }
 
     /// Like [`call`](Self::call), with `classify` deciding what the result says about the
@@ -315,7 +342,20 @@ impl<Rt: Runtime> Breaker<Rt> {
         F: Future<Output = Result<T, E>>,
         C: FnOnce(&Result<T, E>) -> CallOutcome,
     {
-        BreakerCall { shared: &self.shared, classify: Some(classify), admission: Admission::Asking, call }
+        BreakerCall::new(Holder::Borrowed(&self.shared), call, classify)
+    }
+
+    /// Like [`call_classified`](Self::call_classified), for a future that must not borrow the
+    /// breaker: the returned call holds a reference of its own (one more reference count, so
+    /// one atomic increment and decrement per call). It is `'static` when the call, the
+    /// classifier and the runtime are.
+    pub fn call_owned<T, E, F, C>(&self, call: F, classify: C) -> BreakerCall<'static, Rt, F, C>
+    where
+        Rt: 'static,
+        F: Future<Output = Result<T, E>>,
+        C: CallClassifier<T, E>,
+    {
+        BreakerCall::new(Holder::Owned(self.shared.clone()), call, classify)
     }
 
     /// The breaker's state now.

@@ -49,7 +49,9 @@ impl<R: Runtime + ?Sized> Runtime for &R {
 }
 
 /// An [`Epoch`] fixed by the first clock reading, for [`Runtime`] implementations whose clock
-/// speaks `std::time::Instant`: creating one reads no clock.
+/// speaks `std::time::Instant`: creating one reads no clock. A clone keeps the epoch if it is
+/// fixed already; otherwise each is fixed by its own first reading (both measure the same clock,
+/// so either is as good).
 ///
 /// ```
 /// use persevere::Instant;
@@ -62,7 +64,7 @@ impl<R: Runtime + ?Sized> Runtime for &R {
 /// assert_eq!(epoch.instant(|| later), Instant::from_millis(3));
 /// assert_eq!(epoch.to_std(Instant::from_millis(3)), Some(later));
 /// ```
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct LazyEpoch {
     epoch: OnceLock<Epoch>,
 }

@@ -1,0 +1,178 @@
+//! How a call through the retry layer gives up (T2, T3).
+
+use std::fmt;
+use std::time::Duration;
+
+use persevere::{FailureClass, FailureKind, OutcomeKind, Stats};
+use persevere_driver::GaveUp;
+
+use crate::classify::SentOnce;
+
+/// What the last attempt of a call that gave up produced.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Last<Res, E> {
+    /// A response the classifier called a failure (a 503), returned here rather than lost.
+    Response(Res),
+    /// The inner service's error.
+    Error(E),
+}
+
+/// An attempt's failure as the driving loop sees it: the result and the kind it was classified.
+pub(crate) struct Failed<Res, E> {
+    pub(crate) kind: FailureKind,
+    pub(crate) last: Last<Res, E>,
+}
+
+/// Why a call through the [`RetryLayer`](crate::RetryLayer) did not return a response it
+/// could call a success: how the retry ended, the last attempt's response or error, and what
+/// the call took.
+///
+/// Match on [`outcome`](Self::outcome): `Rejected` when a gate (a budget or a breaker) refused
+/// a retry, `Deferred` when the other side asked to be retried later than the policy waits
+/// (then [`retry_after`](Self::retry_after) says when), `Exhausted`, `OutOfTime`, `Fatal`.
+/// [`sent_once`](Self::sent_once) says why a request was not retried at all.
+#[must_use]
+pub struct RetryError<Res, E> {
+    outcome: OutcomeKind,
+    class: Option<FailureClass>,
+    last: Option<Last<Res, E>>,
+    retry_after: Option<Duration>,
+    stats: Stats,
+    sent_once: Option<SentOnce>,
+}
+
+impl<Res, E> RetryError<Res, E> {
+    /// The call gave up as `gave_up` says, after `stats`.
+    pub(crate) fn gave_up(gave_up: GaveUp<Failed<Res, E>>, stats: Stats, sent_once: Option<SentOnce>) -> Self {
+        let retry_after = gave_up.retry_after();
+        RetryError {
+            outcome: gave_up.outcome,
+            class: gave_up.class,
+            last: gave_up.error.map(|failed| failed.last),
+            retry_after,
+            stats,
+            sent_once,
+        }
+    }
+
+    /// The inner service was not ready: `error` is its `poll_ready` error, and nothing was sent.
+    pub(crate) fn not_ready(error: E) -> Self {
+        RetryError {
+            outcome: OutcomeKind::Fatal,
+            class: None,
+            last: Some(Last::Error(error)),
+            retry_after: None,
+            stats: Stats { attempts: 0, slept: Duration::ZERO, elapsed: None },
+            sent_once: None,
+        }
+    }
+
+    /// How the retry ended.
+    pub fn outcome(&self) -> OutcomeKind {
+        self.outcome
+    }
+
+    /// The class of the last failure, if an attempt failed.
+    pub fn class(&self) -> Option<FailureClass> {
+        self.class
+    }
+
+    /// The last attempt's response, if it was one the classifier called a failure.
+    pub fn response(&self) -> Option<&Res> {
+        match &self.last {
+            Some(Last::Response(response)) => Some(response),
+            _ => None,
+        }
+    }
+
+    /// The last attempt's error (or the inner service's `poll_ready` error), if there was one.
+    pub fn error(&self) -> Option<&E> {
+        match &self.last {
+            Some(Last::Error(error)) => Some(error),
+            _ => None,
+        }
+    }
+
+    /// What the last attempt produced: `None` if it timed out or panicked.
+    pub fn into_last(self) -> Option<Last<Res, E>> {
+        self.last
+    }
+
+    /// The last attempt's response, if it was one: for a proxy that passes the 503 on.
+    pub fn into_response(self) -> Option<Res> {
+        match self.last {
+            Some(Last::Response(response)) => Some(response),
+            _ => None,
+        }
+    }
+
+    /// For a `Deferred` outcome: how long after giving up the other side asked to be tried
+    /// again (its `Retry-After`, B6), so the caller can come back then.
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.retry_after
+    }
+
+    /// What the call took: attempts, time slept between them, and the time from the first
+    /// attempt's start when it was measured.
+    pub fn stats(&self) -> Stats {
+        self.stats
+    }
+
+    /// Why the request was sent only once, if it was not allowed to be retried.
+    pub fn sent_once(&self) -> Option<SentOnce> {
+        self.sent_once
+    }
+}
+
+impl<Res, E: fmt::Debug> fmt::Debug for RetryError<Res, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RetryError")
+            .field("outcome", &self.outcome)
+            .field("class", &self.class)
+            .field("response", &self.response().map(|_| ".."))
+            .field("error", &self.error())
+            .field("retry_after", &self.retry_after)
+            .field("stats", &self.stats)
+            .field("sent_once", &self.sent_once)
+            .finish()
+    }
+}
+
+impl<Res, E: fmt::Display> fmt::Display for RetryError<Res, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.stats.attempts, self.sent_once) {
+            (0, _) => f.write_str("the service was not ready")?,
+            (_, Some(why)) => write!(f, "not retried: {why}")?,
+            _ => {
+                let why = match self.outcome {
+                    OutcomeKind::Exhausted => "attempt limit reached",
+                    OutcomeKind::Fatal => "the failure must not be retried",
+                    OutcomeKind::Canceled => "canceled",
+                    OutcomeKind::OutOfTime => "the total time budget would be overrun",
+                    OutcomeKind::Rejected => "a retry budget or breaker refused the retry",
+                    OutcomeKind::Deferred => "the other side asked to be retried later than the policy waits",
+                    _ => "gave up",
+                };
+                let attempts = self.stats.attempts;
+                let plural = if attempts == 1 { "" } else { "s" };
+                write!(f, "gave up after {attempts} attempt{plural}: {why}")?;
+            }
+        }
+        if let Some(after) = self.retry_after {
+            write!(f, " (retry after {after:?})")?;
+        }
+        match (&self.last, self.class) {
+            (Some(Last::Error(error)), _) => write!(f, "; last error: {error}"),
+            (Some(Last::Response(_)), _) => f.write_str("; the last response was a failure"),
+            (None, Some(FailureClass::Timeout)) => f.write_str("; the last attempt timed out"),
+            (None, Some(FailureClass::Panicked)) => f.write_str("; the last attempt panicked"),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl<Res, E: std::error::Error + 'static> std::error::Error for RetryError<Res, E> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.error().map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
