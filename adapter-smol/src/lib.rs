@@ -49,9 +49,17 @@ pub use persevere_driver::{JobError, Spawn};
 
 /// async-io's clock and timers. Its epoch is its first clock reading, taken lazily: creating
 /// one costs nothing and reads no clock.
-#[derive(Clone, Debug, Default)]
+#[derive(Debug, Default)]
 pub struct SmolRuntime {
     epoch: LazyEpoch,
+}
+
+/// A clone is a new runtime, as [`new`](Self::new) makes: it reads no clock and copies nothing,
+/// and its epoch is its own first reading, so an [`Instant`] of one means nothing to the other.
+impl Clone for SmolRuntime {
+    fn clone(&self) -> Self {
+        SmolRuntime::new()
+    }
 }
 
 impl SmolRuntime {

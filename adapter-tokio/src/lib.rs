@@ -56,9 +56,17 @@ const FAR_FUTURE: Duration = Duration::from_secs(86_400 * 365 * 30);
 /// tokio's clock and timers. Its epoch is its first clock reading, taken lazily: creating one
 /// costs nothing and reads no clock. Honours tokio's paused time (`start_paused`,
 /// `tokio::time::pause`).
-#[derive(Clone, Debug, Default)]
+#[derive(Debug, Default)]
 pub struct TokioRuntime {
     epoch: LazyEpoch,
+}
+
+/// A clone is a new runtime, as [`new`](Self::new) makes: it reads no clock and copies nothing,
+/// and its epoch is its own first reading, so an [`Instant`] of one means nothing to the other.
+impl Clone for TokioRuntime {
+    fn clone(&self) -> Self {
+        TokioRuntime::new()
+    }
 }
 
 impl TokioRuntime {

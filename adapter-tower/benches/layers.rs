@@ -8,7 +8,9 @@
 //!
 //! - `success/service_fn`: the bare service (the floor).
 //! - `success/tower_retry`: `tower::retry::Retry` with an attempts policy (the peer).
-//! - `success/retry_layer`: `persevere_tower::RetryLayer`, every error retryable.
+//! - `success/retry_layer`: `persevere_tower::RetryLayer`, every error retryable, its policy
+//!   behind an `Arc` (the default: two atomic operations per call);
+//!   `success/retry_layer_static_policy` the same with a `&'static RetryPolicy`.
 //! - `success/http_service_fn`, `success/tower_retry_http`, `success/retry_layer_http`: the same
 //!   three with an `http::Request<String>` (building it is part of every variant), tower's policy
 //!   and the `Http` classifier each copying the request per call.
@@ -123,6 +125,8 @@ fn success(c: &mut Criterion) {
     held(&mut group, &rt, "service_fn", &echo, seven);
     held(&mut group, &rt, "tower_retry", &tower::retry::RetryLayer::new(Attempts(4)).layer(echo), seven);
     held(&mut group, &rt, "retry_layer", &RetryLayer::new(policy()).layer(echo), seven);
+    let shared: &'static RetryPolicy = Box::leak(Box::new(policy()));
+    held(&mut group, &rt, "retry_layer_static_policy", &RetryLayer::new(shared).layer(echo), seven);
     let open_for = Backoff::constant(Duration::from_secs(1)).build().unwrap();
     let breaker = Breaker::new(BreakerPolicy::builder(open_for).consecutive_failures(5).build().unwrap());
     held(&mut group, &rt, "breaker_layer", &BreakerLayer::new(breaker).layer(echo), seven);

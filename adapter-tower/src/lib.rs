@@ -58,6 +58,7 @@ mod classify;
 mod error;
 #[cfg(feature = "http")]
 mod http;
+mod policy;
 mod retry;
 
 pub use breaker::{BreakerFuture, BreakerLayer, BreakerService};
@@ -66,4 +67,5 @@ pub use error::{Last, RetryError};
 #[cfg(feature = "http")]
 pub use http::{ByStatus, Http, IDEMPOTENCY_KEY, ReplayBody};
 pub use persevere_driver::{Breaker, CallError, RetryGate, Runtime};
+pub use policy::SharedPolicy;
 pub use retry::{ResponseFuture, Retry, RetryLayer};

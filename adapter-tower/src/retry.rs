@@ -1,10 +1,12 @@
 //! The retry layer: each call is one run of the driver's retry loop (T1), whose attempts are
 //! calls of the inner service.
 
+use std::any::Any;
+use std::borrow::Borrow;
 use std::fmt;
 use std::future::Future;
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use persevere::{FailureKind, Hint, RetryPolicy};
@@ -16,6 +18,7 @@ use tower_service::Service;
 use crate::call::Call;
 use crate::classify::{ResponseClassifier, RetryErrors, SentOnce};
 use crate::error::{Failed, Last, RetryError};
+use crate::policy::SharedPolicy;
 
 /// Retries the calls of the service it wraps under a [`RetryPolicy`] (T1): a [`Layer`] whose
 /// services run each call through persevere's one driving loop.
@@ -46,7 +49,7 @@ use crate::error::{Failed, Last, RetryError};
 /// ```
 pub struct RetryLayer<Rt, C = RetryErrors, G = ()> {
     runtime: Rt,
-    policy: Arc<RetryPolicy>,
+    policy: SharedPolicy,
     classifier: C,
     gate: G,
 }
@@ -54,8 +57,9 @@ pub struct RetryLayer<Rt, C = RetryErrors, G = ()> {
 #[cfg(feature = "tokio")]
 impl RetryLayer<persevere_tokio::TokioRuntime> {
     /// Retries under `policy` on tokio's clock and timers, every error retryable (see
-    /// [`classify`](Self::classify) and, for HTTP, [`Http`](crate::Http)).
-    pub fn new(policy: RetryPolicy) -> Self {
+    /// [`classify`](Self::classify) and, for HTTP, [`Http`](crate::Http)). `policy` is a
+    /// `RetryPolicy`, an `Arc` of one, or a `&'static` one (see [`SharedPolicy`]).
+    pub fn new(policy: impl Into<SharedPolicy>) -> Self {
         RetryLayer::with_runtime(persevere_tokio::TokioRuntime::new(), policy)
     }
 }
@@ -63,8 +67,8 @@ impl RetryLayer<persevere_tokio::TokioRuntime> {
 impl<Rt> RetryLayer<Rt> {
     /// Retries under `policy` on `runtime`'s clock and timers (any executor's
     /// [`Runtime`]), every error retryable.
-    pub fn with_runtime(runtime: Rt, policy: RetryPolicy) -> Self {
-        RetryLayer { runtime, policy: Arc::new(policy), classifier: RetryErrors, gate: () }
+    pub fn with_runtime(runtime: Rt, policy: impl Into<SharedPolicy>) -> Self {
+        RetryLayer { runtime, policy: policy.into(), classifier: RetryErrors, gate: () }
     }
 }
 
@@ -140,6 +144,7 @@ where
     type Error = RetryError<S::Response, S::Error>;
     type Future = ResponseFuture<S, Req, Rt, C, G>;
 
+    #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx).map_err(RetryError::not_ready)
     }
@@ -152,12 +157,56 @@ where
         };
         // The first attempt goes to the service that said it is ready; retries go to clones,
         // each asked whether it is ready first.
-        let first = self.inner.call(request);
-        let attempts = Attempts { service: self.inner.clone(), first: Some(first), template, classifier };
-        let retry = persevere_driver::retry(self.layer.runtime.clone(), self.layer.policy.clone(), attempts)
-            .classify_with(ByKind)
-            .gate(self.layer.gate.clone());
-        ResponseFuture { retry, sent_once }
+        let first = Attempt::Calling {
+            call: Call::Running { future: self.inner.call(request) },
+            classifier: classifier.clone(),
+            last: template.is_none(),
+        };
+        let rest = Rest {
+            service: self.inner.clone(),
+            template,
+            classifier,
+            runtime: self.layer.runtime.clone(),
+            policy: self.layer.policy.clone(),
+            gate: self.layer.gate.clone(),
+            sent_once,
+        };
+        let state = if Borrow::<RetryPolicy>::borrow(&self.layer.policy).needs_clock() {
+            // The first attempt has a deadline (or counts against a total budget): the loop
+            // runs it from the start.
+            State::Looping { sent_once, retry: rest.into_loop(first) }
+        } else {
+            State::First { attempt: first, rest: Some(rest) }
+        };
+        ResponseFuture { state }
+    }
+}
+
+/// What a call needs beyond its first attempt, kept until that attempt fails.
+struct Rest<S, Req, Rt, C, G> {
+    /// A clone of the inner service, for the retries.
+    service: S,
+    /// The copy retries are made from; `None` if the request cannot be sent again.
+    template: Option<Req>,
+    classifier: C,
+    runtime: Rt,
+    policy: SharedPolicy,
+    gate: G,
+    sent_once: Option<SentOnce>,
+}
+
+impl<S, Req, Rt, C, G> Rest<S, Req, Rt, C, G>
+where
+    S: Service<Req> + Clone,
+    Rt: Runtime,
+    C: ResponseClassifier<Req, S::Response, S::Error>,
+    G: RetryGate,
+{
+    /// The driving loop for this call, whose attempt 1 is `first` (running, or already ended).
+    fn into_loop(self, first: Attempt<S, Req, C>) -> Loop<S, Req, Rt, C, G> {
+        let Rest { service, template, classifier, runtime, policy, gate, sent_once: _ } = self;
+        let attempts = Attempts { service, first: Some(first), template, classifier };
+        Box::pin(persevere_driver::retry(runtime, policy, attempts).classify_with(ByKind).gate(gate))
     }
 }
 
@@ -165,8 +214,8 @@ where
 struct Attempts<S: Service<Req>, Req, C> {
     /// A clone of the inner service, for the retries.
     service: S,
-    /// The first attempt, already called.
-    first: Option<S::Future>,
+    /// Attempt 1, already called.
+    first: Option<Attempt<S, Req, C>>,
     /// The copy retries are made from; `None` once the request cannot be sent again.
     template: Option<Req>,
     classifier: C,
@@ -180,10 +229,8 @@ where
     type Future = Attempt<S, Req, C>;
 
     fn attempt(&mut self) -> Self::Future {
-        let classifier = self.classifier.clone();
-        if let Some(future) = self.first.take() {
-            let last = self.template.is_none();
-            return Attempt { call: Call::Running { future }, classifier, last };
+        if let Some(first) = self.first.take() {
+            return first;
         }
         // The loop asks for a retry only after a failure it may retry, which a last send never is.
         let Some(template) = &self.template else { unreachable!("a request sent once is not retried") };
@@ -191,21 +238,38 @@ where
             Ok(copy) => (copy, false),
             Err(_) => (self.template.take().unwrap_or_else(|| unreachable!()), true),
         };
-        Attempt { call: Call::when_ready(self.service.clone(), request), classifier, last }
+        Attempt::Calling {
+            call: Call::when_ready(self.service.clone(), request),
+            classifier: self.classifier.clone(),
+            last,
+        }
     }
 }
 
+/// How an attempt that ended before the loop took over ended.
+enum Ended<Res, E> {
+    Failed(Failed<Res, E>),
+    /// It panicked; the panic is raised again inside the loop, which counts it as `Panicked`.
+    Panicked(Box<dyn Any + Send>),
+}
+
 pin_project! {
-    /// One attempt: the inner call, its result classified. `last`: the request cannot be sent
-    /// again, so a failure is final.
-    struct Attempt<S, Req, C>
+    /// One attempt: the inner call with its result classified (`last`: the request cannot be
+    /// sent again, so a failure is final), or attempt 1 that ended before the loop took over.
+    #[project = AttemptProjection]
+    enum Attempt<S, Req, C>
     where
         S: Service<Req>,
     {
-        #[pin]
-        call: Call<S, Req>,
-        classifier: C,
-        last: bool,
+        Calling {
+            #[pin]
+            call: Call<S, Req>,
+            classifier: C,
+            last: bool,
+        },
+        Ended {
+            ended: Option<Ended<S::Response, S::Error>>,
+        },
     }
 }
 
@@ -218,12 +282,21 @@ where
 
     #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.project();
-        let result = ready!(this.call.poll(cx));
-        let kind = match this.classifier.classify(&result) {
+        let (call, classifier, last) = match self.project() {
+            AttemptProjection::Calling { call, classifier, last } => (call, classifier, *last),
+            AttemptProjection::Ended { ended } => {
+                return match ended.take() {
+                    Some(Ended::Failed(failed)) => Poll::Ready(Err(failed)),
+                    Some(Ended::Panicked(payload)) => resume_unwind(payload),
+                    None => panic!("an ended attempt polled after it completed"),
+                };
+            }
+        };
+        let result = ready!(call.poll(cx));
+        let kind = match classifier.classify(&result) {
             None if result.is_ok() => return Poll::Ready(result.map_err(|_| unreachable!())),
             None => FailureKind::Fatal,
-            Some(_) if *this.last => FailureKind::Hinted(Hint::DoNotRetry),
+            Some(_) if last => FailureKind::Hinted(Hint::DoNotRetry),
             Some(kind) => kind,
         };
         let last = match result {
@@ -247,7 +320,7 @@ impl<Res, E> Classifier<Failed<Res, E>> for ByKind {
 /// The driver's retry future behind one call of [`Retry`].
 type Driven<S, Req, Rt, C, G> = persevere_driver::RetryFuture<
     Rt,
-    Arc<RetryPolicy>,
+    SharedPolicy,
     Attempts<S, Req, C>,
     Attempt<S, Req, C>,
     Failed<<S as Service<Req>>::Response, <S as Service<Req>>::Error>,
@@ -256,8 +329,38 @@ type Driven<S, Req, Rt, C, G> = persevere_driver::RetryFuture<
     G,
 >;
 
+/// The driving loop of one call, in its own allocation.
+type Loop<S, Req, Rt, C, G> = Pin<Box<Driven<S, Req, Rt, C, G>>>;
+
 pin_project! {
-    /// The future of a call of [`Retry`]: the attempts, and the sleeps between them.
+    /// Where a call stands: its first attempt, or the driving loop.
+    #[project = StateProjection]
+    enum State<S, Req, Rt, C, G>
+    where
+        S: Service<Req>,
+        Rt: Runtime,
+    {
+        /// Attempt 1 of a policy that needs no clock, with what a retry would need.
+        First {
+            #[pin]
+            attempt: Attempt<S, Req, C>,
+            rest: Option<Rest<S, Req, Rt, C, G>>,
+        },
+        /// The driving loop, from attempt 1 (a policy with a deadline or a budget) or from
+        /// the first failure.
+        Looping { retry: Loop<S, Req, Rt, C, G>, sent_once: Option<SentOnce> },
+    }
+}
+
+pin_project! {
+    /// The future of a call of [`Retry`].
+    ///
+    /// While attempt 1 runs it holds that attempt and what a retry would need (unless the
+    /// policy has an attempt timeout or a total budget): a call that succeeds at once allocates
+    /// nothing and never builds the loop, as the loop's own first attempt would not. At the
+    /// first failure, the call moves into the driving loop, which decides everything from
+    /// there: one allocation per retried call (or per call, for a policy with a deadline),
+    /// which keeps this future small.
     #[must_use = "futures do nothing unless awaited"]
     pub struct ResponseFuture<S, Req, Rt, C, G>
     where
@@ -265,8 +368,7 @@ pin_project! {
         Rt: Runtime,
     {
         #[pin]
-        retry: Driven<S, Req, Rt, C, G>,
-        sent_once: Option<SentOnce>,
+        state: State<S, Req, Rt, C, G>,
     }
 }
 
@@ -276,7 +378,7 @@ where
     Rt: Runtime,
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ResponseFuture").field("sent_once", &self.sent_once).finish_non_exhaustive()
+        f.debug_struct("ResponseFuture").finish_non_exhaustive()
     }
 }
 
@@ -291,8 +393,32 @@ where
 
     #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.project();
-        let Retried { result, stats } = ready!(this.retry.poll(cx));
-        Poll::Ready(result.map_err(|gave_up| RetryError::gave_up(gave_up, stats, *this.sent_once)))
+        let mut this = self.project();
+        loop {
+            let ended = match this.state.as_mut().project() {
+                StateProjection::Looping { retry, sent_once } => {
+                    let Retried { result, stats } = ready!(retry.as_mut().poll(cx));
+                    return Poll::Ready(result.map_err(|gave_up| RetryError::gave_up(gave_up, stats, *sent_once)));
+                }
+                // As the loop's own first attempt: a panic is caught, a success is told to
+                // the gate (with the request, which the loop tells it of when it takes over).
+                StateProjection::First { attempt, rest } => match catch_unwind(AssertUnwindSafe(|| attempt.poll(cx))) {
+                    Ok(Poll::Pending) => return Poll::Pending,
+                    Ok(Poll::Ready(Ok(response))) => {
+                        if let Some(rest) = rest {
+                            rest.gate.on_request(None);
+                            rest.gate.on_success();
+                        }
+                        return Poll::Ready(Ok(response));
+                    }
+                    Ok(Poll::Ready(Err(failed))) => (Ended::Failed(failed), rest.take()),
+                    Err(payload) => (Ended::Panicked(payload), rest.take()),
+                },
+            };
+            let (ended, Some(rest)) = ended else { panic!("`ResponseFuture` polled after it completed") };
+            let sent_once = rest.sent_once;
+            let retry = rest.into_loop(Attempt::Ended { ended: Some(ended) });
+            this.state.set(State::Looping { retry, sent_once });
+        }
     }
 }

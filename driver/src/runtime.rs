@@ -49,9 +49,7 @@ impl<R: Runtime + ?Sized> Runtime for &R {
 }
 
 /// An [`Epoch`] fixed by the first clock reading, for [`Runtime`] implementations whose clock
-/// speaks `std::time::Instant`: creating one reads no clock. A clone keeps the epoch if it is
-/// fixed already; otherwise each is fixed by its own first reading (both measure the same clock,
-/// so either is as good).
+/// speaks `std::time::Instant`: creating one reads no clock.
 ///
 /// ```
 /// use persevere::Instant;
@@ -64,7 +62,7 @@ impl<R: Runtime + ?Sized> Runtime for &R {
 /// assert_eq!(epoch.instant(|| later), Instant::from_millis(3));
 /// assert_eq!(epoch.to_std(Instant::from_millis(3)), Some(later));
 /// ```
-#[derive(Clone, Debug, Default)]
+#[derive(Debug, Default)]
 pub struct LazyEpoch {
     epoch: OnceLock<Epoch>,
 }

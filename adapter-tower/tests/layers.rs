@@ -1,0 +1,124 @@
+//! The retry layer's two phases hand over exactly: a first attempt runs outside the driving
+//! loop only while nothing has failed, and everything the loop would do for it (catch a panic,
+//! tell the gate of the request and of a success) happens once, on either path (T1).
+//! A call whose first attempt succeeds allocates nothing; a retried call allocates its loop once.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use persevere::{Backoff, FailureClass, Instant, OutcomeKind, RetryPolicy};
+use persevere_tower::{RetryGate, RetryLayer};
+use tower::{Layer, Service, ServiceExt, service_fn};
+
+#[global_allocator]
+static GLOBAL: alloc_counter::Counting = alloc_counter::Counting;
+
+/// A gate that writes down what it hears.
+#[derive(Clone, Default)]
+struct Recorder(Arc<Mutex<Vec<&'static str>>>);
+
+impl RetryGate for Recorder {
+    fn on_request(&self, _: Option<Instant>) {
+        self.0.lock().unwrap().push("request");
+    }
+    fn allow_retry(&self, _: Option<Instant>, _: FailureClass) -> bool {
+        self.0.lock().unwrap().push("retry?");
+        true
+    }
+    fn on_success(&self) {
+        self.0.lock().unwrap().push("success");
+    }
+}
+
+impl Recorder {
+    fn take(&self) -> Vec<&'static str> {
+        std::mem::take(&mut *self.0.lock().unwrap())
+    }
+}
+
+fn policy(timeout: Option<Duration>) -> RetryPolicy {
+    let builder = RetryPolicy::builder(Backoff::constant(Duration::from_millis(1)).build().unwrap()).max_attempts(4);
+    match timeout {
+        Some(timeout) => builder.attempt_timeout(timeout).build().unwrap(),
+        None => builder.build().unwrap(),
+    }
+}
+
+/// A service that fails its first `fail` calls of each request (`Err` with the call number)
+/// and panics on call number `panic_at`, counting its calls.
+fn flaky(fail: u32, panic_at: u32) -> (impl Service<u32, Response = u32, Error = u32> + Clone, Arc<AtomicU32>) {
+    let calls = Arc::new(AtomicU32::new(0));
+    let counted = calls.clone();
+    let service = service_fn(move |request: u32| {
+        let n = counted.fetch_add(1, Ordering::Relaxed) + 1;
+        async move {
+            assert_ne!(n, panic_at, "the inner call panics");
+            if n <= fail { Err(n) } else { Ok(request * 10) }
+        }
+    });
+    (service, calls)
+}
+
+#[tokio::test]
+async fn t1_the_gate_hears_one_request_and_one_success_per_call_on_either_path() {
+    for timeout in [None, Some(Duration::from_secs(5))] {
+        let gate = Recorder::default();
+        let (service, _) = flaky(0, 0);
+        let service = RetryLayer::new(policy(timeout)).gate(gate.clone()).layer(service);
+        assert_eq!(service.clone().oneshot(1).await.unwrap(), 10);
+        assert_eq!(gate.take(), ["request", "success"], "first attempt succeeds, timeout {timeout:?}");
+
+        let (service, calls) = flaky(2, 0);
+        let service = RetryLayer::new(policy(timeout)).gate(gate.clone()).layer(service);
+        assert_eq!(service.oneshot(2).await.unwrap(), 20);
+        assert_eq!(calls.load(Ordering::Relaxed), 3);
+        assert_eq!(gate.take(), ["request", "retry?", "retry?", "success"], "two failures first, timeout {timeout:?}");
+    }
+}
+
+#[tokio::test]
+async fn t1_a_first_attempt_that_panics_is_a_panicked_failure_and_retried() {
+    let (service, calls) = flaky(0, 1);
+    let gate = Recorder::default();
+    let service = RetryLayer::new(policy(None)).gate(gate.clone()).layer(service);
+    assert_eq!(service.oneshot(3).await.unwrap(), 30);
+    assert_eq!(calls.load(Ordering::Relaxed), 2);
+    assert_eq!(gate.take(), ["request", "retry?", "success"]);
+
+    // Every attempt panics: the loop gives up with the class of the last.
+    let service = service_fn(|_: u32| async { panic!("always") as Result<u32, u32> });
+    let error = RetryLayer::new(policy(None)).layer(service).oneshot(4).await.unwrap_err();
+    assert_eq!((error.outcome(), error.class()), (OutcomeKind::Exhausted, Some(FailureClass::Panicked)));
+    assert_eq!(error.stats().attempts, 4);
+    assert!(error.error().is_none());
+}
+
+#[test]
+fn t1_a_call_that_succeeds_at_once_allocates_nothing_and_a_retried_call_allocates_its_loop_once() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+    rt.block_on(async {
+        let ok = service_fn(|n: u32| std::future::ready(Ok::<u32, u32>(n)));
+        let mut service = RetryLayer::new(policy(None)).layer(ok);
+        let before = alloc_counter::allocations();
+        for n in 0..1_000 {
+            assert_eq!(service.ready().await.unwrap().call(n).await.unwrap(), n);
+        }
+        assert_eq!(alloc_counter::allocations() - before, 0, "allocations on the success path");
+
+        // Every odd-numbered inner call fails: each request fails once, then succeeds.
+        let calls = Arc::new(AtomicU32::new(0));
+        let alternating = service_fn(move |n: u32| {
+            let fails = calls.fetch_add(1, Ordering::Relaxed).is_multiple_of(2);
+            std::future::ready(if fails { Err(n) } else { Ok(n) })
+        });
+        let mut service = RetryLayer::new(policy(None)).layer(alternating);
+        // Warm up what tokio's timer allocates once.
+        service.ready().await.unwrap().call(0).await.unwrap();
+        let before = alloc_counter::allocations();
+        for n in 0..100 {
+            assert_eq!(service.ready().await.unwrap().call(n).await.unwrap(), n);
+        }
+        assert_eq!(alloc_counter::allocations() - before, 100, "one allocation per retried call");
+    });
+}
