@@ -62,7 +62,9 @@ impl<D, E> ReplayBody for http_body_util::combinators::UnsyncBoxBody<D, E> {
 
 /// The header that, present on a request, allows a non-idempotent method to be retried (H3):
 /// the server uses it to recognise a repeat.
-pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static(IDEMPOTENCY_KEY_NAME);
+
+const IDEMPOTENCY_KEY_NAME: &str = "idempotency-key";
 
 /// HTTP semantics for the [`RetryLayer`](crate::RetryLayer) (H1–H3).
 ///
@@ -101,7 +103,9 @@ pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key
 #[derive(Clone, Debug)]
 pub struct Http {
     retry_non_idempotent: bool,
-    idempotency_header: HeaderName,
+    /// `None` for [`IDEMPOTENCY_KEY`]: the default costs nothing to clone (a custom
+    /// `HeaderName` is reference-counted bytes, and each call clones the classifier).
+    idempotency_header: Option<HeaderName>,
 }
 
 impl Default for Http {
@@ -113,7 +117,7 @@ impl Default for Http {
 impl Http {
     /// H1–H3 as listed above.
     pub fn new() -> Self {
-        Http { retry_non_idempotent: false, idempotency_header: IDEMPOTENCY_KEY }
+        Http { retry_non_idempotent: false, idempotency_header: None }
     }
 
     /// Retries requests of every method, idempotent or not (H3's opt-in for all requests).
@@ -125,7 +129,7 @@ impl Http {
     /// The header whose presence allows a non-idempotent request to be retried
     /// ([`IDEMPOTENCY_KEY`] by default).
     pub fn idempotency_header(mut self, header: HeaderName) -> Self {
-        self.idempotency_header = header;
+        self.idempotency_header = Some(header);
         self
     }
 
@@ -134,7 +138,11 @@ impl Http {
             *request.method(),
             Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
         );
-        idempotent || self.retry_non_idempotent || request.headers().contains_key(&self.idempotency_header)
+        let keyed = match &self.idempotency_header {
+            Some(header) => request.headers().contains_key(header),
+            None => request.headers().contains_key(IDEMPOTENCY_KEY_NAME),
+        };
+        idempotent || self.retry_non_idempotent || keyed
     }
 }
 

@@ -157,11 +157,8 @@ where
         };
         // The first attempt goes to the service that said it is ready; retries go to clones,
         // each asked whether it is ready first.
-        let first = Attempt::Calling {
-            call: Call::Running { future: self.inner.call(request) },
-            classifier: classifier.clone(),
-            last: template.is_none(),
-        };
+        let first =
+            Judged { future: self.inner.call(request), classifier: classifier.clone(), last: template.is_none() };
         let rest = Rest {
             service: self.inner.clone(),
             template,
@@ -174,7 +171,7 @@ where
         let state = if Borrow::<RetryPolicy>::borrow(&self.layer.policy).needs_clock() {
             // The first attempt has a deadline (or counts against a total budget): the loop
             // runs it from the start.
-            State::Looping { sent_once, retry: rest.into_loop(first) }
+            State::Looping { sent_once, retry: rest.into_loop(Attempt::First { judged: first }) }
         } else {
             State::First { attempt: first, rest: Some(rest) }
         };
@@ -238,11 +235,12 @@ where
             Ok(copy) => (copy, false),
             Err(_) => (self.template.take().unwrap_or_else(|| unreachable!()), true),
         };
-        Attempt::Calling {
-            call: Call::when_ready(self.service.clone(), request),
+        let judged = Judged {
+            future: Call::when_ready(self.service.clone(), request),
             classifier: self.classifier.clone(),
             last,
-        }
+        };
+        Attempt::Retry { judged }
     }
 }
 
@@ -254,22 +252,52 @@ enum Ended<Res, E> {
 }
 
 pin_project! {
-    /// One attempt: the inner call with its result classified (`last`: the request cannot be
-    /// sent again, so a failure is final), or attempt 1 that ended before the loop took over.
+    /// An attempt's future, and what classifies its result (`last`: the request cannot be sent
+    /// again, so a failure is final).
+    struct Judged<F, C> {
+        #[pin]
+        future: F,
+        classifier: C,
+        last: bool,
+    }
+}
+
+impl<F, C> Judged<F, C> {
+    /// Polls the attempt: its result, an `Err` if the classifier calls it a failure.
+    #[inline(always)]
+    fn poll_judged<Req, Res, E>(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<Res, Failed<Res, E>>>
+    where
+        F: Future<Output = Result<Res, E>>,
+        C: ResponseClassifier<Req, Res, E>,
+    {
+        let this = self.project();
+        let result = ready!(this.future.poll(cx));
+        let kind = match this.classifier.classify(&result) {
+            None if result.is_ok() => return Poll::Ready(result.map_err(|_| unreachable!())),
+            None => FailureKind::Fatal,
+            Some(_) if *this.last => FailureKind::Hinted(Hint::DoNotRetry),
+            Some(kind) => kind,
+        };
+        let last = match result {
+            Ok(response) => Last::Response(response),
+            Err(error) => Last::Error(error),
+        };
+        Poll::Ready(Err(Failed { kind, last }))
+    }
+}
+
+pin_project! {
+    /// One attempt of the loop: attempt 1 (the call made by [`Retry::call`]), a retry (a call
+    /// of a clone of the service, asked whether it is ready first), or attempt 1 that ended
+    /// before the loop took over.
     #[project = AttemptProjection]
     enum Attempt<S, Req, C>
     where
         S: Service<Req>,
     {
-        Calling {
-            #[pin]
-            call: Call<S, Req>,
-            classifier: C,
-            last: bool,
-        },
-        Ended {
-            ended: Option<Ended<S::Response, S::Error>>,
-        },
+        First { #[pin] judged: Judged<S::Future, C> },
+        Retry { #[pin] judged: Judged<Call<S, Req>, C> },
+        Ended { ended: Option<Ended<S::Response, S::Error>> },
     }
 }
 
@@ -282,28 +310,15 @@ where
 
     #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let (call, classifier, last) = match self.project() {
-            AttemptProjection::Calling { call, classifier, last } => (call, classifier, *last),
-            AttemptProjection::Ended { ended } => {
-                return match ended.take() {
-                    Some(Ended::Failed(failed)) => Poll::Ready(Err(failed)),
-                    Some(Ended::Panicked(payload)) => resume_unwind(payload),
-                    None => panic!("an ended attempt polled after it completed"),
-                };
-            }
-        };
-        let result = ready!(call.poll(cx));
-        let kind = match classifier.classify(&result) {
-            None if result.is_ok() => return Poll::Ready(result.map_err(|_| unreachable!())),
-            None => FailureKind::Fatal,
-            Some(_) if last => FailureKind::Hinted(Hint::DoNotRetry),
-            Some(kind) => kind,
-        };
-        let last = match result {
-            Ok(response) => Last::Response(response),
-            Err(error) => Last::Error(error),
-        };
-        Poll::Ready(Err(Failed { kind, last }))
+        match self.project() {
+            AttemptProjection::First { judged } => judged.poll_judged::<Req, _, _>(cx),
+            AttemptProjection::Retry { judged } => judged.poll_judged::<Req, _, _>(cx),
+            AttemptProjection::Ended { ended } => match ended.take() {
+                Some(Ended::Failed(failed)) => Poll::Ready(Err(failed)),
+                Some(Ended::Panicked(payload)) => resume_unwind(payload),
+                None => panic!("an ended attempt polled after it completed"),
+            },
+        }
     }
 }
 
@@ -343,7 +358,7 @@ pin_project! {
         /// Attempt 1 of a policy that needs no clock, with what a retry would need.
         First {
             #[pin]
-            attempt: Attempt<S, Req, C>,
+            attempt: Judged<S::Future, C>,
             rest: Option<Rest<S, Req, Rt, C, G>>,
         },
         /// The driving loop, from attempt 1 (a policy with a deadline or a budget) or from
@@ -402,18 +417,20 @@ where
                 }
                 // As the loop's own first attempt: a panic is caught, a success is told to
                 // the gate (with the request, which the loop tells it of when it takes over).
-                StateProjection::First { attempt, rest } => match catch_unwind(AssertUnwindSafe(|| attempt.poll(cx))) {
-                    Ok(Poll::Pending) => return Poll::Pending,
-                    Ok(Poll::Ready(Ok(response))) => {
-                        if let Some(rest) = rest {
-                            rest.gate.on_request(None);
-                            rest.gate.on_success();
+                StateProjection::First { attempt, rest } => {
+                    match catch_unwind(AssertUnwindSafe(|| attempt.poll_judged::<Req, _, _>(cx))) {
+                        Ok(Poll::Pending) => return Poll::Pending,
+                        Ok(Poll::Ready(Ok(response))) => {
+                            if let Some(rest) = rest {
+                                rest.gate.on_request(None);
+                                rest.gate.on_success();
+                            }
+                            return Poll::Ready(Ok(response));
                         }
-                        return Poll::Ready(Ok(response));
+                        Ok(Poll::Ready(Err(failed))) => (Ended::Failed(failed), rest.take()),
+                        Err(payload) => (Ended::Panicked(payload), rest.take()),
                     }
-                    Ok(Poll::Ready(Err(failed))) => (Ended::Failed(failed), rest.take()),
-                    Err(payload) => (Ended::Panicked(payload), rest.take()),
-                },
+                }
             };
             let (ended, Some(rest)) = ended else { panic!("`ResponseFuture` polled after it completed") };
             let sent_once = rest.sent_once;
