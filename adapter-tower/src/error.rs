@@ -144,18 +144,9 @@ impl<Res, E: fmt::Display> fmt::Display for RetryError<Res, E> {
             (0, _) => f.write_str("the service was not ready")?,
             (_, Some(why)) => write!(f, "not retried: {why}")?,
             _ => {
-                let why = match self.outcome {
-                    OutcomeKind::Exhausted => "attempt limit reached",
-                    OutcomeKind::Fatal => "the failure must not be retried",
-                    OutcomeKind::Canceled => "canceled",
-                    OutcomeKind::OutOfTime => "the total time budget would be overrun",
-                    OutcomeKind::Rejected => "a retry budget or breaker refused the retry",
-                    OutcomeKind::Deferred => "the other side asked to be retried later than the policy waits",
-                    _ => "gave up",
-                };
                 let attempts = self.stats.attempts;
                 let plural = if attempts == 1 { "" } else { "s" };
-                write!(f, "gave up after {attempts} attempt{plural}: {why}")?;
+                write!(f, "gave up after {attempts} attempt{plural}: {}", self.outcome)?;
             }
         }
         if let Some(after) = self.retry_after {

@@ -460,6 +460,22 @@ pub enum OutcomeKind {
     Deferred,
 }
 
+/// Why an operation ended, in words a log line can use: "attempt limit reached", "the total
+/// time budget would be overrun", …
+impl core::fmt::Display for OutcomeKind {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(match self {
+            OutcomeKind::Succeeded => "succeeded",
+            OutcomeKind::Exhausted => "attempt limit reached",
+            OutcomeKind::Fatal => "the failure must not be retried",
+            OutcomeKind::Canceled => "canceled",
+            OutcomeKind::OutOfTime => "the total time budget would be overrun",
+            OutcomeKind::Rejected => "a retry budget or breaker refused the retry",
+            OutcomeKind::Deferred => "the other side asked to be retried later than the policy waits",
+        })
+    }
+}
+
 impl OutcomeKind {
     /// Whether an outcome of this kind reports a last failure (every kind but `Succeeded` and
     /// `Canceled`, which may have none).

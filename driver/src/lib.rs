@@ -24,10 +24,13 @@
 //!
 //! # Features
 //! `supervisor`, `scheduler` and `http` (`retry_after`) are on by default; `tracing` is off.
-//! With `default-features = false`, only [`retry`], [`Breaker`] and [`Budget`] are built, and
+//! [`blocking::retry`] runs the same loop on the calling thread, for code that is not async.
+//!
+//! With `default-features = false`, only [`retry`], [`blocking`], [`Breaker`] and [`Budget`] are built, and
 //! none of the supervisor's and scheduler's dependencies are compiled.
 #![deny(missing_docs)]
 
+pub mod blocking;
 mod breaker;
 mod budget;
 mod classify;

@@ -95,16 +95,7 @@ impl<E: fmt::Debug> fmt::Debug for GaveUp<E> {
 
 impl<E: fmt::Display> fmt::Display for GaveUp<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let why = match self.outcome {
-            OutcomeKind::Exhausted => "attempt limit reached",
-            OutcomeKind::Fatal => "the failure must not be retried",
-            OutcomeKind::Canceled => "canceled",
-            OutcomeKind::OutOfTime => "the total time budget would be overrun",
-            OutcomeKind::Rejected => "a retry budget or breaker refused the retry",
-            OutcomeKind::Deferred => "the other side asked to be retried later than the policy waits",
-            _ => "succeeded",
-        };
-        write!(f, "gave up: {why}")?;
+        write!(f, "gave up: {}", self.outcome)?;
         if let Some(after) = self.retry_after() {
             write!(f, " (retry after {after:?})")?;
         }

@@ -45,3 +45,6 @@ impl Virtual {
         self.now.set(self.now.get() + by.as_nanos() as u64);
     }
 }
+
+/// Its sleeps are over when they are made, so the blocking retry can run on it.
+impl persevere_driver::blocking::Blocking for Virtual {}
