@@ -66,6 +66,6 @@ pub use classify::{ClassifyFn, ResponseClassifier, RetryErrors, SentOnce, classi
 pub use error::{Last, RetryError};
 #[cfg(feature = "http")]
 pub use http::{ByStatus, Http, IDEMPOTENCY_KEY, ReplayBody};
-pub use persevere_driver::{Breaker, CallError, RetryGate, Runtime};
+pub use persevere_driver::{Breaker, BreakerTransition, CallError, RetryGate, Runtime};
 pub use policy::SharedPolicy;
 pub use retry::{ResponseFuture, Retry, RetryLayer};

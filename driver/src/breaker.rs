@@ -51,15 +51,46 @@ struct State {
     rng: SplitMix64,
 }
 
+/// A listener of [`Breaker::on_transition`].
+type Listener = Arc<dyn Fn(&BreakerTransition) + Send + Sync>;
+
 struct Shared<Rt> {
     policy: BreakerPolicy,
     runtime: Rt,
     state: Mutex<State>,
+    /// Told of each transition, in the order they were added, after the state's lock is
+    /// released. Locked only when the state changes.
+    listeners: Mutex<Vec<Listener>>,
     /// [`clean_token`] of the state's generation while the breaker is clean: closed with no
     /// failure streak and no rate window (or disabled), where a call needs no permit and a
     /// success changes nothing, so neither takes the lock nor reads the clock. [`NOT_CLEAN`]
     /// otherwise. Written under the lock, after every input.
     clean: AtomicU64,
+}
+
+/// A change of a [`Breaker`]'s state, as its listeners ([`Breaker::on_transition`]) hear it
+/// and, with the `tracing` feature, as it is logged (target `persevere::breaker`).
+///
+/// Only changes of kind count: closed, open, half-open, isolated, disabled. Probes going out
+/// and coming back while half-open are not transitions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BreakerTransition {
+    /// The state the breaker left.
+    pub from: BreakerStatus,
+    /// The state it entered; `Open { until }` says until when it rejects calls.
+    pub to: BreakerStatus,
+    /// When, on the breaker's runtime clock.
+    pub at: Instant,
+    /// The generation of the state entered. It grows with every change, so listeners, which
+    /// are called by the tasks whose calls made the changes, can put two close transitions
+    /// back in order.
+    pub generation: u32,
+}
+
+/// Whether `from` and `to` are states of different kinds.
+fn is_transition(from: BreakerStatus, to: BreakerStatus) -> bool {
+    std::mem::discriminant(&from) != std::mem::discriminant(&to)
 }
 
 /// [`Shared::clean`] when the breaker is not clean.
@@ -267,9 +298,40 @@ impl<Rt: Runtime> Shared<Rt> {
         let mut state = self.lock();
         let now = self.runtime.now();
         let State { breaker, rng } = &mut *state;
+        let before = breaker.status();
         let out = change(breaker, &self.policy, now, rng);
+        let (after, generation) = (breaker.status(), breaker.generation());
         self.refresh(&state);
+        drop(state);
+        if is_transition(before, after) {
+            self.transitioned(BreakerTransition { from: before, to: after, at: now, generation });
+        }
         out
+    }
+
+    /// Tells the listeners and the log of `transition`, outside the state's lock.
+    #[cold]
+    fn transitioned(&self, transition: BreakerTransition) {
+        #[cfg(feature = "tracing")]
+        {
+            let BreakerTransition { from, to, at, generation } = transition;
+            let open_for_ns = match to {
+                BreakerStatus::Open { until } => until.as_nanos().saturating_sub(at.as_nanos()),
+                _ => 0,
+            };
+            tracing::info!(
+                target: "persevere::breaker",
+                from = ?from,
+                to = ?to,
+                generation,
+                open_for_ns,
+                "breaker transition"
+            );
+        }
+        for listener in lock(&self.listeners).iter() {
+            // A listener's panic is its own: the call that made the change goes on.
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| listener(&transition)));
+        }
     }
 
     /// Admission through the core machine (every call while the breaker is not clean, e.g.
@@ -317,7 +379,13 @@ impl<Rt: Runtime> Breaker<Rt> {
     /// A breaker with `policy` on `runtime`'s clock.
     pub fn with_runtime(runtime: Rt, policy: BreakerPolicy) -> Self {
         let state = State { breaker: persevere::Breaker::new(&policy, 0), rng: SplitMix64::new(runtime.entropy()) };
-        let shared = Shared { policy, runtime, state: Mutex::new(state), clean: AtomicU64::new(NOT_CLEAN) };
+        let shared = Shared {
+            policy,
+            runtime,
+            state: Mutex::new(state),
+            listeners: Mutex::new(Vec::new()),
+            clean: AtomicU64::new(NOT_CLEAN),
+        };
         shared.refresh(&shared.lock());
         Breaker { shared: Arc::new(shared) }
     }
@@ -374,6 +442,47 @@ impl<Rt: Runtime> Breaker<Rt> {
     /// the calls of a state are done this is 0: a figure that stays above 0 is a leak.
     pub fn outstanding_permits(&self) -> u32 {
         self.shared.lock().breaker.outstanding_permits()
+    }
+
+    /// Calls `listener` with each [`BreakerTransition`] from now on: opened, half-open, closed,
+    /// isolated, disabled.
+    ///
+    /// Listeners are called in the order they were added, by the task whose call (or
+    /// `status`, `isolate`, …) made the change, after the breaker's lock is released, one
+    /// transition at a time. Two transitions made at nearly the same moment by two tasks may
+    /// be heard in either order; [`BreakerTransition::generation`] orders them. A listener
+    /// must be quick, must not add a listener (that would deadlock), and may call the breaker.
+    /// A panic in a listener is caught and ignored. The closed path that takes no lock calls
+    /// nothing: it makes no transition.
+    ///
+    /// ```
+    /// use std::sync::{Arc, Mutex};
+    /// use std::time::Duration;
+    /// use persevere::{Backoff, BreakerPolicy, BreakerStatus};
+    /// use persevere_driver::Breaker;
+    /// # #[derive(Default)]
+    /// # struct Clock;
+    /// # impl persevere_driver::Runtime for Clock {
+    /// #     type Sleep = std::future::Ready<()>;
+    /// #     fn now(&self) -> persevere::Instant { persevere::Instant::ZERO }
+    /// #     fn sleep_until(&self, _: persevere::Instant) -> Self::Sleep { std::future::ready(()) }
+    /// # }
+    ///
+    /// let policy = BreakerPolicy::builder(Backoff::constant(Duration::from_secs(1)).build()?).consecutive_failures(1).build()?;
+    /// let breaker = Breaker::with_runtime(Clock, policy);
+    /// let heard = Arc::new(Mutex::new(Vec::new()));
+    /// let log = heard.clone();
+    /// breaker.on_transition(move |t| log.lock().unwrap().push((t.from, t.to)));
+    /// breaker.isolate();
+    /// breaker.reset();
+    /// assert_eq!(*heard.lock().unwrap(), [
+    ///     (BreakerStatus::Closed, BreakerStatus::Isolated),
+    ///     (BreakerStatus::Isolated, BreakerStatus::Closed),
+    /// ]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn on_transition(&self, listener: impl Fn(&BreakerTransition) + Send + Sync + 'static) {
+        lock(&self.shared.listeners).push(Arc::new(listener));
     }
 
     /// Forces the breaker open until [`reset`](Self::reset).

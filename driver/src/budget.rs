@@ -89,13 +89,22 @@ impl<Rt: Runtime> RetryGate for Budget<Rt> {
 
     fn allow_retry(&self, now: Option<Instant>, class: FailureClass) -> bool {
         let (runtime, kind) = &*self.shared;
-        match kind {
+        let granted = match kind {
             Kind::Tokens { policy, bucket } => lock(bucket).try_acquire(policy, RetryClass::from(class)).is_ok(),
             Kind::Ratio { policy, budget } => {
                 let now = now.unwrap_or_else(|| runtime.now());
                 lock(budget).try_acquire(policy, now).is_ok()
             }
+        };
+        #[cfg(feature = "tracing")]
+        if !granted {
+            let budget = match kind {
+                Kind::Tokens { .. } => "tokens",
+                Kind::Ratio { .. } => "ratio",
+            };
+            tracing::debug!(target: "persevere::budget", budget, class = ?class, "retry refused");
         }
+        granted
     }
 
     fn on_success(&self) {

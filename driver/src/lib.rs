@@ -51,7 +51,7 @@ mod spawn;
 mod supervisor;
 mod sync;
 
-pub use breaker::{Breaker, BreakerCall, ByResult, CallClassifier, CallError};
+pub use breaker::{Breaker, BreakerCall, BreakerTransition, ByResult, CallClassifier, CallError};
 pub use budget::Budget;
 pub use classify::{ByTrait, Classifier, Classify, Notify, RetryAll, RetryEvent, RetryGate};
 #[cfg(any(feature = "supervisor", feature = "scheduler"))]

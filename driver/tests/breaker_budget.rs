@@ -325,3 +325,53 @@ fn u4_gates_are_asked_in_order_and_each_hears_every_request_and_success() {
     let triple = (Log("a", true, &log), Log("b", true, &log), Log("c", true, &log));
     assert!(triple.allow_retry(None, FailureClass::Retryable));
 }
+
+#[test]
+fn breaker_listeners_hear_each_transition_once_in_order() {
+    use std::sync::{Arc, Mutex};
+
+    let rt = Virtual::default();
+    let breaker = Breaker::with_runtime(rt.clone(), policy(2));
+    let heard = Arc::new(Mutex::new(Vec::new()));
+    let log = heard.clone();
+    breaker.on_transition(move |t| log.lock().unwrap().push(*t));
+    // A second listener hears the same; a panicking one changes nothing for the others.
+    let second = Arc::new(Mutex::new(0));
+    let count = second.clone();
+    breaker.on_transition(|_| panic!("a listener that panics"));
+    breaker.on_transition(move |_| *count.lock().unwrap() += 1);
+
+    for _ in 0..2 {
+        let _ = block_on(breaker.call(async { Err::<(), _>("down") }));
+    }
+    let _ = block_on(breaker.call(async { Ok::<_, &str>(1) })); // rejected: no transition
+    rt.advance(ms(100));
+    assert_eq!(block_on(breaker.call(async { Ok::<_, &str>(2) })), Ok(2)); // probe, then closed
+    for _ in 0..10 {
+        assert_eq!(block_on(breaker.call(async { Ok::<_, &str>(3) })), Ok(3)); // clean path: nothing
+    }
+    breaker.isolate();
+    breaker.reset();
+    breaker.disable();
+    breaker.reset();
+
+    let heard = heard.lock().unwrap().clone();
+    let kinds: Vec<_> = heard.iter().map(|t| (t.from, t.to)).collect();
+    use BreakerStatus::*;
+    assert_eq!(
+        kinds,
+        [
+            (Closed, Open { until: Instant::from_millis(100) }),
+            (Open { until: Instant::from_millis(100) }, HalfOpen { permits: 1 }),
+            (HalfOpen { permits: 1 }, Closed),
+            (Closed, Isolated),
+            (Isolated, Closed),
+            (Closed, Disabled),
+            (Disabled, Closed),
+        ]
+    );
+    assert_eq!(heard[0].at, Instant::ZERO);
+    assert_eq!(heard[1].at, Instant::from_millis(100));
+    assert!(heard.windows(2).all(|w| w[0].generation < w[1].generation), "{heard:?}");
+    assert_eq!(*second.lock().unwrap(), 7);
+}

@@ -48,3 +48,71 @@ fn each_attempt_retry_and_outcome_is_an_event() {
     // 3 × (attempt starting + attempt failed) + 2 retries scheduled + 1 outcome.
     assert_eq!(count.load(Ordering::SeqCst), 9);
 }
+
+/// Writes down each event outside the retry loop's target as `target: message field=value …`.
+struct Lines(Arc<std::sync::Mutex<Vec<String>>>);
+
+struct Fields(String);
+
+impl tracing::field::Visit for Fields {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "message" {
+            self.0.insert_str(0, &format!("{value:?}"));
+        } else {
+            self.0.push_str(&format!(" {}={value:?}", field.name()));
+        }
+    }
+}
+
+impl Subscriber for Lines {
+    fn enabled(&self, _: &Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &Attributes<'_>) -> Id {
+        Id::from_u64(1)
+    }
+    fn record(&self, _: &Id, _: &Record<'_>) {}
+    fn record_follows_from(&self, _: &Id, _: &Id) {}
+    fn event(&self, event: &Event<'_>) {
+        let target = event.metadata().target();
+        if target != "persevere" {
+            let mut fields = Fields(String::new());
+            event.record(&mut fields);
+            self.0.lock().unwrap().push(format!("{target}: {}", fields.0));
+        }
+    }
+    fn enter(&self, _: &Id) {}
+    fn exit(&self, _: &Id) {}
+}
+
+#[test]
+fn o2_breaker_transitions_and_budget_refusals_are_events_with_stable_fields() {
+    use persevere::{BreakerPolicy, RatioBudgetPolicy};
+    use persevere_driver::{Breaker, Budget, RetryGate};
+
+    let lines = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let rt = Virtual::default();
+    tracing::subscriber::with_default(Lines(lines.clone()), || {
+        let open_for = Backoff::constant(Duration::from_millis(100)).build().unwrap();
+        let breaker = Breaker::with_runtime(
+            rt.clone(),
+            BreakerPolicy::builder(open_for).consecutive_failures(1).build().unwrap(),
+        );
+        let _ = block_on(breaker.call(async { Err::<(), _>(()) }));
+        rt.advance(Duration::from_millis(100));
+        let _ = block_on(breaker.call(async { Ok::<_, ()>(()) }));
+
+        let budget = Budget::ratio(rt.clone(), RatioBudgetPolicy::builder(0.1).min_retries_per_sec(0).build().unwrap());
+        budget.on_request(None);
+        assert!(!budget.allow_retry(None, persevere::FailureClass::Retryable));
+    });
+    assert_eq!(
+        *lines.lock().unwrap(),
+        [
+            "persevere::breaker: breaker transition from=Closed to=Open { until: Instant(100000000) } generation=1 open_for_ns=100000000",
+            "persevere::breaker: breaker transition from=Open { until: Instant(100000000) } to=HalfOpen { permits: 1 } generation=2 open_for_ns=0",
+            "persevere::breaker: breaker transition from=HalfOpen { permits: 1 } to=Closed generation=3 open_for_ns=0",
+            "persevere::budget: retry refused budget=\"ratio\" class=Retryable",
+        ]
+    );
+}
