@@ -328,6 +328,17 @@ impl<Rt: Runtime> Shared<Rt> {
                 "breaker transition"
             );
         }
+        #[cfg(feature = "metrics")]
+        {
+            let to = match transition.to {
+                BreakerStatus::Closed => "closed",
+                BreakerStatus::Open { .. } => "open",
+                BreakerStatus::HalfOpen { .. } => "half_open",
+                BreakerStatus::Isolated => "isolated",
+                BreakerStatus::Disabled => "disabled",
+            };
+            metrics::counter!("persevere_breaker_transitions_total", "to" => to).increment(1);
+        }
         for listener in lock(&self.listeners).iter() {
             // A listener's panic is its own: the call that made the change goes on.
             let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| listener(&transition)));

@@ -96,13 +96,16 @@ impl<Rt: Runtime> RetryGate for Budget<Rt> {
                 lock(budget).try_acquire(policy, now).is_ok()
             }
         };
-        #[cfg(feature = "tracing")]
+        #[cfg(any(feature = "tracing", feature = "metrics"))]
         if !granted {
             let budget = match kind {
                 Kind::Tokens { .. } => "tokens",
                 Kind::Ratio { .. } => "ratio",
             };
+            #[cfg(feature = "tracing")]
             tracing::debug!(target: "persevere::budget", budget, class = ?class, "retry refused");
+            #[cfg(feature = "metrics")]
+            metrics::counter!("persevere_budget_refusals_total", "budget" => budget).increment(1);
         }
         granted
     }

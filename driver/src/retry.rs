@@ -412,6 +412,32 @@ macro_rules! event {
     };
 }
 
+/// A counter or histogram of the `metrics` facade, compiled only with the `metrics` feature
+/// (the README's Observability section names them).
+macro_rules! metric {
+    ($($body:tt)*) => {
+        #[cfg(feature = "metrics")]
+        {
+            $($body)*;
+        }
+    };
+}
+
+/// The `outcome` label of `persevere_operations_total`.
+#[cfg(feature = "metrics")]
+fn outcome_label(kind: OutcomeKind) -> &'static str {
+    match kind {
+        OutcomeKind::Succeeded => "succeeded",
+        OutcomeKind::Exhausted => "exhausted",
+        OutcomeKind::Fatal => "fatal",
+        OutcomeKind::Canceled => "canceled",
+        OutcomeKind::OutOfTime => "out_of_time",
+        OutcomeKind::Rejected => "rejected",
+        OutcomeKind::Deferred => "deferred",
+        _ => "other",
+    }
+}
+
 /// Starts a new attempt of `op`, catching a panic raised while creating it.
 #[inline(always)]
 fn create<Op: Operation>(op: &mut Op) -> Option<Op::Future> {
@@ -446,6 +472,7 @@ where
                 }
                 this.gate.on_request(None);
                 event!(attempt = 1u64, "attempt starting");
+                metric!(metrics::counter!("persevere_attempts_total").increment(1));
                 *this.stage = Stage::Active;
                 match create(this.op) {
                     Some(fut) => this.running.set(Some(fut)),
@@ -466,6 +493,7 @@ where
                 this.gate.on_success();
                 *this.stage = Stage::Done;
                 event!(attempts = 1u64, "operation succeeded");
+                metric!(metrics::counter!("persevere_operations_total", "outcome" => "succeeded").increment(1));
                 Poll::Ready(Retried { result: Ok(value), stats: FIRST_ATTEMPT })
             }
             // No machine and no deadline yet: nothing else can wake this attempt.
@@ -644,6 +672,7 @@ where
             match action {
                 RetryAction::Start { attempt, deadline } => {
                     event!(attempt, "attempt starting");
+                    metric!(metrics::counter!("persevere_attempts_total").increment(1));
                     let _ = attempt;
                     match create(op) {
                         Some(fut) => {
@@ -673,11 +702,14 @@ where
                     // clock's.
                     if !gate.allow_retry(timed.then(|| retry.now()), class) {
                         event!(next_attempt, "retry refused by the gate");
+                        metric!(metrics::counter!("persevere_retries_refused_total").increment(1));
                         // The machine is sleeping and drained, so it accepts the refusal.
                         let _ = retry.handle_rejected(policy, retry.now());
                         continue;
                     }
                     event!(next_attempt, delay_ns = delay.as_nanos() as u64, "retry scheduled");
+                    metric!(metrics::counter!("persevere_retries_total").increment(1));
+                    metric!(metrics::histogram!("persevere_retry_delay_seconds").record(delay.as_secs_f64()));
                     notify.notify(&RetryEvent {
                         error: failure.and_then(|f| f.error.as_ref()).and_then(Option::as_ref),
                         class,
@@ -703,6 +735,10 @@ where
                     timer.set(None);
                     let _ = stats;
                     event!(outcome = ?outcome.kind(), attempts = stats.attempts, "operation finished");
+                    metric!(
+                        metrics::counter!("persevere_operations_total", "outcome" => outcome_label(outcome.kind()))
+                            .increment(1)
+                    );
                     let (kind, class) = (outcome.kind(), outcome.last_failure().map(|f| f.class));
                     let retry_after_ns =
                         outcome.retry_at().map(|at| at.as_nanos().saturating_sub(retry.now().as_nanos()));
@@ -728,6 +764,7 @@ where
                     // The attempt is the running one and the machine is drained.
                     let _ = retry.handle_success(policy, now!(), attempt);
                     event!(attempts = retry.attempt(), "operation succeeded");
+                    metric!(metrics::counter!("persevere_operations_total", "outcome" => "succeeded").increment(1));
                     return Poll::Ready(Some(value));
                 }
                 Ok(Poll::Ready(Err(error))) => {
