@@ -103,6 +103,20 @@ mod tests {
     }
 
     #[test]
+    fn a_draw_at_the_threshold_is_kept_and_rejections_stop_after_the_bound() {
+        // 3 · 0xAAAA_AAAA_AAAA_AAAB = 2^65 + 1: a low product of exactly the threshold (1),
+        // which is not biased: kept, offset 2.
+        let mut at_threshold = Script { values: &[0xAAAA_AAAA_AAAA_AAAB, 0], next: 0 };
+        assert_eq!(uniform_inclusive(&mut at_threshold, 0, 2), 2);
+        assert_eq!(at_threshold.next, 1);
+        // Biased draws forever: one draw and MAX_REJECTIONS redraws, then the last is kept.
+        static ZEROS: [u64; 70] = [0; 70];
+        let mut biased = Script { values: &ZEROS, next: 0 };
+        assert_eq!(uniform_inclusive(&mut biased, 5, 7), 5);
+        assert_eq!(biased.next, 1 + MAX_REJECTIONS as usize);
+    }
+
+    #[test]
     fn a_small_range_is_close_to_uniform() {
         let mut rng = ChaCha8Rng::seed_from_u64(3);
         let mut counts = [0u32; 3];
