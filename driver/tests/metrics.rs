@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use futures_lite::future::block_on;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-use persevere::{Backoff, BreakerPolicy, FailureClass, Instant, RatioBudgetPolicy, RetryPolicy};
-use persevere_driver::{Breaker, Budget, RetryGate, retry};
+use persevere::{Backoff, FailureClass, Instant, RetryPolicy};
+use persevere_driver::{RetryGate, retry};
 
 mod common;
 use common::Virtual;
@@ -71,20 +71,7 @@ fn o2_a_scripted_scenario_gives_exactly_the_documented_metrics() {
         // A refused retry.
         let _ = block_on(retry(&rt, policy(3), || async { Err::<(), _>("down") }).gate(Refuse));
 
-        // A breaker that opens, probes and closes.
-        let open_for = Backoff::constant(Duration::from_millis(100)).build().unwrap();
-        let breaker = Breaker::with_runtime(
-            rt.clone(),
-            BreakerPolicy::builder(open_for).consecutive_failures(1).build().unwrap(),
-        );
-        let _ = block_on(breaker.call(async { Err::<(), _>(()) }));
-        rt.advance(Duration::from_millis(100));
-        let _ = block_on(breaker.call(async { Ok::<_, ()>(()) }));
-
-        // A budget that refuses.
-        let budget = Budget::ratio(rt.clone(), RatioBudgetPolicy::builder(0.1).min_retries_per_sec(0).build().unwrap());
-        budget.on_request(None);
-        assert!(!budget.allow_retry(None, FailureClass::Retryable));
+        common::breaker_and_budget_scenario(&rt);
     });
     let expected: BTreeMap<String, String> = [
         ("persevere_attempts_total{}", "7"),

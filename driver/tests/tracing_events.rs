@@ -87,24 +87,10 @@ impl Subscriber for Lines {
 
 #[test]
 fn o2_breaker_transitions_and_budget_refusals_are_events_with_stable_fields() {
-    use persevere::{BreakerPolicy, RatioBudgetPolicy};
-    use persevere_driver::{Breaker, Budget, RetryGate};
-
     let lines = Arc::new(std::sync::Mutex::new(Vec::new()));
     let rt = Virtual::default();
     tracing::subscriber::with_default(Lines(lines.clone()), || {
-        let open_for = Backoff::constant(Duration::from_millis(100)).build().unwrap();
-        let breaker = Breaker::with_runtime(
-            rt.clone(),
-            BreakerPolicy::builder(open_for).consecutive_failures(1).build().unwrap(),
-        );
-        let _ = block_on(breaker.call(async { Err::<(), _>(()) }));
-        rt.advance(Duration::from_millis(100));
-        let _ = block_on(breaker.call(async { Ok::<_, ()>(()) }));
-
-        let budget = Budget::ratio(rt.clone(), RatioBudgetPolicy::builder(0.1).min_retries_per_sec(0).build().unwrap());
-        budget.on_request(None);
-        assert!(!budget.allow_retry(None, persevere::FailureClass::Retryable));
+        common::breaker_and_budget_scenario(&rt);
     });
     assert_eq!(
         *lines.lock().unwrap(),

@@ -48,3 +48,23 @@ impl Virtual {
 
 /// Its sleeps are over when they are made, so the blocking retry can run on it.
 impl persevere_driver::blocking::Blocking for Virtual {}
+
+/// The scenario the observability tests watch: a breaker that opens on one failure, probes
+/// after 100 ms and closes; then a ratio budget (no floor) that refuses a retry after one
+/// request.
+#[allow(dead_code)]
+pub(crate) fn breaker_and_budget_scenario(rt: &Virtual) {
+    use persevere::{Backoff, BreakerPolicy, FailureClass, RatioBudgetPolicy};
+    use persevere_driver::{Breaker, Budget, RetryGate};
+
+    let open_for = Backoff::constant(Duration::from_millis(100)).build().unwrap();
+    let breaker =
+        Breaker::with_runtime(rt.clone(), BreakerPolicy::builder(open_for).consecutive_failures(1).build().unwrap());
+    let _ = futures_lite::future::block_on(breaker.call(async { Err::<(), _>(()) }));
+    rt.advance(Duration::from_millis(100));
+    let _ = futures_lite::future::block_on(breaker.call(async { Ok::<_, ()>(()) }));
+
+    let budget = Budget::ratio(rt.clone(), RatioBudgetPolicy::builder(0.1).min_retries_per_sec(0).build().unwrap());
+    budget.on_request(None);
+    assert!(!budget.allow_retry(None, FailureClass::Retryable));
+}
