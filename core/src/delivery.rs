@@ -275,6 +275,35 @@ impl<R> DeliveryPolicy<R> {
     pub const fn on_failure(&self) -> &FailurePolicy<R> {
         &self.on_failure
     }
+
+    /// The same policy with its recovery route mapped by `f` (only a
+    /// [`FailurePolicy::Divert`] has one): for a store that keeps routes as strings, say.
+    ///
+    /// ```
+    /// use core::time::Duration;
+    /// use persevere::{Backoff, DeliveryPolicy, FailurePolicy, RetryPolicy};
+    ///
+    /// let retry = RetryPolicy::builder(Backoff::constant(Duration::from_secs(1)).build()?).max_attempts(3).build()?;
+    /// let policy = DeliveryPolicy::builder(retry).on_failure(FailurePolicy::Divert("refund")).build()?;
+    /// let owned = policy.map_route(String::from);
+    /// assert_eq!(owned.on_failure(), &FailurePolicy::Divert("refund".to_string()));
+    /// assert_eq!(owned.max_redeliveries(), policy.max_redeliveries());
+    /// # Ok::<(), persevere::PolicyError>(())
+    /// ```
+    pub fn map_route<R2>(self, f: impl FnOnce(R) -> R2) -> DeliveryPolicy<R2> {
+        DeliveryPolicy {
+            retry: self.retry,
+            max_redeliveries: self.max_redeliveries,
+            durability: self.durability,
+            start_timeout_ns: self.start_timeout_ns,
+            heartbeat_timeout_ns: self.heartbeat_timeout_ns,
+            on_failure: match self.on_failure {
+                FailurePolicy::Fail => FailurePolicy::Fail,
+                FailurePolicy::Proceed => FailurePolicy::Proceed,
+                FailurePolicy::Divert(route) => FailurePolicy::Divert(f(route)),
+            },
+        }
+    }
 }
 
 /// Why a handed-out attempt ended without a result (D2). Every interruption consumes a retry:

@@ -1,0 +1,61 @@
+//! What can go wrong talking to the queue.
+
+use persevere::{DeliveryError, PolicyError};
+
+use crate::TaskId;
+
+/// An error of a queue operation. A refused report leaves the task exactly as it was.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum QueueError {
+    /// The task's redelivery machine refused the report: most often the job's lease was lost
+    /// (its deadline passed and a sweep interrupted it, so another attempt now owns the task),
+    /// or the task has already finished. Stop working on the job.
+    #[error("task {task} refused the report: {error}")]
+    Refused {
+        /// The task.
+        task: TaskId,
+        /// Why, as the redelivery machine says.
+        error: DeliveryError,
+    },
+    /// No task has this id.
+    #[error("no task {0}; it was never enqueued in this database")]
+    UnknownTask(TaskId),
+    /// A re-drive of a task that has not failed or been dead-lettered.
+    #[error("task {task} is {status}; only failed and dead-lettered tasks can be re-driven")]
+    NotRedrivable {
+        /// The task.
+        task: TaskId,
+        /// Its status.
+        status: crate::Status,
+    },
+    /// The task's row changed under this write (its version moved). With the stores' locks
+    /// this does not happen; it means two writers raced on one task and this one lost (Q1).
+    #[error("task {0} was changed by another writer during this operation; nothing was written")]
+    Conflict(TaskId),
+    /// A policy given to `enqueue` is invalid.
+    #[error("invalid policy: {0}")]
+    Policy(#[from] PolicyError),
+    /// A stored state or policy did not load (edited by hand, or written by an incompatible
+    /// version). The row is left as it is.
+    #[error("task {task}: its stored {what} does not load: {source}")]
+    Corrupt {
+        /// The task.
+        task: TaskId,
+        /// `"state"` or `"policy"`.
+        what: &'static str,
+        /// The decoder's error.
+        source: serde_json::Error,
+    },
+    /// The SQLite store failed.
+    #[cfg(feature = "sqlite")]
+    #[error("sqlite: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    /// The PostgreSQL store failed.
+    #[cfg(feature = "postgres")]
+    #[error("postgres: {0}")]
+    Postgres(#[from] postgres::Error),
+    /// The database's clock reads before 1970 or after 2262.
+    #[error("the database clock reads {0} ns since 1970, outside what an `Instant` holds")]
+    Clock(i64),
+}

@@ -1,0 +1,78 @@
+//! A durable work queue whose every decision is made by persevere's redelivery machine
+//! ([`persevere::Delivery`], rules D1–D10), stored in SQLite (embedded, the default) or
+//! PostgreSQL (feature `postgres`, for workers on many machines).
+//!
+//! Producers [`enqueue`](Queue::enqueue) tasks with a [`DeliveryPolicy`](persevere::DeliveryPolicy);
+//! workers [`claim`](Queue::claim) due attempts of the task types they run, heartbeat, and
+//! report `complete`, `fail` (with a [`Failure`](persevere::Failure) class) or `decline`.
+//! Retries, their delays, interruptions of expired leases, free returns, dead letters and
+//! failure policies are the core machine's decisions; the store only persists them, each in the
+//! transaction that caused it (DESIGN §10):
+//!
+//! - **Q1** a task's row holds its `Delivery` state (JSON), written in the same transaction as
+//!   the claim or report that changed it and guarded by a version column.
+//! - **Q2** `now` is read from the database's clock in that transaction; no worker's clock
+//!   sets or keeps a lease.
+//! - **Q3** a claim leases one due attempt to one worker (`FOR UPDATE SKIP LOCKED` on
+//!   PostgreSQL, one `BEGIN IMMEDIATE` transaction on SQLite); an expired lease is interrupted
+//!   by whichever worker's claim or [`sweep`](Queue::sweep) meets it first.
+//! - **Q4** a worker killed at any instant loses nothing: its lease expires and the next
+//!   attempt runs elsewhere (a retry is used, D2).
+//! - **Q5** idempotency keys given at enqueue are unique.
+//! - **Q6** failed and dead-lettered tasks are rows to [`query`](Queue::tasks) and
+//!   [`re-drive`](Queue::redrive).
+//!
+//! **Durability** (D6): every claim is committed before its worker sees the job, so in
+//! [`Durability::Sync`](persevere::Durability::Sync) (the default) no attempt number reaches two
+//! workers. A task enqueued with [`Durability::Async`](persevere::Durability::Async) reports its
+//! progress as `NotCompleted` from the start; its start is confirmed by the worker's first report,
+//! and if the database loses a committed claim (an asynchronous commit, as PostgreSQL's
+//! `synchronous_commit = off`, before a crash) the same attempt number runs again without using
+//! a retry.
+//!
+//! The API is blocking: one [`Queue`] is one database connection. Run a worker per thread (or
+//! per process, or per machine); from async code, call it on a blocking thread.
+//!
+//! ```
+//! use std::time::Duration;
+//! use persevere::{Backoff, DeliveryPolicy, Failure, RetryPolicy};
+//! use persevere_queue::{Handled, NewTask, Queue, Sqlite, Status, Worker};
+//!
+//! let retry = RetryPolicy::builder(Backoff::constant(Duration::ZERO).build()?).max_attempts(3).build()?;
+//! let policy = DeliveryPolicy::builder(retry).build()?;
+//! let mut queue = Queue::new(Sqlite::in_memory()?);
+//! let id = queue.enqueue(NewTask::new("charge", "order-17", policy))?.id;
+//!
+//! let mut worker = Worker::new(queue, "worker-1", &["charge"]);
+//! let first = worker.work_one(|_, _| Handled::Failed(Failure::retryable("gateway timeout".into())))?;
+//! assert_eq!(first.map(|w| w.status), Some(Status::Pending)); // a retry is due
+//! let second = worker.work_one(|job, _| {
+//!     assert_eq!(job.attempt, 2);
+//!     assert_eq!(job.idempotency_key, format!("{}:1", id.0)); // the same for every attempt
+//!     Handled::Completed
+//! })?;
+//! assert_eq!(second.map(|w| w.status), Some(Status::Completed));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+#![deny(missing_docs)]
+
+mod crash;
+mod error;
+#[cfg(feature = "postgres")]
+mod postgres;
+mod queue;
+#[cfg(feature = "sqlite")]
+mod sqlite;
+mod store;
+mod task;
+mod worker;
+
+pub use error::QueueError;
+#[cfg(feature = "postgres")]
+pub use postgres::Postgres;
+pub use queue::Queue;
+#[cfg(feature = "sqlite")]
+pub use sqlite::Sqlite;
+pub use store::{Candidates, ClaimVisit, Insert, Row, Store, UpdateVisit, Visit, Write};
+pub use task::{Enqueued, IntoTaskPolicy, Job, NewTask, Status, TaskId, TaskInfo, TaskPolicy, TaskState};
+pub use worker::{Handled, Heartbeat, Worked, Worker};

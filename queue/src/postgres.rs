@@ -1,0 +1,278 @@
+//! The shared store: PostgreSQL, for workers on many machines.
+
+use core::time::Duration;
+use std::collections::HashMap;
+
+use persevere::Instant;
+use postgres::{Client, GenericClient, NoTls, Statement};
+
+use crate::crash;
+use crate::store::{Candidates, ClaimVisit, Insert, Row, Store, UpdateVisit, Write, instant_of, skewed, visit_rows};
+use crate::{QueueError, Status};
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS persevere_tasks (
+    id BIGSERIAL PRIMARY KEY,
+    task_type TEXT NOT NULL,
+    payload BYTEA NOT NULL,
+    policy TEXT NOT NULL,
+    state TEXT NOT NULL,
+    version BIGINT NOT NULL,
+    status TEXT NOT NULL,
+    due_at BIGINT,
+    attempt BIGINT NOT NULL,
+    idempotency_key TEXT UNIQUE,
+    created_at BIGINT NOT NULL,
+    updated_at BIGINT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS persevere_tasks_due ON persevere_tasks (task_type, due_at);
+CREATE INDEX IF NOT EXISTS persevere_tasks_status ON persevere_tasks (status, due_at);
+";
+
+/// The clock in nanoseconds since 1970 (at microsecond precision): the server's
+/// `statement_timestamp()` (Q2), which is stable within a statement, so a bound written with it
+/// can use an index. `$1` is the connection's skew ([`Store::advance_clock`]).
+const CLOCK: &str = "((extract(epoch FROM statement_timestamp()) * 1000000)::bigint * 1000 + $1::bigint)";
+
+const COLUMNS: &str = "id, task_type, payload, policy, state, version, idempotency_key";
+
+/// How often a report re-reads a task whose version moved between its read and its write.
+const CAS_TRIES: u32 = 16;
+
+/// The PostgreSQL store: one connection (no TLS). Open one per worker thread or process.
+///
+/// - A claim is one transaction: its candidates are locked with `FOR UPDATE SKIP LOCKED` (Q3),
+///   so concurrent workers never wait for each other's rows, and the claimed row is written
+///   before the commit.
+/// - A report reads its task (and the clock) and writes it back with one `UPDATE` guarded by the
+///   version it read (compare-and-set, Q1); if another writer moved the version in between, it
+///   reads and decides again.
+/// - Statements are prepared once per connection.
+pub struct Postgres {
+    client: Client,
+    skew: Duration,
+    statements: HashMap<String, Statement>,
+}
+
+impl core::fmt::Debug for Postgres {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Postgres").field("skew", &self.skew).finish_non_exhaustive()
+    }
+}
+
+impl Postgres {
+    /// Connects with a libpq-style string or URL (`host=/var/run/postgresql dbname=jobs`,
+    /// `postgres://user@localhost/jobs`) and creates the queue's table if it is missing.
+    ///
+    /// # Errors
+    /// When the server cannot be reached or the schema cannot be created.
+    pub fn connect(params: &str) -> Result<Self, QueueError> {
+        let mut client = Client::connect(params, NoTls)?;
+        // Two workers creating the schema at once race on `CREATE ... IF NOT EXISTS`; a
+        // transaction-level advisory lock makes it one at a time.
+        let mut tx = client.transaction()?;
+        tx.execute("SELECT pg_advisory_xact_lock(7202611)", &[])?;
+        tx.batch_execute(SCHEMA)?;
+        tx.commit()?;
+        Ok(Postgres { client, skew: Duration::ZERO, statements: HashMap::new() })
+    }
+
+    /// The connection, for queries of your own. Writing the queue's table by hand bypasses
+    /// the redelivery machine.
+    pub fn client(&mut self) -> &mut Client {
+        &mut self.client
+    }
+
+    fn prepared(&mut self, sql: &str) -> Result<Statement, QueueError> {
+        if let Some(statement) = self.statements.get(sql) {
+            return Ok(statement.clone());
+        }
+        let statement = self.client.prepare(sql)?;
+        self.statements.insert(sql.to_owned(), statement.clone());
+        Ok(statement)
+    }
+
+    fn skew_ns(&self) -> i64 {
+        skewed(0, self.skew)
+    }
+}
+
+fn row_of(row: &postgres::Row) -> Row {
+    Row {
+        id: row.get(0),
+        task_type: row.get(1),
+        payload: row.get(2),
+        policy: row.get(3),
+        state: row.get(4),
+        version: row.get(5),
+        key: row.get(6),
+    }
+}
+
+const WRITE: &str =
+    "UPDATE persevere_tasks SET state = $1, status = $2, due_at = $3, attempt = $4, version = version + 1,
+     updated_at = $5 WHERE id = $6 AND version = $7";
+
+/// Writes `write` over row `id` if its version is still `version`; whether it did.
+fn write_row<C: GenericClient>(
+    client: &mut C,
+    statement: &Statement,
+    id: i64,
+    version: i64,
+    write: &Write,
+    now: i64,
+) -> Result<bool, QueueError> {
+    let changed = client.execute(
+        statement,
+        &[&write.state, &write.status.as_str(), &write.due_at, &write.attempt, &now, &id, &version],
+    )?;
+    crash::statement();
+    Ok(changed == 1)
+}
+
+impl Store for Postgres {
+    fn now(&mut self) -> Result<Instant, QueueError> {
+        let statement = self.prepared(&format!("SELECT {CLOCK}"))?;
+        let skew = self.skew_ns();
+        let nanos: i64 = self.client.query_one(&statement, &[&skew])?.get(0);
+        instant_of(nanos)
+    }
+
+    fn insert(&mut self, make: &mut dyn FnMut(Instant) -> Insert) -> Result<(i64, bool), QueueError> {
+        crash::begin("insert");
+        let clock = self.prepared(&format!("SELECT {CLOCK}"))?;
+        let insert_statement = self.prepared(
+            "INSERT INTO persevere_tasks (task_type, payload, policy, state, version, status, due_at, attempt,
+             idempotency_key, created_at, updated_at) VALUES ($1, $2, $3, $4, 0, $5, $6, $7, $8, $9, $9)
+             ON CONFLICT (idempotency_key) DO NOTHING RETURNING id",
+        )?;
+        let skew = self.skew_ns();
+        let now: i64 = self.client.query_one(&clock, &[&skew])?.get(0);
+        crash::statement();
+        let insert = make(instant_of(now)?);
+        let write = &insert.write;
+        // One statement, so no transaction: the row appears whole or not at all.
+        let inserted = self.client.query_opt(
+            &insert_statement,
+            &[
+                &insert.task_type,
+                &insert.payload,
+                &insert.policy,
+                &write.state,
+                &write.status.as_str(),
+                &write.due_at,
+                &write.attempt,
+                &insert.key,
+                &now,
+            ],
+        )?;
+        crash::statement();
+        if let Some(row) = inserted {
+            return Ok((row.get(0), true));
+        }
+        // The key exists, committed (ON CONFLICT waited for a concurrent insert to finish).
+        let existing = self.prepared("SELECT id FROM persevere_tasks WHERE idempotency_key = $1")?;
+        let row = self.client.query_one(&existing, &[&insert.key])?;
+        crash::statement();
+        Ok((row.get(0), false))
+    }
+
+    fn claim(
+        &mut self,
+        candidates: Candidates<'_>,
+        limit: u32,
+        visit: &mut ClaimVisit<'_>,
+    ) -> Result<usize, QueueError> {
+        crash::begin("claim");
+        let select = match candidates {
+            // One type: an ordered scan of the (task_type, due_at) index that stops at `limit`;
+            // `= ANY` would sort every due row first.
+            Candidates::Due([_]) => format!(
+                "SELECT {COLUMNS}, {CLOCK} FROM persevere_tasks WHERE due_at <= {CLOCK} AND task_type = $2
+                 ORDER BY due_at LIMIT {limit} FOR UPDATE SKIP LOCKED"
+            ),
+            Candidates::Due(_) => format!(
+                "SELECT {COLUMNS}, {CLOCK} FROM persevere_tasks WHERE due_at <= {CLOCK} AND task_type = ANY($2)
+                 ORDER BY due_at LIMIT {limit} FOR UPDATE SKIP LOCKED"
+            ),
+            Candidates::Expired => format!(
+                "SELECT {COLUMNS}, {CLOCK} FROM persevere_tasks WHERE status IN ('handed_out', 'running')
+                 AND due_at <= {CLOCK} ORDER BY due_at LIMIT {limit} FOR UPDATE SKIP LOCKED"
+            ),
+        };
+        let select = self.prepared(&select)?;
+        let write = self.prepared(WRITE)?;
+        let skew = self.skew_ns();
+        let mut tx = self.client.transaction()?;
+        crash::statement();
+        let rows = match candidates {
+            Candidates::Due([single]) => tx.query(&select, &[&skew, single])?,
+            Candidates::Due(types) => tx.query(&select, &[&skew, &types])?,
+            Candidates::Expired => tx.query(&select, &[&skew])?,
+        };
+        crash::statement();
+        // Every row carries the same clock reading (the statement's).
+        let now: i64 = rows.first().map_or(0, |row| row.get(7));
+        let decoded = rows.iter().map(|pg_row| Ok((instant_of(pg_row.get(7))?, row_of(pg_row))));
+        let writes = visit_rows(decoded, visit)?;
+        if crash::split_claim() {
+            // Deliberately broken (crash tests only): the state is written outside the claim's
+            // transaction, unguarded.
+            tx.commit()?;
+            std::thread::sleep(Duration::from_millis(2));
+            for (id, _, w) in &writes {
+                self.client.execute(
+                    "UPDATE persevere_tasks SET state = $1, status = $2, due_at = $3, attempt = $4, version = version + 1 WHERE id = $5",
+                    &[&w.state, &w.status.as_str(), &w.due_at, &w.attempt, id],
+                )?;
+            }
+            return Ok(writes.len());
+        }
+        for (id, version, w) in &writes {
+            // The rows are locked: the version cannot have moved.
+            if !write_row(&mut tx, &write, *id, *version, w, now)? {
+                return Err(QueueError::Conflict(crate::TaskId(*id)));
+            }
+        }
+        tx.commit()?;
+        crash::statement();
+        Ok(writes.len())
+    }
+
+    fn update(&mut self, id: i64, visit: &mut UpdateVisit<'_>) -> Result<bool, QueueError> {
+        crash::begin("update");
+        let select = self.prepared(&format!("SELECT {COLUMNS}, {CLOCK} FROM persevere_tasks WHERE id = $2"))?;
+        let write = self.prepared(WRITE)?;
+        let skew = self.skew_ns();
+        for _ in 0..CAS_TRIES {
+            let Some(pg_row) = self.client.query_opt(&select, &[&skew, &id])? else { return Ok(false) };
+            crash::statement();
+            let row = row_of(&pg_row);
+            let now: i64 = pg_row.get(7);
+            let Some(w) = visit(instant_of(now)?, &row)? else { return Ok(true) };
+            // One statement: the result and the state it changed are written together, or not
+            // at all if another writer got there first (then decide again on what it wrote).
+            if write_row(&mut self.client, &write, row.id, row.version, &w, now)? {
+                return Ok(true);
+            }
+        }
+        Err(QueueError::Conflict(crate::TaskId(id)))
+    }
+
+    fn get(&mut self, id: i64) -> Result<Option<Row>, QueueError> {
+        let statement = self.prepared(&format!("SELECT {COLUMNS} FROM persevere_tasks WHERE id = $1"))?;
+        let row = self.client.query_opt(&statement, &[&id])?;
+        Ok(row.as_ref().map(row_of))
+    }
+
+    fn list(&mut self, status: Status, limit: u32) -> Result<Vec<Row>, QueueError> {
+        let statement =
+            self.prepared(&format!("SELECT {COLUMNS} FROM persevere_tasks WHERE status = $1 ORDER BY id LIMIT $2"))?;
+        let rows = self.client.query(&statement, &[&status.as_str(), &i64::from(limit)])?;
+        Ok(rows.iter().map(row_of).collect())
+    }
+
+    fn advance_clock(&mut self, by: Duration) {
+        self.skew = self.skew.saturating_add(by);
+    }
+}

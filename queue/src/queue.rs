@@ -1,0 +1,351 @@
+//! The queue: every transition decided by the task's `Delivery` machine, inside the store's
+//! transaction (Q1).
+
+use core::time::Duration;
+
+use persevere::{DeliveryAction, DeliveryStatus, Failure, FreeReturn, Instant, SplitMix64};
+
+use crate::store::{Candidates, Insert, Row, Store, Visit, Write, nanos_of};
+use crate::{Enqueued, Job, NewTask, QueueError, Status, TaskId, TaskInfo, TaskPolicy, TaskState};
+
+/// How many due tasks one claim looks at before it gives up (tasks this worker declined are
+/// passed over).
+const CLAIM_WINDOW: u32 = 16;
+
+/// A durable work queue on a [`Store`]: enqueue tasks, claim due attempts, report their ends,
+/// sweep expired leases, query and re-drive. Every method is one transaction on the store.
+///
+/// ```
+/// use std::time::Duration;
+/// use persevere::{Backoff, DeliveryPolicy, Failure, RetryPolicy};
+/// use persevere_queue::{NewTask, Queue, Sqlite, Status};
+///
+/// let retry = RetryPolicy::builder(Backoff::constant(Duration::ZERO).build()?).max_attempts(2).build()?;
+/// let policy = DeliveryPolicy::builder(retry).build()?;
+/// let mut queue = Queue::new(Sqlite::in_memory()?);
+/// let id = queue.enqueue(NewTask::new("email", "hello", policy))?.id;
+///
+/// let job = queue.claim("worker-1", &["email"])?.expect("a due task");
+/// assert_eq!(job.attempt, 1);
+/// assert_eq!(queue.fail(&job, Failure::retryable("smtp down".into()))?, Status::Pending);
+///
+/// let job = queue.claim("worker-1", &["email"])?.expect("the retry");
+/// assert_eq!(job.attempt, 2);
+/// assert_eq!(queue.complete(&job)?, Status::Completed);
+/// assert_eq!(queue.task(id)?.status, Status::Completed);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+pub struct Queue<S> {
+    store: S,
+    policies: Policies,
+}
+
+/// The last policy decoded: tasks of one producer mostly share one, so most rows skip
+/// decoding (and re-validating) it.
+#[derive(Debug, Default)]
+struct Policies {
+    last: Option<(String, TaskPolicy)>,
+}
+
+impl Policies {
+    fn load(&mut self, row: &Row) -> Result<(TaskPolicy, TaskState), QueueError> {
+        let task = TaskId(row.id);
+        let policy =
+            match &self.last {
+                Some((json, policy)) if *json == row.policy => policy.clone(),
+                _ => {
+                    let policy: TaskPolicy = serde_json::from_str(&row.policy)
+                        .map_err(|source| QueueError::Corrupt { task, what: "policy", source })?;
+                    self.last = Some((row.policy.clone(), policy.clone()));
+                    policy
+                }
+            };
+        let state =
+            serde_json::from_str(&row.state).map_err(|source| QueueError::Corrupt { task, what: "state", source })?;
+        Ok((policy, state))
+    }
+}
+
+fn write_of(state: &TaskState, now: Instant) -> Write {
+    let due = match state.status() {
+        DeliveryStatus::Pending { not_before, .. } => Some(not_before.unwrap_or(now)),
+        DeliveryStatus::HandedOut { deadline, .. } => Some(*deadline),
+        DeliveryStatus::Running { heartbeat_deadline, .. } => Some(*heartbeat_deadline),
+        DeliveryStatus::Done(_) => None,
+    };
+    Write {
+        // A `Delivery` of strings always serializes.
+        state: serde_json::to_string(state).unwrap_or_default(),
+        status: Status::of(state.status()),
+        due_at: due.map(nanos_of),
+        attempt: i64::try_from(state.attempt()).unwrap_or(i64::MAX),
+    }
+}
+
+/// The jitter source of one decision: seeded by the task, attempt and clock, so a decision
+/// replays exactly from the row it was made on.
+fn rng_for(id: i64, attempt: u64, now: Instant) -> SplitMix64 {
+    SplitMix64::new((id as u64).rotate_left(32) ^ attempt ^ now.as_nanos())
+}
+
+/// Drains the machine's actions; returns how many there were and the hand-out, if any. The
+/// others (`Revoke`, `Ready`, `Finish`) are all visible in the state that is written.
+fn drain(state: &mut TaskState) -> (usize, Option<persevere::HandOut<(), String, String>>) {
+    let mut count = 0;
+    let mut hand_out = None;
+    while let Some(action) = state.poll_action() {
+        count += 1;
+        if let DeliveryAction::HandOut(out) = action {
+            hand_out = Some(out);
+        }
+    }
+    (count, hand_out)
+}
+
+fn idempotency_key(id: i64, state: &TaskState) -> String {
+    format!("{id}:{}", state.idempotency_key().step_execution)
+}
+
+/// One report on a job.
+enum Report {
+    Heartbeat(Option<String>),
+    Complete,
+    Fail(Failure<String>),
+    Decline,
+}
+
+impl<S: Store> Queue<S> {
+    /// A queue on `store`.
+    pub fn new(store: S) -> Self {
+        Queue { store, policies: Policies::default() }
+    }
+
+    /// The store, for queries of your own and [`Store::advance_clock`].
+    pub fn store(&mut self) -> &mut S {
+        &mut self.store
+    }
+
+    /// Adds a task, due at once or after its delay; with an idempotency key that exists,
+    /// returns the existing task instead (Q5).
+    ///
+    /// # Errors
+    /// When the store fails.
+    pub fn enqueue(&mut self, task: NewTask) -> Result<Enqueued, QueueError> {
+        // A validated policy always serializes.
+        let policy_json = serde_json::to_string(&task.policy).unwrap_or_default();
+        let NewTask { task_type, payload, policy, delay, key } = task;
+        let mut parts = Some((task_type, payload, key));
+        let (id, created) = self.store.insert(&mut |now| {
+            let (task_type, payload, key) = parts.take().unwrap_or_default();
+            let mut state = TaskState::new(&policy, now, (), 1);
+            drain(&mut state);
+            let mut write = write_of(&state, now);
+            write.due_at = Some(nanos_of(now.saturating_add(delay)));
+            Insert { task_type, payload, policy: policy_json.clone(), key, write }
+        })?;
+        Ok(Enqueued { id: TaskId(id), created })
+    }
+
+    /// Leases one due attempt of one of `types` to `worker`: a pending task past its retry
+    /// delay, or a task whose lease expired (which is interrupted first, consuming a retry:
+    /// D2). `None` when nothing is due. Expired leases met on the way are interrupted and
+    /// written even if no job is claimed.
+    ///
+    /// # Errors
+    /// When the store fails or a candidate's row does not load.
+    pub fn claim(&mut self, worker: &str, types: &[&str]) -> Result<Option<Job>, QueueError> {
+        // The oldest due task first, alone (on PostgreSQL every candidate is locked); a wider
+        // window only if this worker declined that one.
+        let (job, passed_over) = self.claim_within(worker, types, 1)?;
+        if job.is_none() && passed_over {
+            return Ok(self.claim_within(worker, types, CLAIM_WINDOW)?.0);
+        }
+        Ok(job)
+    }
+
+    /// A claim among the `window` oldest due tasks; also says whether one was passed over.
+    fn claim_within(&mut self, worker: &str, types: &[&str], window: u32) -> Result<(Option<Job>, bool), QueueError> {
+        let mut job = None;
+        let mut passed_over = false;
+        let policies = &mut self.policies;
+        self.store.claim(Candidates::Due(types), window, &mut |now, row| {
+            let (policy, mut state) = policies.load(row)?;
+            state.handle_timeout(&policy, now, &mut rng_for(row.id, state.attempt(), now));
+            let (changed, _) = drain(&mut state);
+            let worker = worker.to_owned();
+            if !state.can_hand_out(now, &worker) {
+                passed_over = true;
+                return Ok(if changed > 0 { Visit::Write(write_of(&state, now)) } else { Visit::Skip });
+            }
+            if let Err(refused) = state.handle_hand_out(&policy, now, worker) {
+                return Err(QueueError::Refused { task: TaskId(row.id), error: refused.error });
+            }
+            let (_, Some(out)) = drain(&mut state) else {
+                return Ok(Visit::Skip);
+            };
+            job = Some(Job {
+                id: TaskId(row.id),
+                task_type: row.task_type.clone(),
+                payload: row.payload.clone(),
+                attempt: out.attempt,
+                idempotency_key: idempotency_key(row.id, &state),
+                checkpoint: out.checkpoint,
+                deadline: out.deadline,
+                worker: out.worker,
+            });
+            Ok(Visit::WriteAndStop(write_of(&state, now)))
+        })?;
+        Ok((job, passed_over))
+    }
+
+    /// Extends `job`'s lease (to `heartbeat_timeout` from now) and, with a checkpoint, stores
+    /// it for the next attempt (D7, last write wins).
+    ///
+    /// # Errors
+    /// [`QueueError::Refused`] when the lease was lost: stop working on the job.
+    pub fn heartbeat(&mut self, job: &Job, checkpoint: Option<String>) -> Result<(), QueueError> {
+        self.report(job, Report::Heartbeat(checkpoint)).map(drop)
+    }
+
+    /// `job` succeeded: its task is [`Status::Completed`].
+    ///
+    /// # Errors
+    /// [`QueueError::Refused`] when the lease was lost (another attempt owns the task).
+    pub fn complete(&mut self, job: &Job) -> Result<Status, QueueError> {
+        self.report(job, Report::Complete)
+    }
+
+    /// `job` failed: a retry is scheduled by the task's retry policy, or retries end and its
+    /// failure policy decides (D8). Returns where the task now is.
+    ///
+    /// # Errors
+    /// [`QueueError::Refused`] when the lease was lost.
+    pub fn fail(&mut self, job: &Job, failure: Failure<String>) -> Result<Status, QueueError> {
+        self.report(job, Report::Fail(failure))
+    }
+
+    /// The worker will not run `job`'s task type and did not start it (D3): it goes back to
+    /// pending without using a retry, is not offered to this worker again, and is
+    /// dead-lettered past `max_redeliveries` free returns (D4).
+    ///
+    /// # Errors
+    /// [`QueueError::Refused`] when the lease was lost or the worker already heartbeated (a
+    /// started attempt can only complete or fail).
+    pub fn decline(&mut self, job: &Job) -> Result<Status, QueueError> {
+        self.report(job, Report::Decline)
+    }
+
+    fn report(&mut self, job: &Job, report: Report) -> Result<Status, QueueError> {
+        let mut outcome = Err(QueueError::UnknownTask(job.id));
+        let policies = &mut self.policies;
+        // The closure may run more than once (a store that re-reads a row whose version moved
+        // decides again), so it clones what it hands the machine.
+        let found = self.store.update(job.id.0, &mut |now, row| {
+            let (policy, mut state) = policies.load(row)?;
+            let attempt = job.attempt;
+            // The deadline is the database's (Q2): a lease that has run out is interrupted
+            // before the report is looked at, and the report is refused.
+            state.handle_timeout(&policy, now, &mut rng_for(row.id, state.attempt(), now));
+            let (timed_out, _) = drain(&mut state);
+            let refused = |error| QueueError::Refused { task: job.id, error };
+            // In `Async` durability the claim's commit is the start's persistence.
+            let result = state.handle_persisted(&policy, now, attempt).map_err(refused).and_then(|()| match &report {
+                Report::Heartbeat(checkpoint) => state
+                    .handle_heartbeat(&policy, now, attempt, &job.worker, checkpoint.clone())
+                    .map_err(|r| refused(r.error)),
+                Report::Complete => state.handle_completed(&policy, now, attempt, &job.worker).map_err(refused),
+                Report::Fail(failure) => {
+                    let mut rng = rng_for(row.id, attempt, now);
+                    state
+                        .handle_failed(&policy, now, attempt, &job.worker, failure.clone(), &mut rng)
+                        .map_err(|r| refused(r.error))
+                }
+                Report::Decline => {
+                    state.handle_returned(&policy, now, attempt, &job.worker, FreeReturn::Declined).map_err(refused)
+                }
+            });
+            drain(&mut state);
+            outcome = result.map(|()| Status::of(state.status()));
+            // A refused report changes nothing, but an interruption found on the way is kept.
+            Ok((outcome.is_ok() || timed_out > 0).then(|| write_of(&state, now)))
+        })?;
+        if !found {
+            return Err(QueueError::UnknownTask(job.id));
+        }
+        outcome
+    }
+
+    /// Interrupts every attempt whose lease or heartbeat deadline has passed (D2: each uses a
+    /// retry, or ends retries), looking at up to `limit` of them; returns how many. Claims do
+    /// this for the types they ask for; a sweep does it for every type.
+    ///
+    /// # Errors
+    /// When the store fails or a row does not load.
+    pub fn sweep(&mut self, limit: u32) -> Result<usize, QueueError> {
+        let policies = &mut self.policies;
+        self.store.claim(Candidates::Expired, limit, &mut |now, row| {
+            let (policy, mut state) = policies.load(row)?;
+            state.handle_timeout(&policy, now, &mut rng_for(row.id, state.attempt(), now));
+            let (changed, _) = drain(&mut state);
+            Ok(if changed > 0 { Visit::Write(write_of(&state, now)) } else { Visit::Skip })
+        })
+    }
+
+    /// Task `id`.
+    ///
+    /// # Errors
+    /// [`QueueError::UnknownTask`] if there is none.
+    pub fn task(&mut self, id: TaskId) -> Result<TaskInfo, QueueError> {
+        let row = self.store.get(id.0)?.ok_or(QueueError::UnknownTask(id))?;
+        info_of(row)
+    }
+
+    /// Up to `limit` tasks in `status`, oldest first: [`Status::Failed`] and
+    /// [`Status::DeadLettered`] are the ones a person looks at (Q6).
+    ///
+    /// # Errors
+    /// When the store fails or a row does not load.
+    pub fn tasks(&mut self, status: Status, limit: u32) -> Result<Vec<TaskInfo>, QueueError> {
+        self.store.list(status, limit)?.into_iter().map(info_of).collect()
+    }
+
+    /// Runs a failed or dead-lettered task again (Q6): a new execution of it, pending at once,
+    /// with attempt numbers, retries and free returns counted afresh under its policy and a new
+    /// step execution id (so a new [`Job::idempotency_key`]), and no checkpoint.
+    ///
+    /// # Errors
+    /// [`QueueError::NotRedrivable`] for any other status; [`QueueError::UnknownTask`].
+    pub fn redrive(&mut self, id: TaskId) -> Result<(), QueueError> {
+        let policies = &mut self.policies;
+        let found = self.store.update(id.0, &mut |now, row| {
+            let (policy, state) = policies.load(row)?;
+            let status = Status::of(state.status());
+            if !matches!(status, Status::Failed | Status::DeadLettered) {
+                return Err(QueueError::NotRedrivable { task: id, status });
+            }
+            let step = state.idempotency_key().step_execution.saturating_add(1);
+            let mut fresh = TaskState::new(&policy, now, (), step);
+            drain(&mut fresh);
+            Ok(Some(write_of(&fresh, now)))
+        })?;
+        if found { Ok(()) } else { Err(QueueError::UnknownTask(id)) }
+    }
+
+    /// Moves this queue's reading of the database clock forward (see [`Store::advance_clock`]).
+    pub fn advance_clock(&mut self, by: Duration) {
+        self.store.advance_clock(by);
+    }
+}
+
+fn info_of(row: Row) -> Result<TaskInfo, QueueError> {
+    let (_, state) = Policies::default().load(&row)?;
+    Ok(TaskInfo {
+        id: TaskId(row.id),
+        task_type: row.task_type,
+        payload: row.payload,
+        status: Status::of(state.status()),
+        key: row.key,
+        state,
+    })
+}

@@ -1,0 +1,296 @@
+//! The embedded store: one SQLite file (or memory), nothing to start.
+
+use core::time::Duration;
+use std::path::Path;
+
+use persevere::Instant;
+use rusqlite::{Connection, OptionalExtension, params};
+
+use crate::crash;
+use crate::store::{Candidates, ClaimVisit, Insert, Row, Store, UpdateVisit, Write, instant_of, skewed, visit_rows};
+use crate::{QueueError, Status};
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS persevere_tasks (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    task_type TEXT NOT NULL,
+    payload BLOB NOT NULL,
+    policy TEXT NOT NULL,
+    state TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    status TEXT NOT NULL,
+    due_at INTEGER,
+    attempt INTEGER NOT NULL,
+    idempotency_key TEXT UNIQUE,
+    created_at INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS persevere_tasks_due ON persevere_tasks (task_type, due_at);
+CREATE INDEX IF NOT EXISTS persevere_tasks_status ON persevere_tasks (status, due_at);
+";
+// The indexes are not partial: a partial index whose condition a bound `due_at` must imply
+// makes SQLite re-prepare the statement at every bind.
+
+/// The clock: milliseconds since 1970 (SQLite's `julianday('now')` has millisecond precision).
+const NOW: &str = "SELECT CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000000";
+
+const COLUMNS: &str = "id, task_type, payload, policy, state, version, idempotency_key";
+
+/// The SQLite store: one connection. Open one per worker thread or process on the same file;
+/// SQLite serialises their write transactions (each claim and report is one `BEGIN IMMEDIATE`
+/// transaction, Q3) and the file is in WAL mode, so readers never wait.
+///
+/// Durability: `synchronous = NORMAL`, which in WAL mode loses nothing when a process is
+/// killed (Q4) and may lose the last transactions on a power cut; set `PRAGMA synchronous =
+/// FULL` through [`connection`](Self::connection) for that.
+#[derive(Debug)]
+pub struct Sqlite {
+    conn: Connection,
+    skew: Duration,
+}
+
+impl Sqlite {
+    /// Opens (creating if needed) the queue in the SQLite file at `path`.
+    ///
+    /// # Errors
+    /// When the file cannot be opened or its schema created.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, QueueError> {
+        Self::setup(Connection::open(path)?)
+    }
+
+    /// A queue in memory, for tests and examples: gone when this value drops, and not shared
+    /// with any other connection.
+    ///
+    /// # Errors
+    /// When SQLite cannot allocate it.
+    pub fn in_memory() -> Result<Self, QueueError> {
+        Self::setup(Connection::open_in_memory()?)
+    }
+
+    fn setup(conn: Connection) -> Result<Self, QueueError> {
+        conn.busy_timeout(Duration::from_secs(30))?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        conn.execute_batch(SCHEMA)?;
+        Ok(Sqlite { conn, skew: Duration::ZERO })
+    }
+
+    /// The connection, for queries of your own and pragmas. Writing the queue's table by hand
+    /// bypasses the redelivery machine.
+    pub fn connection(&mut self) -> &mut Connection {
+        &mut self.conn
+    }
+}
+
+/// A write transaction (`BEGIN IMMEDIATE`) with cached `BEGIN` / `COMMIT` statements, rolled
+/// back when dropped uncommitted.
+struct Tx<'c> {
+    conn: &'c Connection,
+    open: bool,
+}
+
+impl<'c> Tx<'c> {
+    fn immediate(conn: &'c Connection) -> Result<Self, QueueError> {
+        conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
+        crash::statement();
+        Ok(Tx { conn, open: true })
+    }
+
+    fn commit(mut self) -> Result<(), QueueError> {
+        self.conn.prepare_cached("COMMIT")?.execute([])?;
+        self.open = false;
+        crash::statement();
+        Ok(())
+    }
+}
+
+impl core::ops::Deref for Tx<'_> {
+    type Target = Connection;
+    fn deref(&self) -> &Connection {
+        self.conn
+    }
+}
+
+impl Drop for Tx<'_> {
+    fn drop(&mut self) {
+        if self.open {
+            let _ = self.conn.prepare_cached("ROLLBACK").and_then(|mut rollback| rollback.execute([]));
+        }
+    }
+}
+
+fn clock(conn: &Connection, skew: Duration) -> Result<i64, QueueError> {
+    let nanos: i64 = conn.prepare_cached(NOW)?.query_row([], |row| row.get(0))?;
+    Ok(skewed(nanos, skew))
+}
+
+fn row_of(row: &rusqlite::Row<'_>) -> rusqlite::Result<Row> {
+    Ok(Row {
+        id: row.get(0)?,
+        task_type: row.get(1)?,
+        payload: row.get(2)?,
+        policy: row.get(3)?,
+        state: row.get(4)?,
+        version: row.get(5)?,
+        key: row.get(6)?,
+    })
+}
+
+/// Writes `write` over row `id` if its version is still `version`.
+fn write_row(conn: &Connection, id: i64, version: i64, write: &Write, now: i64) -> Result<(), QueueError> {
+    let changed = conn
+        .prepare_cached(
+            "UPDATE persevere_tasks SET state = ?1, status = ?2, due_at = ?3, attempt = ?4, version = version + 1,
+             updated_at = ?5 WHERE id = ?6 AND version = ?7",
+        )?
+        .execute(params![write.state, write.status.as_str(), write.due_at, write.attempt, now, id, version])?;
+    crash::statement();
+    if changed == 1 { Ok(()) } else { Err(QueueError::Conflict(crate::TaskId(id))) }
+}
+
+impl Store for Sqlite {
+    fn now(&mut self) -> Result<Instant, QueueError> {
+        instant_of(clock(&self.conn, self.skew)?)
+    }
+
+    fn insert(&mut self, make: &mut dyn FnMut(Instant) -> Insert) -> Result<(i64, bool), QueueError> {
+        crash::begin("insert");
+        let tx = Tx::immediate(&self.conn)?;
+        let now = clock(&tx, self.skew)?;
+        crash::statement();
+        let insert = make(instant_of(now)?);
+        if let Some(key) = &insert.key {
+            let existing: Option<i64> = tx
+                .prepare_cached("SELECT id FROM persevere_tasks WHERE idempotency_key = ?1")?
+                .query_row([key], |row| row.get(0))
+                .optional()?;
+            crash::statement();
+            if let Some(id) = existing {
+                return Ok((id, false));
+            }
+        }
+        let write = &insert.write;
+        tx.prepare_cached(
+            "INSERT INTO persevere_tasks (task_type, payload, policy, state, version, status, due_at, attempt,
+             idempotency_key, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, 0, ?5, ?6, ?7, ?8, ?9, ?9)",
+        )?
+        .execute(params![
+            insert.task_type,
+            insert.payload,
+            insert.policy,
+            write.state,
+            write.status.as_str(),
+            write.due_at,
+            write.attempt,
+            insert.key,
+            now
+        ])?;
+        crash::statement();
+        let id = tx.last_insert_rowid();
+        tx.commit()?;
+        Ok((id, true))
+    }
+
+    fn claim(
+        &mut self,
+        candidates: Candidates<'_>,
+        limit: u32,
+        visit: &mut ClaimVisit<'_>,
+    ) -> Result<usize, QueueError> {
+        crash::begin("claim");
+        let tx = Tx::immediate(&self.conn)?;
+        let now = clock(&tx, self.skew)?;
+        crash::statement();
+        let instant = instant_of(now)?;
+        // Rows are decoded one at a time and the scan stops at the claimed one; the writes
+        // follow once the scan is closed.
+        let writes;
+        {
+            let mut statement;
+            let mut rows = match candidates {
+                Candidates::Due(types) => {
+                    // The limit is part of the text: a bound `LIMIT` makes SQLite re-prepare the
+                    // statement at every bind.
+                    let marks = (1..=types.len()).map(|i| format!("?{}", i + 1)).collect::<Vec<_>>().join(", ");
+                    statement = tx.prepare_cached(&format!(
+                        "SELECT {COLUMNS} FROM persevere_tasks WHERE due_at <= ?1 AND task_type IN ({marks})
+                         ORDER BY due_at LIMIT {limit}"
+                    ))?;
+                    let values = core::iter::once(&now as &dyn rusqlite::ToSql)
+                        .chain(types.iter().map(|t| t as &dyn rusqlite::ToSql));
+                    statement.query(rusqlite::params_from_iter(values))?
+                }
+                Candidates::Expired => {
+                    statement = tx.prepare_cached(&format!(
+                        "SELECT {COLUMNS} FROM persevere_tasks WHERE status IN ('handed_out', 'running') AND due_at <= ?1
+                         ORDER BY due_at LIMIT {limit}"
+                    ))?;
+                    statement.query(params![now])?
+                }
+            };
+            crash::statement();
+            let decoded = core::iter::from_fn(|| match rows.next() {
+                Ok(Some(row)) => Some(row_of(row).map(|row| (instant, row)).map_err(QueueError::from)),
+                Ok(None) => None,
+                Err(error) => Some(Err(error.into())),
+            });
+            writes = visit_rows(decoded, visit)?;
+        }
+        if crash::split_claim() {
+            // Deliberately broken (crash tests only): the state is written outside the claim's
+            // transaction, unguarded.
+            tx.commit()?;
+            std::thread::sleep(Duration::from_millis(2));
+            for (id, _, write) in &writes {
+                self.conn.execute(
+                    "UPDATE persevere_tasks SET state = ?1, status = ?2, due_at = ?3, attempt = ?4, version = version + 1 WHERE id = ?5",
+                    params![write.state, write.status.as_str(), write.due_at, write.attempt, id],
+                )?;
+            }
+            return Ok(writes.len());
+        }
+        for (id, version, write) in &writes {
+            write_row(&tx, *id, *version, write, now)?;
+        }
+        tx.commit()?;
+        Ok(writes.len())
+    }
+
+    fn update(&mut self, id: i64, visit: &mut UpdateVisit<'_>) -> Result<bool, QueueError> {
+        crash::begin("update");
+        let tx = Tx::immediate(&self.conn)?;
+        let now = clock(&tx, self.skew)?;
+        crash::statement();
+        let row = tx
+            .prepare_cached(&format!("SELECT {COLUMNS} FROM persevere_tasks WHERE id = ?1"))?
+            .query_row([id], row_of)
+            .optional()?;
+        crash::statement();
+        let Some(row) = row else { return Ok(false) };
+        if let Some(write) = visit(instant_of(now)?, &row)? {
+            write_row(&tx, row.id, row.version, &write, now)?;
+        }
+        tx.commit()?;
+        Ok(true)
+    }
+
+    fn get(&mut self, id: i64) -> Result<Option<Row>, QueueError> {
+        Ok(self
+            .conn
+            .prepare_cached(&format!("SELECT {COLUMNS} FROM persevere_tasks WHERE id = ?1"))?
+            .query_row([id], row_of)
+            .optional()?)
+    }
+
+    fn list(&mut self, status: Status, limit: u32) -> Result<Vec<Row>, QueueError> {
+        let mut statement = self.conn.prepare_cached(&format!(
+            "SELECT {COLUMNS} FROM persevere_tasks WHERE status = ?1 ORDER BY id LIMIT {limit}"
+        ))?;
+        let rows = statement.query_map(params![status.as_str()], row_of)?;
+        Ok(rows.collect::<Result<Vec<_>, _>>()?)
+    }
+
+    fn advance_clock(&mut self, by: Duration) {
+        self.skew = self.skew.saturating_add(by);
+    }
+}

@@ -1,0 +1,398 @@
+//! Q4 with real processes: worker processes on one database, killed with SIGKILL at random
+//! moments and aborted at every statement of a claim and of a report (the `crash-points`
+//! feature), then restarted; at the end the database and the workers' append-only log must
+//! show every task in exactly one terminal state, no attempt number started by two workers
+//! (`Sync` durability), retries consumed exactly as D2 says, and nothing lost. A last run with
+//! the claim deliberately broken (its state written outside its transaction) shows the checks
+//! catch it.
+//!
+//! This is its own harness: the test binary is also the worker (it re-runs itself with
+//! `PERSEVERE_CRASH_WORKER` set). Run it with
+//! `cargo test -p persevere-queue --features crash-points --test crash`, and with
+//! `--features crash-points,postgres` and `PERSEVERE_PG_URL` for PostgreSQL (`common/mod.rs`).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::OpenOptions;
+use std::io::Write as _;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use persevere::{Backoff, DeliveryPolicy, Failure, RetryPolicy, SplitMix64};
+use persevere_queue::{Handled, NewTask, Queue, QueueError, Status, Store, TaskPolicy, Worker};
+use rand_core::Rng;
+
+mod common;
+
+const TASKS: u64 = 120;
+const MAX_ATTEMPTS: u32 = 40;
+const LEASE: Duration = Duration::from_millis(300);
+
+/// Where the workers' database is: `sqlite:<path>` or `postgres:<params>`.
+#[derive(Clone, Debug)]
+struct Spec(String);
+
+fn policy() -> TaskPolicy {
+    let retry = RetryPolicy::builder(Backoff::constant(Duration::ZERO).build().unwrap())
+        .max_attempts(MAX_ATTEMPTS)
+        .build()
+        .unwrap();
+    DeliveryPolicy::builder(retry)
+        .start_timeout(LEASE)
+        .heartbeat_timeout(LEASE)
+        .build()
+        .unwrap()
+        .map_route(|()| String::new())
+}
+
+// ---- the worker process -------------------------------------------------------------------
+
+fn worker_main(spec: &str) {
+    let name = std::env::var("PERSEVERE_CRASH_WORKER_NAME").unwrap();
+    let log = PathBuf::from(std::env::var("PERSEVERE_CRASH_LOG").unwrap());
+    match spec.split_once(':') {
+        Some(("sqlite", path)) => work(Queue::new(persevere_queue::Sqlite::open(path).unwrap()), &name, &log),
+        #[cfg(feature = "postgres")]
+        Some(("postgres", params)) => {
+            work(Queue::new(persevere_queue::Postgres::connect(params).unwrap()), &name, &log)
+        }
+        _ => panic!("unknown store {spec}"),
+    }
+}
+
+fn append(log: &Path, line: &str) {
+    // One `write` of one line to a file opened for appending: a killed process leaves whole
+    // lines (or none).
+    let mut file = OpenOptions::new().create(true).append(true).open(log).unwrap();
+    file.write_all(format!("{line}\n").as_bytes()).unwrap();
+}
+
+fn work<S: Store>(queue: Queue<S>, name: &str, log: &Path) {
+    let mut worker = Worker::new(queue, name, &["job"]);
+    let mut idle_since = Instant::now();
+    while idle_since.elapsed() < Duration::from_millis(1500) {
+        let worked = worker.work_one(|job, lease| {
+            append(log, &format!("start {} {} {name}", job.id.0, job.attempt));
+            let fail_first: u64 = std::str::from_utf8(&job.payload).unwrap().parse().unwrap();
+            if lease.beat(Some(format!("{name}@{}", job.attempt))).is_err() {
+                return Handled::Failed(Failure::retryable("lease lost".into()));
+            }
+            std::thread::sleep(Duration::from_millis(20 + job.id.0 as u64 % 20));
+            if job.attempt <= fail_first {
+                Handled::Failed(Failure::retryable(format!("scripted failure {}", job.attempt)))
+            } else {
+                Handled::Completed
+            }
+        });
+        match worked {
+            Ok(Some(worked)) => {
+                let outcome = match worked.handled {
+                    Handled::Completed => "completed",
+                    _ => "failed",
+                };
+                append(log, &format!("end {} {} {name} {outcome}", worked.id.0, worked.attempt));
+                idle_since = Instant::now();
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+            Err(QueueError::Refused { task, error }) => {
+                append(log, &format!("lost {} {name} {error}", task.0));
+                idle_since = Instant::now();
+            }
+            Err(error) => panic!("{name}: {error}"),
+        }
+    }
+}
+
+// ---- the test process ---------------------------------------------------------------------
+
+struct Run {
+    spec: Spec,
+    log: PathBuf,
+    next_worker: u32,
+    broken: bool,
+}
+
+impl Run {
+    fn spawn(&mut self, crash_at: Option<String>) -> Child {
+        self.next_worker += 1;
+        let mut command = Command::new(std::env::current_exe().unwrap());
+        command
+            .env("PERSEVERE_CRASH_WORKER", &self.spec.0)
+            .env("PERSEVERE_CRASH_WORKER_NAME", format!("w{}", self.next_worker))
+            .env("PERSEVERE_CRASH_LOG", &self.log)
+            .env_remove("PERSEVERE_QUEUE_CRASH_AT")
+            .env_remove("PERSEVERE_QUEUE_BREAK");
+        if let Some(point) = crash_at {
+            command.env("PERSEVERE_QUEUE_CRASH_AT", point);
+        }
+        if self.broken {
+            command.env("PERSEVERE_QUEUE_BREAK", "split-claim");
+        }
+        command.stderr(std::process::Stdio::null()).spawn().unwrap()
+    }
+}
+
+fn open_queue(spec: &Spec) -> Queue<Box<dyn StoreBox>> {
+    Queue::new(match spec.0.split_once(':') {
+        Some(("sqlite", path)) => Box::new(persevere_queue::Sqlite::open(path).unwrap()) as Box<dyn StoreBox>,
+        #[cfg(feature = "postgres")]
+        Some(("postgres", params)) => Box::new(persevere_queue::Postgres::connect(params).unwrap()),
+        _ => unreachable!(),
+    })
+}
+
+/// A boxed store, so one test function drives either database.
+trait StoreBox: Store {}
+impl<S: Store> StoreBox for S {}
+
+impl Store for Box<dyn StoreBox> {
+    fn now(&mut self) -> Result<persevere::Instant, QueueError> {
+        (**self).now()
+    }
+    fn insert(
+        &mut self,
+        make: &mut dyn FnMut(persevere::Instant) -> persevere_queue::Insert,
+    ) -> Result<(i64, bool), QueueError> {
+        (**self).insert(make)
+    }
+    fn claim(
+        &mut self,
+        candidates: persevere_queue::Candidates<'_>,
+        limit: u32,
+        visit: &mut persevere_queue::ClaimVisit<'_>,
+    ) -> Result<usize, QueueError> {
+        (**self).claim(candidates, limit, visit)
+    }
+    fn update(&mut self, id: i64, visit: &mut persevere_queue::UpdateVisit<'_>) -> Result<bool, QueueError> {
+        (**self).update(id, visit)
+    }
+    fn get(&mut self, id: i64) -> Result<Option<persevere_queue::Row>, QueueError> {
+        (**self).get(id)
+    }
+    fn list(&mut self, status: Status, limit: u32) -> Result<Vec<persevere_queue::Row>, QueueError> {
+        (**self).list(status, limit)
+    }
+    fn advance_clock(&mut self, by: Duration) {
+        (**self).advance_clock(by);
+    }
+}
+
+/// Runs one scenario and returns what the checks found wrong.
+fn scenario(spec: Spec, log: PathBuf, statements: &[(&str, u32)], kills: u32, broken: bool, seed: u64) -> Vec<String> {
+    let _ = std::fs::remove_file(&log);
+    let mut queue = open_queue(&spec);
+    let mut fail_first = BTreeMap::new();
+    for i in 0..TASKS {
+        let id = queue.enqueue(NewTask::new("job", format!("{}", i % 3), policy())).unwrap().id;
+        fail_first.insert(id.0, i % 3);
+    }
+    let mut run = Run { spec, log: log.clone(), next_worker: 0, broken };
+
+    // Deterministic crash points: one worker per statement of a claim and of a report, each
+    // aborted right after that statement.
+    for &(op, count) in statements {
+        for k in 1..=count {
+            let status = run.spawn(Some(format!("{op}:{k}"))).wait().unwrap();
+            assert_eq!(status.signal(), Some(6), "the worker crashing at {op}:{k} should have aborted: {status:?}");
+        }
+    }
+
+    // Random SIGKILLs among three workers.
+    let mut rng = SplitMix64::new(seed);
+    let mut workers: Vec<Child> = (0..3).map(|_| run.spawn(None)).collect();
+    for _ in 0..kills {
+        let open = [Status::Pending, Status::HandedOut, Status::Running]
+            .into_iter()
+            .map(|s| queue.tasks(s, 1).unwrap().len())
+            .sum::<usize>();
+        if open == 0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10 + rng.next_u64() % 70));
+        let victim = (rng.next_u64() % 3) as usize;
+        workers[victim].kill().unwrap();
+        workers[victim].wait().unwrap();
+        workers[victim] = run.spawn(None);
+    }
+
+    // No more kills: workers run until nothing is left (they exit after 1.5 s idle; a killed
+    // worker's lease expires after 0.3 s).
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        for worker in &mut workers {
+            worker.wait().unwrap();
+        }
+        let open = [Status::Pending, Status::HandedOut, Status::Running]
+            .into_iter()
+            .map(|s| queue.tasks(s, 1000).unwrap().len())
+            .sum::<usize>();
+        if open == 0 || Instant::now() > deadline {
+            break;
+        }
+        workers = (0..2).map(|_| run.spawn(None)).collect();
+    }
+    let mut wrong = check(&mut queue, &log, &fail_first);
+    let (starts, interrupted) = disturbance(&mut queue, &log, &fail_first);
+    println!("  {starts} attempts started, {interrupted} interrupted by crashes and kills");
+    if !broken && interrupted == 0 {
+        wrong.push("no attempt was interrupted: the kills tested nothing".to_owned());
+    }
+    wrong
+}
+
+fn check<S: Store>(queue: &mut Queue<S>, log: &Path, fail_first: &BTreeMap<i64, u64>) -> Vec<String> {
+    let mut wrong = Vec::new();
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let mut starts: BTreeMap<(i64, u64), BTreeSet<String>> = BTreeMap::new();
+    let mut completions: BTreeMap<i64, Vec<u64>> = BTreeMap::new();
+    for line in text.lines() {
+        let fields: Vec<&str> = line.split(' ').collect();
+        match fields.as_slice() {
+            ["start", task, attempt, worker] => {
+                starts
+                    .entry((task.parse().unwrap(), attempt.parse().unwrap()))
+                    .or_default()
+                    .insert((*worker).to_owned());
+            }
+            ["end", task, attempt, _, "completed"] => {
+                completions.entry(task.parse().unwrap()).or_default().push(attempt.parse().unwrap());
+            }
+            _ => {}
+        }
+    }
+    // Sync durability: no attempt number reaches two workers (D2, Q4).
+    for ((task, attempt), workers) in &starts {
+        if workers.len() > 1 {
+            wrong.push(format!("task {task} attempt {attempt} was started by {workers:?}"));
+        }
+    }
+    // Nothing lost, one terminal state each, retries consumed exactly.
+    let mut rows = 0;
+    for status in [Status::Pending, Status::HandedOut, Status::Running, Status::Failed, Status::DeadLettered] {
+        for task in queue.tasks(status, 1000).unwrap() {
+            rows += 1;
+            wrong.push(format!("task {} ended {status}: {:?}", task.id, task.terminal()));
+        }
+    }
+    for task in queue.tasks(Status::Completed, 1000).unwrap() {
+        rows += 1;
+        let id = task.id.0;
+        let Some(&persevere::Terminal::Completed { attempt }) = task.terminal() else {
+            wrong.push(format!("task {id}: status column says completed, state says {:?}", task.state.status()));
+            continue;
+        };
+        // Every attempt before the last ended by a failure or an interruption, and each used
+        // exactly one retry (no free returns happen here).
+        if task.retries_used() != attempt - 1 {
+            wrong.push(format!("task {id}: completed on attempt {attempt} with {} retries used", task.retries_used()));
+        }
+        if attempt <= fail_first[&id] {
+            wrong.push(format!("task {id}: attempt {attempt} completed, but attempts up to {} fail", fail_first[&id]));
+        }
+        let logged = completions.get(&id).cloned().unwrap_or_default();
+        if logged.len() > 1 || logged.iter().any(|a| *a != attempt) {
+            wrong.push(format!("task {id}: completed on attempt {attempt}, workers logged completions {logged:?}"));
+        }
+        if starts.keys().any(|(t, a)| *t == id && *a > attempt) {
+            wrong.push(format!("task {id}: an attempt after the completing one {attempt} was started"));
+        }
+    }
+    if rows != fail_first.len() {
+        wrong.push(format!("{} tasks enqueued, {rows} found", fail_first.len()));
+    }
+    wrong
+}
+
+/// How much the kills disturbed: attempts started, and attempts that were interrupted (a
+/// retry used beyond the scripted failures).
+fn disturbance<S: Store>(queue: &mut Queue<S>, log: &Path, fail_first: &BTreeMap<i64, u64>) -> (usize, u64) {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let starts = text.lines().filter(|l| l.starts_with("start ")).count();
+    let interrupted = queue
+        .tasks(Status::Completed, 1000)
+        .unwrap()
+        .iter()
+        .map(|t| t.retries_used().saturating_sub(fail_first[&t.id.0]))
+        .sum();
+    (starts, interrupted)
+}
+
+/// An operation and how many statements it runs (each is a crash point).
+type CrashPoints = Vec<(&'static str, u32)>;
+
+fn stores() -> Vec<(&'static str, Spec, CrashPoints)> {
+    let mut stores = Vec::new();
+    // Statements per operation: SQLite's claim and report are BEGIN IMMEDIATE, clock, select,
+    // write, COMMIT; PostgreSQL's claim is BEGIN, select (with the clock), write, COMMIT, and
+    // its report a select (with the clock) and a version-guarded write.
+    let sqlite = common::sqlite("crash_q4");
+    stores.push(("sqlite", Spec(format!("sqlite:{}", sqlite.path.display())), vec![("claim", 5), ("update", 5)]));
+    #[cfg(feature = "postgres")]
+    if let Some(db) = postgres_spec("q4") {
+        stores.push(("postgres", db, vec![("claim", 4), ("update", 2)]));
+    }
+    stores
+}
+
+/// A fresh schema for the crash test (`common::postgres`), as a worker's store spec.
+#[cfg(feature = "postgres")]
+fn postgres_spec(name: &str) -> Option<Spec> {
+    common::postgres(&format!("crash_{name}")).map(|db| Spec(format!("postgres:{}", db.params)))
+}
+
+fn main() {
+    if let Ok(spec) = std::env::var("PERSEVERE_CRASH_WORKER") {
+        worker_main(&spec);
+        return;
+    }
+    // `cargo test` passes filters and flags (`--nocapture`, a test name); this harness runs
+    // everything unless asked to list.
+    if std::env::args().any(|a| a == "--list") {
+        println!("q4_killed_workers_lose_nothing: test");
+        return;
+    }
+    let seed = std::env::var("PERSEVERE_CRASH_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x5eed_0004);
+    let mut failed = false;
+    for (name, spec, statements) in stores() {
+        let log = std::env::temp_dir().join(format!("persevere-crash-{}-{name}.log", std::process::id()));
+        let started = Instant::now();
+        let wrong = q4_killed_workers_lose_nothing(spec.clone(), log.clone(), &statements, seed);
+        println!(
+            "{name}: q4_killed_workers_lose_nothing (seed {seed}): {} problems in {:.1?}",
+            wrong.len(),
+            started.elapsed()
+        );
+        for problem in &wrong {
+            println!("  {problem}");
+        }
+        failed |= !wrong.is_empty();
+
+        // The same checks catch a claim whose state is written outside its transaction.
+        let broken_spec = match name {
+            "sqlite" => Spec(format!("{}-broken", spec.0)),
+            _ => spec.clone(),
+        };
+        if name == "postgres" {
+            #[cfg(feature = "postgres")]
+            let _ = postgres_spec("q4");
+        }
+        let wrong = scenario(broken_spec, log, &[], 0, true, seed);
+        println!(
+            "{name}: with the claim broken, the checks found {} problems, first: {:?}",
+            wrong.len(),
+            wrong.first()
+        );
+        if wrong.iter().all(|w| !w.contains("was started by")) {
+            println!("  the checks missed the broken claim: {wrong:?}");
+            failed = true;
+        }
+    }
+    if failed {
+        std::process::exit(1);
+    }
+}
+
+fn q4_killed_workers_lose_nothing(spec: Spec, log: PathBuf, statements: &[(&str, u32)], seed: u64) -> Vec<String> {
+    scenario(spec, log, statements, 40, false, seed)
+}

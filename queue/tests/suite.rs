@@ -1,0 +1,452 @@
+//! The queue's behaviour, rule by rule (D1–D10 through a real database, Q1–Q3, Q5, Q6), run on
+//! SQLite and on PostgreSQL alike: see `common/mod.rs` for how to run the PostgreSQL half.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Barrier};
+use std::time::Duration;
+
+use common::{Db, policy, policy_with};
+use persevere::{
+    AttemptFailure, AttemptProgress, Backoff, DeliveryError, DeliveryPolicy, DeliveryStatus, Durability, Failure,
+    FailurePolicy, Interruption, OutcomeKind, RetryPolicy, Terminal,
+};
+use persevere_queue::{Handled, NewTask, QueueError, Status, Store, TaskId, Visit, Worker, Write};
+
+fn refused(result: Result<impl std::fmt::Debug, QueueError>) -> DeliveryError {
+    match result {
+        Err(QueueError::Refused { error, .. }) => error,
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+fn d1_a_task_goes_pending_handed_out_running_completed<D: Db>(db: &D) {
+    let mut queue = db.queue();
+    let id = queue.enqueue(NewTask::new("t", "p", policy(3))).unwrap().id;
+    assert_eq!(queue.task(id).unwrap().status, Status::Pending);
+    let job = queue.claim("w1", &["t"]).unwrap().unwrap();
+    assert_eq!((job.id, job.attempt, job.payload.as_slice(), job.worker.as_str()), (id, 1, &b"p"[..], "w1"));
+    assert_eq!(queue.task(id).unwrap().status, Status::HandedOut);
+    queue.heartbeat(&job, None).unwrap();
+    assert_eq!(queue.task(id).unwrap().status, Status::Running);
+    assert_eq!(queue.complete(&job).unwrap(), Status::Completed);
+    let info = queue.task(id).unwrap();
+    assert_eq!(info.terminal(), Some(&Terminal::Completed { attempt: 1 }));
+    assert!(queue.claim("w1", &["t"]).unwrap().is_none());
+}
+
+fn d1_a_failed_attempt_is_claimable_again_only_after_its_retry_delay<D: Db>(db: &D) {
+    let mut queue = db.queue();
+    let id = queue.enqueue(NewTask::new("t", "p", policy_with(3, Duration::from_secs(60)))).unwrap().id;
+    let job = queue.claim("w1", &["t"]).unwrap().unwrap();
+    assert_eq!(queue.fail(&job, Failure::retryable("boom".into())).unwrap(), Status::Pending);
+    assert!(queue.claim("w1", &["t"]).unwrap().is_none(), "the retry delay has not passed");
+    queue.advance_clock(Duration::from_secs(61));
+    let job = queue.claim("w1", &["t"]).unwrap().unwrap();
+    assert_eq!((job.id, job.attempt), (id, 2));
+    assert_eq!(queue.task(id).unwrap().retries_used(), 1);
+}
+
+fn d2_an_expired_lease_uses_a_retry_and_its_attempt_number_is_never_reused<D: Db>(db: &D) {
+    let (mut a, mut b) = (db.queue(), db.queue());
+    let id = a.enqueue(NewTask::new("t", "p", policy(3))).unwrap().id;
+    let first = a.claim("a", &["t"]).unwrap().unwrap();
+    assert!(b.claim("b", &["t"]).unwrap().is_none(), "leased to a");
+    // Worker a dies; its 10 s start lease expires on the database's clock.
+    b.advance_clock(Duration::from_secs(11));
+    let second = b.claim("b", &["t"]).unwrap().unwrap();
+    assert_eq!((second.id, second.attempt), (id, 2));
+    let info = b.task(id).unwrap();
+    assert_eq!(info.retries_used(), 1);
+    assert_eq!(
+        info.last_failure().map(|f| f.error.clone()),
+        Some(Some(AttemptFailure::Interrupted(Interruption::LeaseExpired)))
+    );
+    // a comes back: its attempt is gone.
+    a.advance_clock(Duration::from_secs(11));
+    assert_eq!(refused(a.complete(&first)), DeliveryError::StaleAttempt { current: 2, got: 1 });
+    assert_eq!(b.complete(&second).unwrap(), Status::Completed);
+}
+
+fn d2_a_missed_heartbeat_is_found_by_any_workers_sweep<D: Db>(db: &D) {
+    let (mut a, mut b) = (db.queue(), db.queue());
+    let id = a.enqueue(NewTask::new("t", "p", policy(3))).unwrap().id;
+    let job = a.claim("a", &["t"]).unwrap().unwrap();
+    a.heartbeat(&job, None).unwrap();
+    b.advance_clock(Duration::from_secs(29));
+    assert_eq!(b.sweep(100).unwrap(), 0, "the heartbeat deadline is 30 s away");
+    b.advance_clock(Duration::from_secs(2));
+    assert_eq!(b.sweep(100).unwrap(), 1);
+    let info = b.task(id).unwrap();
+    assert!(matches!(info.state.status(), DeliveryStatus::Pending { attempt: 2, .. }));
+    assert_eq!(
+        info.last_failure().map(|f| f.error.clone()),
+        Some(Some(AttemptFailure::Interrupted(Interruption::HeartbeatMissed)))
+    );
+}
+
+fn d3_a_decline_is_free_and_the_task_is_not_offered_to_that_worker_again<D: Db>(db: &D) {
+    let mut queue = db.queue();
+    let id = queue.enqueue(NewTask::new("t", "p", policy(2))).unwrap().id;
+    let job = queue.claim("picky", &["t"]).unwrap().unwrap();
+    assert_eq!(queue.decline(&job).unwrap(), Status::Pending);
+    let info = queue.task(id).unwrap();
+    assert_eq!((info.attempt(), info.retries_used(), info.redeliveries()), (1, 0, 1));
+    assert!(queue.claim("picky", &["t"]).unwrap().is_none(), "picky declined it");
+    let job = queue.claim("other", &["t"]).unwrap().unwrap();
+    assert_eq!(job.attempt, 1, "a free return keeps the attempt number");
+    queue.heartbeat(&job, None).unwrap();
+    assert_eq!(refused(queue.decline(&job)), DeliveryError::AlreadyStarted { attempt: 1 });
+}
+
+fn d4_free_returns_past_the_cap_dead_letter_the_task<D: Db>(db: &D) {
+    let mut queue = db.queue();
+    let id = queue.enqueue(NewTask::new("t", "p", policy(5))).unwrap().id;
+    for (i, worker) in ["w1", "w2", "w3", "w4"].into_iter().enumerate() {
+        let job = queue.claim(worker, &["t"]).unwrap().unwrap();
+        let status = queue.decline(&job).unwrap();
+        assert_eq!(status, if i < 3 { Status::Pending } else { Status::DeadLettered });
+    }
+    let info = queue.task(id).unwrap();
+    let Some(Terminal::DeadLettered(letter)) = info.terminal() else { panic!("{info:?}") };
+    assert_eq!((letter.attempt, letter.redeliveries), (1, 3));
+    assert_eq!(queue.tasks(Status::DeadLettered, 10).unwrap().iter().map(|t| t.id).collect::<Vec<_>>(), [id]);
+}
+
+fn d4_a_poison_task_that_keeps_killing_workers_ends<D: Db>(db: &D) {
+    let mut queue = db.queue();
+    let id = queue.enqueue(NewTask::new("t", "poison", policy(3))).unwrap().id;
+    // Each worker claims it and dies: nobody reports, the lease expires, the next claim
+    // interrupts it. Interruptions use retries, so the task cannot cycle forever.
+    for attempt in 1..=3 {
+        let job = queue.claim(&format!("w{attempt}"), &["t"]).unwrap().unwrap();
+        assert_eq!(job.attempt, attempt);
+        queue.advance_clock(Duration::from_secs(11));
+    }
+    assert!(queue.claim("w4", &["t"]).unwrap().is_none());
+    let info = queue.task(id).unwrap();
+    assert_eq!(info.status, Status::Failed);
+    let error = info.terminal().and_then(Terminal::recovery_error).unwrap();
+    assert_eq!(error.ended, OutcomeKind::Exhausted);
+    assert_eq!(error.last_failure.error, Some(AttemptFailure::Interrupted(Interruption::LeaseExpired)));
+}
+
+fn d5_a_task_that_ran_reports_progress_not_completed<D: Db>(db: &D) {
+    let mut queue = db.queue();
+    let id = queue.enqueue(NewTask::new("t", "p", policy(1))).unwrap().id;
+    assert_eq!(queue.task(id).unwrap().progress(), AttemptProgress::NotStarted);
+    let job = queue.claim("w", &["t"]).unwrap().unwrap();
+    assert_eq!(queue.fail(&job, Failure::fatal("bad input".into())).unwrap(), Status::Failed);
+    let info = queue.task(id).unwrap();
+    assert_eq!(info.progress(), AttemptProgress::NotCompleted);
+    let error = info.terminal().and_then(Terminal::recovery_error).unwrap();
+    assert_eq!((error.ended, error.progress), (OutcomeKind::Fatal, AttemptProgress::NotCompleted));
+}
+
+fn d6_async_a_lost_claim_runs_the_same_attempt_again_without_a_retry<D: Db>(db: &D) {
+    let mut queue = db.queue();
+    let retry =
+        RetryPolicy::builder(Backoff::constant(Duration::ZERO).build().unwrap()).max_attempts(2).build().unwrap();
+    let policy = DeliveryPolicy::builder(retry).durability(Durability::Async).build().unwrap();
+    let id = queue.enqueue(NewTask::new("t", "p", policy)).unwrap().id;
+    assert_eq!(queue.task(id).unwrap().progress(), AttemptProgress::NotCompleted, "D6: Async starts NotCompleted");
+    let before = queue.store().get(id.0).unwrap().unwrap();
+    let first = queue.claim("a", &["t"]).unwrap().unwrap();
+    // The database loses the claim's commit (an asynchronous commit before a crash): the row
+    // is as it was before the claim.
+    queue
+        .store()
+        .update(id.0, &mut |_, _| {
+            Ok(Some(Write { state: before.state.clone(), status: Status::Pending, due_at: Some(0), attempt: 1 }))
+        })
+        .unwrap();
+    let again = queue.claim("b", &["t"]).unwrap().unwrap();
+    assert_eq!((first.attempt, again.attempt), (1, 1), "the same attempt number runs again");
+    assert_eq!(queue.task(id).unwrap().retries_used(), 0);
+    assert_eq!(queue.complete(&again).unwrap(), Status::Completed);
+    assert!(matches!(refused(queue.complete(&first)), DeliveryError::Finished(_)));
+}
+
+fn d7_the_last_stored_checkpoint_reaches_the_next_attempt<D: Db>(db: &D) {
+    let mut queue = db.queue();
+    let id = queue.enqueue(NewTask::new("t", "p", policy(3))).unwrap().id;
+    let job = queue.claim("w", &["t"]).unwrap().unwrap();
+    assert_eq!(job.checkpoint, None);
+    queue.heartbeat(&job, Some("page 1".into())).unwrap();
+    queue.heartbeat(&job, Some("page 2".into())).unwrap();
+    queue.heartbeat(&job, None).unwrap(); // no checkpoint: the stored one stays
+    queue.fail(&job, Failure::retryable("crashed mid-page".into())).unwrap();
+    let job = queue.claim("w", &["t"]).unwrap().unwrap();
+    assert_eq!((job.id, job.attempt, job.checkpoint.as_deref()), (id, 2, Some("page 2")));
+}
+
+fn d8_failure_policies_fail_proceed_and_divert<D: Db>(db: &D) {
+    let mut queue = db.queue();
+    let base = policy(1);
+    let divert = DeliveryPolicy::builder(*base.retry()).on_failure(FailurePolicy::Divert("refund")).build().unwrap();
+    let proceed = DeliveryPolicy::builder(*base.retry()).on_failure(FailurePolicy::<String>::Proceed).build().unwrap();
+    let failed = queue.enqueue(NewTask::new("t", "1", base)).unwrap().id;
+    let proceeded = queue.enqueue(NewTask::new("t", "2", proceed)).unwrap().id;
+    let diverted = queue.enqueue(NewTask::new("t", "3", divert)).unwrap().id;
+    let mut statuses = BTreeMap::new();
+    while let Some(job) = queue.claim("w", &["t"]).unwrap() {
+        statuses.insert(job.id, queue.fail(&job, Failure::retryable(format!("no {}", job.id))).unwrap());
+    }
+    assert_eq!(statuses[&failed], Status::Failed);
+    assert_eq!(statuses[&proceeded], Status::Proceeded);
+    assert_eq!(statuses[&diverted], Status::Diverted);
+    let Some(Terminal::Diverted { route, error }) = queue.task(diverted).unwrap().terminal().cloned() else {
+        panic!("diverted")
+    };
+    assert_eq!(route, "refund");
+    assert_eq!(error.last_failure.error, Some(AttemptFailure::Failed(format!("no {diverted}"))));
+}
+
+fn d8_the_last_failure_is_visible_while_retries_run<D: Db>(db: &D) {
+    let mut queue = db.queue();
+    let id = queue.enqueue(NewTask::new("t", "p", policy(3))).unwrap().id;
+    let job = queue.claim("w", &["t"]).unwrap().unwrap();
+    queue.fail(&job, Failure::retryable("first".into())).unwrap();
+    let info = queue.task(id).unwrap();
+    assert_eq!(info.status, Status::Pending);
+    assert_eq!(info.last_failure().and_then(|f| f.error.clone()), Some(AttemptFailure::Failed("first".into())));
+}
+
+fn d9_a_finished_task_refuses_every_further_report<D: Db>(db: &D) {
+    let mut queue = db.queue();
+    let id = queue.enqueue(NewTask::new("t", "p", policy(3))).unwrap().id;
+    let job = queue.claim("w", &["t"]).unwrap().unwrap();
+    queue.complete(&job).unwrap();
+    let version = queue.store().get(id.0).unwrap().unwrap().version;
+    assert!(matches!(refused(queue.complete(&job)), DeliveryError::Finished(_)));
+    assert!(matches!(refused(queue.fail(&job, Failure::retryable("late".into()))), DeliveryError::Finished(_)));
+    assert!(matches!(refused(queue.heartbeat(&job, Some("late".into()))), DeliveryError::Finished(_)));
+    assert_eq!(queue.store().get(id.0).unwrap().unwrap().version, version, "a refused report writes nothing");
+    assert_eq!(queue.task(id).unwrap().status, Status::Completed);
+}
+
+fn d10_the_idempotency_key_is_stable_across_attempts<D: Db>(db: &D) {
+    let mut queue = db.queue();
+    let id = queue.enqueue(NewTask::new("t", "p", policy(3))).unwrap().id;
+    let first = queue.claim("w", &["t"]).unwrap().unwrap();
+    queue.fail(&first, Failure::retryable("x".into())).unwrap();
+    let second = queue.claim("w", &["t"]).unwrap().unwrap();
+    assert_eq!(first.idempotency_key, second.idempotency_key);
+    assert_eq!(first.idempotency_key, format!("{}:1", id.0));
+}
+
+fn q1_two_reports_of_one_job_never_both_win<D: Db>(db: &D) {
+    let mut queue = db.queue();
+    let id = queue.enqueue(NewTask::new("t", "p", policy(3))).unwrap().id;
+    let job = queue.claim("w", &["t"]).unwrap().unwrap();
+    let barrier = Arc::new(Barrier::new(2));
+    let results: Vec<_> = std::thread::scope(|scope| {
+        let handles: Vec<_> = [true, false]
+            .into_iter()
+            .map(|complete| {
+                let (barrier, job, mut queue) = (barrier.clone(), job.clone(), db.queue());
+                scope.spawn(move || {
+                    barrier.wait();
+                    if complete { queue.complete(&job) } else { queue.fail(&job, Failure::fatal("no".into())) }
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let winners: Vec<_> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
+    assert_eq!(winners.len(), 1, "{results:?}");
+    assert_eq!(queue.task(id).unwrap().status, *winners[0]);
+}
+
+fn q1_the_row_holds_the_cores_state_and_every_write_bumps_its_version<D: Db>(db: &D) {
+    let mut queue = db.queue();
+    let id = queue.enqueue(NewTask::new("t", "p", policy(3))).unwrap().id;
+    let v0 = queue.store().get(id.0).unwrap().unwrap().version;
+    let job = queue.claim("w", &["t"]).unwrap().unwrap();
+    let row = queue.store().get(id.0).unwrap().unwrap();
+    assert_eq!(row.version, v0 + 1);
+    let state: persevere_queue::TaskState = serde_json::from_str(&row.state).unwrap();
+    assert!(matches!(state.status(), DeliveryStatus::HandedOut { attempt: 1, worker, .. } if worker == "w"));
+    queue.complete(&job).unwrap();
+    assert_eq!(queue.store().get(id.0).unwrap().unwrap().version, v0 + 2);
+}
+
+fn q2_deadlines_are_read_from_the_database_clock<D: Db>(db: &D) {
+    let mut queue = db.queue();
+    queue.enqueue(NewTask::new("t", "p", policy(3))).unwrap();
+    let before = queue.store().now().unwrap();
+    let job = queue.claim("w", &["t"]).unwrap().unwrap();
+    let after = queue.store().now().unwrap();
+    assert!(job.deadline >= before + Duration::from_secs(10) && job.deadline <= after + Duration::from_secs(10));
+    // A worker whose own view of time runs ahead cannot keep the lease, nor steal it early:
+    // only the database's clock moves it (here, by `advance_clock` on the reporting connection).
+    let mut other = db.queue();
+    assert!(other.claim("thief", &["t"]).unwrap().is_none());
+    other.advance_clock(Duration::from_secs(10) + (after - before) + Duration::from_millis(5));
+    assert_eq!(other.claim("thief", &["t"]).unwrap().map(|j| j.attempt), Some(2));
+}
+
+fn q3_concurrent_workers_run_each_task_exactly_once<D: Db>(db: &D) {
+    let mut queue = db.queue();
+    let ids: Vec<TaskId> =
+        (0..40).map(|i| queue.enqueue(NewTask::new("t", format!("{i}"), policy(3))).unwrap().id).collect();
+    let ran: Vec<(TaskId, u64, String)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..4)
+            .map(|w| {
+                let mut worker = Worker::new(db.queue(), format!("w{w}"), &["t"]);
+                scope.spawn(move || {
+                    let mut ran = Vec::new();
+                    while let Some(worked) = worker.work_one(|_, _| Handled::Completed).unwrap() {
+                        ran.push((worked.id, worked.attempt, worker.id().to_owned()));
+                    }
+                    ran
+                })
+            })
+            .collect();
+        handles.into_iter().flat_map(|h| h.join().unwrap()).collect()
+    });
+    let mut seen: Vec<TaskId> = ran.iter().map(|(id, ..)| *id).collect();
+    seen.sort();
+    assert_eq!(seen, ids, "every task ran exactly once");
+    assert!(ran.iter().all(|(_, attempt, _)| *attempt == 1));
+    assert_eq!(queue.tasks(Status::Completed, 100).unwrap().len(), 40);
+}
+
+fn q3_a_claim_takes_only_the_types_it_asks_for_and_due_tasks_first<D: Db>(db: &D) {
+    let mut queue = db.queue();
+    let later = queue.enqueue(NewTask::new("a", "later", policy(1)).delay(Duration::from_secs(60))).unwrap().id;
+    let b = queue.enqueue(NewTask::new("b", "b", policy(1))).unwrap().id;
+    let a = queue.enqueue(NewTask::new("a", "now", policy(1))).unwrap().id;
+    assert_eq!(queue.claim("w", &["a"]).unwrap().map(|j| j.id), Some(a));
+    assert_eq!(queue.claim("w", &["a"]).unwrap(), None, "`later` is not due");
+    assert_eq!(queue.claim("w", &["c", "b"]).unwrap().map(|j| j.id), Some(b));
+    queue.advance_clock(Duration::from_secs(61));
+    assert_eq!(queue.claim("w", &["a"]).unwrap().map(|j| j.id), Some(later));
+}
+
+fn q5_enqueueing_a_key_twice_returns_the_existing_task<D: Db>(db: &D) {
+    let mut queue = db.queue();
+    let first = queue.enqueue(NewTask::new("t", "one", policy(3)).key("order-17")).unwrap();
+    let second = queue.enqueue(NewTask::new("t", "two", policy(3)).key("order-17")).unwrap();
+    assert!(first.created && !second.created);
+    assert_eq!(first.id, second.id);
+    assert_eq!(queue.task(first.id).unwrap().payload, b"one");
+    assert_eq!(queue.task(first.id).unwrap().key.as_deref(), Some("order-17"));
+    let other = queue.enqueue(NewTask::new("t", "three", policy(3)).key("order-18")).unwrap();
+    assert!(other.created && other.id != first.id);
+}
+
+fn q5_concurrent_enqueues_of_one_key_create_one_task<D: Db>(db: &D) {
+    let barrier = Arc::new(Barrier::new(4));
+    let ids: Vec<_> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..4)
+            .map(|_| {
+                let (barrier, mut queue) = (barrier.clone(), db.queue());
+                scope.spawn(move || {
+                    barrier.wait();
+                    queue.enqueue(NewTask::new("t", "x", policy(3)).key("once")).unwrap()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(ids.iter().filter(|e| e.created).count(), 1, "{ids:?}");
+    assert!(ids.iter().all(|e| e.id == ids[0].id));
+}
+
+fn q6_failed_and_dead_lettered_tasks_are_listed_and_redriven<D: Db>(db: &D) {
+    let mut queue = db.queue();
+    let failed = queue.enqueue(NewTask::new("t", "f", policy(1))).unwrap().id;
+    let job = queue.claim("w", &["t"]).unwrap().unwrap();
+    queue.fail(&job, Failure::fatal("bad".into())).unwrap();
+    let retry = *policy(1).retry();
+    let letter = queue
+        .enqueue(NewTask::new("t", "d", DeliveryPolicy::builder(retry).max_redeliveries(0).build().unwrap()))
+        .unwrap()
+        .id;
+    let job = queue.claim("w", &["t"]).unwrap().unwrap();
+    assert_eq!(queue.decline(&job).unwrap(), Status::DeadLettered);
+
+    assert_eq!(queue.tasks(Status::Failed, 10).unwrap().iter().map(|t| t.id).collect::<Vec<_>>(), [failed]);
+    assert_eq!(queue.tasks(Status::DeadLettered, 10).unwrap().iter().map(|t| t.id).collect::<Vec<_>>(), [letter]);
+
+    queue.redrive(failed).unwrap();
+    queue.redrive(letter).unwrap();
+    let mut ran = Vec::new();
+    while let Some(job) = queue.claim("fixed", &["t"]).unwrap() {
+        assert_eq!(job.attempt, 1, "a re-drive counts afresh");
+        assert_eq!(job.idempotency_key, format!("{}:2", job.id.0), "a new execution of the step");
+        queue.complete(&job).unwrap();
+        ran.push(job.id);
+    }
+    ran.sort();
+    assert_eq!(ran, [failed, letter]);
+    assert!(matches!(queue.redrive(failed), Err(QueueError::NotRedrivable { status: Status::Completed, .. })));
+    assert!(matches!(queue.redrive(TaskId(999_999)), Err(QueueError::UnknownTask(_))));
+}
+
+fn a_corrupt_row_is_an_error_not_a_panic<D: Db>(db: &D) {
+    let mut queue = db.queue();
+    let id = queue.enqueue(NewTask::new("t", "p", policy(3))).unwrap().id;
+    queue
+        .store()
+        .update(id.0, &mut |_, _| {
+            Ok(Some(Write {
+                state: "{\"not\":\"a state\"}".into(),
+                status: Status::Pending,
+                due_at: Some(0),
+                attempt: 1,
+            }))
+        })
+        .unwrap();
+    assert!(matches!(queue.claim("w", &["t"]), Err(QueueError::Corrupt { what: "state", .. })));
+    assert!(matches!(queue.task(id), Err(QueueError::Corrupt { .. })));
+    // The claim's transaction rolled back: the row is as it was.
+    let row = queue.store().get(id.0).unwrap().unwrap();
+    assert_eq!(row.state, "{\"not\":\"a state\"}");
+    let _ = Visit::Skip;
+}
+
+fn a_handler_panic_fails_the_attempt_with_the_panicked_class<D: Db>(db: &D) {
+    let mut queue = db.queue();
+    let id = queue.enqueue(NewTask::new("t", "p", policy(2))).unwrap().id;
+    let mut worker = Worker::new(queue, "w", &["t"]);
+    let worked = worker.work_one(|_, _| panic!("handler bug")).unwrap().unwrap();
+    assert_eq!(worked.handled, Handled::Failed(Failure::panicked("handler bug".into())));
+    assert_eq!(worked.status, Status::Pending);
+    let worked = worker.work_one(|job, lease| {
+        lease.beat(Some("halfway".into())).unwrap();
+        assert_eq!(job.attempt, 2);
+        Handled::Completed
+    });
+    assert_eq!(worked.unwrap().map(|w| w.status), Some(Status::Completed));
+    assert_eq!(worker.queue().task(id).unwrap().status, Status::Completed);
+}
+
+on_both_stores!(
+    d1_a_task_goes_pending_handed_out_running_completed,
+    d1_a_failed_attempt_is_claimable_again_only_after_its_retry_delay,
+    d2_an_expired_lease_uses_a_retry_and_its_attempt_number_is_never_reused,
+    d2_a_missed_heartbeat_is_found_by_any_workers_sweep,
+    d3_a_decline_is_free_and_the_task_is_not_offered_to_that_worker_again,
+    d4_free_returns_past_the_cap_dead_letter_the_task,
+    d4_a_poison_task_that_keeps_killing_workers_ends,
+    d5_a_task_that_ran_reports_progress_not_completed,
+    d6_async_a_lost_claim_runs_the_same_attempt_again_without_a_retry,
+    d7_the_last_stored_checkpoint_reaches_the_next_attempt,
+    d8_failure_policies_fail_proceed_and_divert,
+    d8_the_last_failure_is_visible_while_retries_run,
+    d9_a_finished_task_refuses_every_further_report,
+    d10_the_idempotency_key_is_stable_across_attempts,
+    q1_two_reports_of_one_job_never_both_win,
+    q1_the_row_holds_the_cores_state_and_every_write_bumps_its_version,
+    q2_deadlines_are_read_from_the_database_clock,
+    q3_concurrent_workers_run_each_task_exactly_once,
+    q3_a_claim_takes_only_the_types_it_asks_for_and_due_tasks_first,
+    q5_enqueueing_a_key_twice_returns_the_existing_task,
+    q5_concurrent_enqueues_of_one_key_create_one_task,
+    q6_failed_and_dead_lettered_tasks_are_listed_and_redriven,
+    a_corrupt_row_is_an_error_not_a_panic,
+    a_handler_panic_fails_the_attempt_with_the_panicked_class,
+);
