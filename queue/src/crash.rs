@@ -1,6 +1,8 @@
 //! Test-only crash points (feature `crash-points`): `PERSEVERE_QUEUE_CRASH_AT=<op>:<k>` aborts
-//! the process right after statement `k` (counted from 1) of the next `<op>` transaction, where
-//! `<op>` is `insert`, `claim` or `update` (a report). Without the feature these are no-ops.
+//! the process right after the `k`-th statement (counted from 1, over every `<op>` the thread
+//! has run) of its `<op>` operations, where `<op>` is `insert`, `claim` or `update` (a report):
+//! with `s` statements per operation, `k` in `1..=s` falls in the first one, `s+1..=2s` in the
+//! second. Without the feature these are no-ops.
 //!
 //! `PERSEVERE_QUEUE_BREAK=split-claim` deliberately breaks the claim (for the test that shows
 //! the crash tests catch a broken transaction): it decides in one transaction and writes the
@@ -10,6 +12,8 @@
 mod points {
     use std::cell::Cell;
     use std::sync::OnceLock;
+
+    const OPS: [&str; 3] = ["insert", "claim", "update"];
 
     fn target() -> Option<&'static (String, u32)> {
         static TARGET: OnceLock<Option<(String, u32)>> = OnceLock::new();
@@ -22,30 +26,35 @@ mod points {
             .as_ref()
     }
 
-    thread_local! {
-        static CURRENT: Cell<(&'static str, u32)> = const { Cell::new(("", 0)) };
-    }
-
-    pub(crate) fn begin(op: &'static str) {
-        CURRENT.with(|current| current.set((op, 0)));
-    }
-
     pub(crate) fn split_claim() -> bool {
         static SPLIT: OnceLock<bool> = OnceLock::new();
         *SPLIT.get_or_init(|| std::env::var("PERSEVERE_QUEUE_BREAK").is_ok_and(|v| v == "split-claim"))
     }
 
+    thread_local! {
+        /// The operation running, and the statements run so far by each kind of operation.
+        static CURRENT: Cell<usize> = const { Cell::new(0) };
+        static COUNTS: Cell<[u32; 3]> = const { Cell::new([0; 3]) };
+    }
+
+    pub(crate) fn begin(op: &'static str) {
+        let index = OPS.iter().position(|o| *o == op).unwrap_or(0);
+        CURRENT.with(|current| current.set(index));
+    }
+
     pub(crate) fn statement() {
         let Some((op, k)) = target() else { return };
-        CURRENT.with(|current| {
-            let (name, done) = current.get();
-            let done = done + 1;
-            current.set((name, done));
-            if name == op && done == *k {
-                eprintln!("crash point {op}:{k}: aborting");
-                std::process::abort();
-            }
+        let index = CURRENT.with(Cell::get);
+        let done = COUNTS.with(|counts| {
+            let mut all = counts.get();
+            all[index] += 1;
+            counts.set(all);
+            all[index]
         });
+        if OPS[index] == op && done == *k {
+            eprintln!("crash point {op}:{k}: aborting");
+            std::process::abort();
+        }
     }
 }
 

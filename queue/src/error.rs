@@ -1,6 +1,6 @@
 //! What can go wrong talking to the queue.
 
-use persevere::{DeliveryError, PolicyError};
+use persevere::DeliveryError;
 
 use crate::TaskId;
 
@@ -29,15 +29,16 @@ pub enum QueueError {
         /// Its status.
         status: crate::Status,
     },
-    /// The task's row changed under this write (its version moved). With the stores' locks
-    /// this does not happen; it means two writers raced on one task and this one lost (Q1).
-    #[error("task {0} was changed by another writer during this operation; nothing was written")]
+    /// The task's row kept changing under this report (its version moved every time it was
+    /// read and decided on): other writers keep winning. Nothing was written; try again.
+    #[error("task {0} kept changing under this report; nothing was written, try again")]
     Conflict(TaskId),
-    /// A policy given to `enqueue` is invalid.
-    #[error("invalid policy: {0}")]
-    Policy(#[from] PolicyError),
+    /// A state or policy could not be encoded as JSON.
+    #[error("could not encode a task's state or policy: {0}")]
+    Encode(serde_json::Error),
     /// A stored state or policy did not load (edited by hand, or written by an incompatible
-    /// version). The row is left as it is.
+    /// version). Claims and sweeps set such a row aside as `Status::Corrupt`; see
+    /// `Queue::corrupt_tasks`.
     #[error("task {task}: its stored {what} does not load: {source}")]
     Corrupt {
         /// The task.

@@ -9,8 +9,8 @@
 //! failure policies are the core machine's decisions; the store only persists them, each in the
 //! transaction that caused it (DESIGN §10):
 //!
-//! - **Q1** a task's row holds its `Delivery` state (JSON), written in the same transaction as
-//!   the claim or report that changed it and guarded by a version column.
+//! - **Q1** a task's row holds its `Delivery` state (JSON), written by the same statement or
+//!   transaction as the claim or report that changed it and guarded by a version column.
 //! - **Q2** `now` is read from the database's clock in that transaction; no worker's clock
 //!   sets or keeps a lease.
 //! - **Q3** a claim leases one due attempt to one worker (`FOR UPDATE SKIP LOCKED` on
@@ -22,13 +22,16 @@
 //! - **Q6** failed and dead-lettered tasks are rows to [`query`](Queue::tasks) and
 //!   [`re-drive`](Queue::redrive).
 //!
-//! **Durability** (D6): every claim is committed before its worker sees the job, so in
+//! **Durability** (D6): every claim is committed, and flushed to disk, before its worker sees
+//! the job: SQLite runs with `synchronous = FULL`, and a PostgreSQL connection whose
+//! `synchronous_commit` is `off` is switched to `on`. So in
 //! [`Durability::Sync`](persevere::Durability::Sync) (the default) no attempt number reaches two
-//! workers. A task enqueued with [`Durability::Async`](persevere::Durability::Async) reports its
-//! progress as `NotCompleted` from the start; its start is confirmed by the worker's first report,
-//! and if the database loses a committed claim (an asynchronous commit, as PostgreSQL's
-//! `synchronous_commit = off`, before a crash) the same attempt number runs again without using
-//! a retry.
+//! workers, even across a power cut. (A failover to a PostgreSQL replica that had not received
+//! the commit can still lose it: run synchronous replication for that.) The queue has no
+//! asynchronous claim: a task with [`Durability::Async`](persevere::Durability::Async) is
+//! claimed the same way and differs only in what it promises: its progress is `NotCompleted`
+//! from the start (D6), so that if a committed claim is ever lost and the same attempt number
+//! runs again (using no retry), nobody was told the handler certainly did not run.
 //!
 //! The API is blocking: one [`Queue`] is one database connection. Run a worker per thread (or
 //! per process, or per machine); from async code, call it on a blocking thread.
@@ -74,5 +77,5 @@ pub use queue::Queue;
 #[cfg(feature = "sqlite")]
 pub use sqlite::Sqlite;
 pub use store::{Candidates, ClaimVisit, Insert, Row, Store, UpdateVisit, Visit, Write};
-pub use task::{Enqueued, IntoTaskPolicy, Job, NewTask, Status, TaskId, TaskInfo, TaskPolicy, TaskState};
+pub use task::{CorruptTask, Enqueued, IntoTaskPolicy, Job, NewTask, Status, TaskId, TaskInfo, TaskPolicy, TaskState};
 pub use worker::{Handled, Heartbeat, Worked, Worker};

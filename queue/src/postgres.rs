@@ -36,6 +36,10 @@ const CLOCK: &str = "((extract(epoch FROM statement_timestamp()) * 1000000)::big
 
 const COLUMNS: &str = "id, task_type, payload, policy, state, version, idempotency_key";
 
+/// Prepared statements kept per connection (one per distinct text: sweeps with many limits
+/// would otherwise accumulate them).
+const MAX_STATEMENTS: usize = 64;
+
 /// How often a report re-reads a task whose version moved between its read and its write.
 const CAS_TRIES: u32 = 16;
 
@@ -74,6 +78,12 @@ impl Postgres {
         tx.execute("SELECT pg_advisory_xact_lock(7202611)", &[])?;
         tx.batch_execute(SCHEMA)?;
         tx.commit()?;
+        // A claim must be on disk before its worker runs (D6 `Sync`): never commit
+        // asynchronously on this connection.
+        let setting: String = client.query_one("SHOW synchronous_commit", &[])?.try_get(0)?;
+        if setting == "off" {
+            client.batch_execute("SET synchronous_commit = on")?;
+        }
         Ok(Postgres { client, skew: Duration::ZERO, statements: HashMap::new() })
     }
 
@@ -88,6 +98,10 @@ impl Postgres {
             return Ok(statement.clone());
         }
         let statement = self.client.prepare(sql)?;
+        if self.statements.len() >= MAX_STATEMENTS {
+            // Dropping a `Statement` closes it on the server.
+            self.statements.clear();
+        }
         self.statements.insert(sql.to_owned(), statement.clone());
         Ok(statement)
     }
@@ -97,16 +111,16 @@ impl Postgres {
     }
 }
 
-fn row_of(row: &postgres::Row) -> Row {
-    Row {
-        id: row.get(0),
-        task_type: row.get(1),
-        payload: row.get(2),
-        policy: row.get(3),
-        state: row.get(4),
-        version: row.get(5),
-        key: row.get(6),
-    }
+fn row_of(row: &postgres::Row) -> Result<Row, QueueError> {
+    Ok(Row {
+        id: row.try_get(0)?,
+        task_type: row.try_get(1)?,
+        payload: row.try_get(2)?,
+        policy: row.try_get(3)?,
+        state: row.try_get(4)?,
+        version: row.try_get(5)?,
+        key: row.try_get(6)?,
+    })
 }
 
 const WRITE: &str =
@@ -134,11 +148,14 @@ impl Store for Postgres {
     fn now(&mut self) -> Result<Instant, QueueError> {
         let statement = self.prepared(&format!("SELECT {CLOCK}"))?;
         let skew = self.skew_ns();
-        let nanos: i64 = self.client.query_one(&statement, &[&skew])?.get(0);
+        let nanos: i64 = self.client.query_one(&statement, &[&skew])?.try_get(0)?;
         instant_of(nanos)
     }
 
-    fn insert(&mut self, make: &mut dyn FnMut(Instant) -> Insert) -> Result<(i64, bool), QueueError> {
+    fn insert(
+        &mut self,
+        make: &mut dyn FnMut(Instant) -> Result<Insert, QueueError>,
+    ) -> Result<(i64, bool), QueueError> {
         crash::begin("insert");
         let clock = self.prepared(&format!("SELECT {CLOCK}"))?;
         let insert_statement = self.prepared(
@@ -147,9 +164,9 @@ impl Store for Postgres {
              ON CONFLICT (idempotency_key) DO NOTHING RETURNING id",
         )?;
         let skew = self.skew_ns();
-        let now: i64 = self.client.query_one(&clock, &[&skew])?.get(0);
+        let now: i64 = self.client.query_one(&clock, &[&skew])?.try_get(0)?;
         crash::statement();
-        let insert = make(instant_of(now)?);
+        let insert = make(instant_of(now)?)?;
         let write = &insert.write;
         // One statement, so no transaction: the row appears whole or not at all.
         let inserted = self.client.query_opt(
@@ -168,13 +185,13 @@ impl Store for Postgres {
         )?;
         crash::statement();
         if let Some(row) = inserted {
-            return Ok((row.get(0), true));
+            return Ok((row.try_get(0)?, true));
         }
         // The key exists, committed (ON CONFLICT waited for a concurrent insert to finish).
         let existing = self.prepared("SELECT id FROM persevere_tasks WHERE idempotency_key = $1")?;
         let row = self.client.query_one(&existing, &[&insert.key])?;
         crash::statement();
-        Ok((row.get(0), false))
+        Ok((row.try_get(0)?, false))
     }
 
     fn claim(
@@ -212,8 +229,8 @@ impl Store for Postgres {
         };
         crash::statement();
         // Every row carries the same clock reading (the statement's).
-        let now: i64 = rows.first().map_or(0, |row| row.get(7));
-        let decoded = rows.iter().map(|pg_row| Ok((instant_of(pg_row.get(7))?, row_of(pg_row))));
+        let now: i64 = rows.first().map(|row| row.try_get(7)).transpose()?.unwrap_or(0);
+        let decoded = rows.iter().map(|pg_row| Ok((instant_of(pg_row.try_get(7)?)?, row_of(pg_row)?)));
         let writes = visit_rows(decoded, visit)?;
         if crash::split_claim() {
             // Deliberately broken (crash tests only): the state is written outside the claim's
@@ -247,8 +264,8 @@ impl Store for Postgres {
         for _ in 0..CAS_TRIES {
             let Some(pg_row) = self.client.query_opt(&select, &[&skew, &id])? else { return Ok(false) };
             crash::statement();
-            let row = row_of(&pg_row);
-            let now: i64 = pg_row.get(7);
+            let row = row_of(&pg_row)?;
+            let now: i64 = pg_row.try_get(7)?;
             let Some(w) = visit(instant_of(now)?, &row)? else { return Ok(true) };
             // One statement: the result and the state it changed are written together, or not
             // at all if another writer got there first (then decide again on what it wrote).
@@ -262,16 +279,17 @@ impl Store for Postgres {
     fn get(&mut self, id: i64) -> Result<Option<Row>, QueueError> {
         let statement = self.prepared(&format!("SELECT {COLUMNS} FROM persevere_tasks WHERE id = $1"))?;
         let row = self.client.query_opt(&statement, &[&id])?;
-        Ok(row.as_ref().map(row_of))
+        row.as_ref().map(row_of).transpose()
     }
 
     fn list(&mut self, status: Status, limit: u32) -> Result<Vec<Row>, QueueError> {
         let statement =
             self.prepared(&format!("SELECT {COLUMNS} FROM persevere_tasks WHERE status = $1 ORDER BY id LIMIT $2"))?;
         let rows = self.client.query(&statement, &[&status.as_str(), &i64::from(limit)])?;
-        Ok(rows.iter().map(row_of).collect())
+        rows.iter().map(row_of).collect()
     }
 
+    #[cfg(feature = "test-clock")]
     fn advance_clock(&mut self, by: Duration) {
         self.skew = self.skew.saturating_add(by);
     }

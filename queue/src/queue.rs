@@ -1,19 +1,23 @@
 //! The queue: every transition decided by the task's `Delivery` machine, inside the store's
 //! transaction (Q1).
 
-use core::time::Duration;
+use std::collections::{BTreeMap, BTreeSet};
 
 use persevere::{DeliveryAction, DeliveryStatus, Failure, FreeReturn, Instant, SplitMix64};
 
 use crate::store::{Candidates, Insert, Row, Store, Visit, Write, nanos_of};
-use crate::{Enqueued, Job, NewTask, QueueError, Status, TaskId, TaskInfo, TaskPolicy, TaskState};
+use crate::{CorruptTask, Enqueued, Job, NewTask, QueueError, Status, TaskId, TaskInfo, TaskPolicy, TaskState};
 
-/// How many due tasks one claim looks at before it gives up (tasks this worker declined are
-/// passed over).
+/// How many due tasks one claim looks at when the oldest one cannot go to this worker.
 const CLAIM_WINDOW: u32 = 16;
 
 /// A durable work queue on a [`Store`]: enqueue tasks, claim due attempts, report their ends,
-/// sweep expired leases, query and re-drive. Every method is one transaction on the store.
+/// sweep expired leases, query and re-drive. One `Queue` is one database connection; each
+/// method is atomic on the store (see [`Store`] for how each database makes it so).
+///
+/// A row whose state or policy no longer loads (edited by hand, written by an incompatible
+/// version) is set aside by the first claim or sweep that meets it, as [`Status::Corrupt`], so
+/// it cannot block the tasks behind it; [`corrupt_tasks`](Self::corrupt_tasks) lists them.
 ///
 /// ```
 /// use std::time::Duration;
@@ -39,6 +43,8 @@ const CLAIM_WINDOW: u32 = 16;
 pub struct Queue<S> {
     store: S,
     policies: Policies,
+    /// Task types each worker declined through this queue (D3): not claimed for it again.
+    declined: BTreeMap<String, BTreeSet<String>>,
 }
 
 /// The last policy decoded: tasks of one producer mostly share one, so most rows skip
@@ -67,20 +73,24 @@ impl Policies {
     }
 }
 
-fn write_of(state: &TaskState, now: Instant) -> Write {
+fn write_of(state: &TaskState, now: Instant) -> Result<Write, QueueError> {
     let due = match state.status() {
         DeliveryStatus::Pending { not_before, .. } => Some(not_before.unwrap_or(now)),
         DeliveryStatus::HandedOut { deadline, .. } => Some(*deadline),
         DeliveryStatus::Running { heartbeat_deadline, .. } => Some(*heartbeat_deadline),
         DeliveryStatus::Done(_) => None,
     };
-    Write {
-        // A `Delivery` of strings always serializes.
-        state: serde_json::to_string(state).unwrap_or_default(),
+    Ok(Write {
+        state: serde_json::to_string(state).map_err(QueueError::Encode)?,
         status: Status::of(state.status()),
         due_at: due.map(nanos_of),
         attempt: i64::try_from(state.attempt()).unwrap_or(i64::MAX),
-    }
+    })
+}
+
+/// The write that sets a row that does not load aside: its text is kept for a person to read.
+fn set_aside(row: &Row) -> Visit {
+    Visit::Write(Write { state: row.state.clone(), status: Status::Corrupt, due_at: None, attempt: 0 })
 }
 
 /// The jitter source of one decision: seeded by the task, attempt and clock, so a decision
@@ -118,10 +128,10 @@ enum Report {
 impl<S: Store> Queue<S> {
     /// A queue on `store`.
     pub fn new(store: S) -> Self {
-        Queue { store, policies: Policies::default() }
+        Queue { store, policies: Policies::default(), declined: BTreeMap::new() }
     }
 
-    /// The store, for queries of your own and [`Store::advance_clock`].
+    /// The store, for queries of your own.
     pub fn store(&mut self) -> &mut S {
         &mut self.store
     }
@@ -132,34 +142,39 @@ impl<S: Store> Queue<S> {
     /// # Errors
     /// When the store fails.
     pub fn enqueue(&mut self, task: NewTask) -> Result<Enqueued, QueueError> {
-        // A validated policy always serializes.
-        let policy_json = serde_json::to_string(&task.policy).unwrap_or_default();
+        let policy_json = serde_json::to_string(&task.policy).map_err(QueueError::Encode)?;
         let NewTask { task_type, payload, policy, delay, key } = task;
         let mut parts = Some((task_type, payload, key));
         let (id, created) = self.store.insert(&mut |now| {
             let (task_type, payload, key) = parts.take().unwrap_or_default();
             let mut state = TaskState::new(&policy, now, (), 1);
             drain(&mut state);
-            let mut write = write_of(&state, now);
+            let mut write = write_of(&state, now)?;
             write.due_at = Some(nanos_of(now.saturating_add(delay)));
-            Insert { task_type, payload, policy: policy_json.clone(), key, write }
+            Ok(Insert { task_type, payload, policy: policy_json.clone(), key, write })
         })?;
         Ok(Enqueued { id: TaskId(id), created })
     }
 
     /// Leases one due attempt of one of `types` to `worker`: a pending task past its retry
     /// delay, or a task whose lease expired (which is interrupted first, consuming a retry:
-    /// D2). `None` when nothing is due. Expired leases met on the way are interrupted and
-    /// written even if no job is claimed.
+    /// D2). `None` when nothing is due for this worker: types it declined through this queue
+    /// are not claimed for it, and of the due tasks it looks at the 16 oldest. Expired leases
+    /// met on the way are interrupted and written even if no job is claimed.
     ///
     /// # Errors
-    /// When the store fails or a candidate's row does not load.
+    /// When the store fails.
     pub fn claim(&mut self, worker: &str, types: &[&str]) -> Result<Option<Job>, QueueError> {
+        let declined = self.declined.get(worker);
+        let wanted: Vec<&str> = types.iter().copied().filter(|t| declined.is_none_or(|d| !d.contains(*t))).collect();
+        if wanted.is_empty() {
+            return Ok(None);
+        }
         // The oldest due task first, alone (on PostgreSQL every candidate is locked); a wider
-        // window only if this worker declined that one.
-        let (job, passed_over) = self.claim_within(worker, types, 1)?;
+        // window only if that one could not go to this worker.
+        let (job, passed_over) = self.claim_within(worker, &wanted, 1)?;
         if job.is_none() && passed_over {
-            return Ok(self.claim_within(worker, types, CLAIM_WINDOW)?.0);
+            return Ok(self.claim_within(worker, &wanted, CLAIM_WINDOW)?.0);
         }
         Ok(job)
     }
@@ -170,13 +185,16 @@ impl<S: Store> Queue<S> {
         let mut passed_over = false;
         let policies = &mut self.policies;
         self.store.claim(Candidates::Due(types), window, &mut |now, row| {
-            let (policy, mut state) = policies.load(row)?;
+            let Ok((policy, mut state)) = policies.load(row) else {
+                passed_over = true;
+                return Ok(set_aside(row));
+            };
             state.handle_timeout(&policy, now, &mut rng_for(row.id, state.attempt(), now));
             let (changed, _) = drain(&mut state);
             let worker = worker.to_owned();
             if !state.can_hand_out(now, &worker) {
                 passed_over = true;
-                return Ok(if changed > 0 { Visit::Write(write_of(&state, now)) } else { Visit::Skip });
+                return Ok(if changed > 0 { Visit::Write(write_of(&state, now)?) } else { Visit::Skip });
             }
             if let Err(refused) = state.handle_hand_out(&policy, now, worker) {
                 return Err(QueueError::Refused { task: TaskId(row.id), error: refused.error });
@@ -194,18 +212,20 @@ impl<S: Store> Queue<S> {
                 deadline: out.deadline,
                 worker: out.worker,
             });
-            Ok(Visit::WriteAndStop(write_of(&state, now)))
+            Ok(Visit::WriteAndStop(write_of(&state, now)?))
         })?;
         Ok((job, passed_over))
     }
 
-    /// Extends `job`'s lease (to `heartbeat_timeout` from now) and, with a checkpoint, stores
-    /// it for the next attempt (D7, last write wins).
+    /// Extends `job`'s lease to `heartbeat_timeout` from now on the database's clock and
+    /// returns the new deadline; with a checkpoint, stores it for the next attempt (D7, last
+    /// write wins). The first heartbeat starts the attempt: from then on it can no longer be
+    /// declined.
     ///
     /// # Errors
     /// [`QueueError::Refused`] when the lease was lost: stop working on the job.
-    pub fn heartbeat(&mut self, job: &Job, checkpoint: Option<String>) -> Result<(), QueueError> {
-        self.report(job, Report::Heartbeat(checkpoint)).map(drop)
+    pub fn heartbeat(&mut self, job: &Job, checkpoint: Option<String>) -> Result<Instant, QueueError> {
+        self.report(job, Report::Heartbeat(checkpoint)).map(|(_, deadline)| deadline.unwrap_or(job.deadline))
     }
 
     /// `job` succeeded: its task is [`Status::Completed`].
@@ -213,7 +233,7 @@ impl<S: Store> Queue<S> {
     /// # Errors
     /// [`QueueError::Refused`] when the lease was lost (another attempt owns the task).
     pub fn complete(&mut self, job: &Job) -> Result<Status, QueueError> {
-        self.report(job, Report::Complete)
+        self.report(job, Report::Complete).map(|(status, _)| status)
     }
 
     /// `job` failed: a retry is scheduled by the task's retry policy, or retries end and its
@@ -222,21 +242,26 @@ impl<S: Store> Queue<S> {
     /// # Errors
     /// [`QueueError::Refused`] when the lease was lost.
     pub fn fail(&mut self, job: &Job, failure: Failure<String>) -> Result<Status, QueueError> {
-        self.report(job, Report::Fail(failure))
+        self.report(job, Report::Fail(failure)).map(|(status, _)| status)
     }
 
-    /// The worker will not run `job`'s task type and did not start it (D3): it goes back to
-    /// pending without using a retry, is not offered to this worker again, and is
-    /// dead-lettered past `max_redeliveries` free returns (D4).
+    /// The worker does not run `job`'s task type and did not start it (D3): the task goes back
+    /// to pending without using a retry, keeping its attempt number, and is dead-lettered past
+    /// `max_redeliveries` free returns (D4). This queue claims no task of that type for that
+    /// worker again.
     ///
     /// # Errors
-    /// [`QueueError::Refused`] when the lease was lost or the worker already heartbeated (a
-    /// started attempt can only complete or fail).
+    /// [`QueueError::Refused`] when the lease was lost, or
+    /// [`AlreadyStarted`](persevere::DeliveryError::AlreadyStarted) when the worker already
+    /// heartbeated (a started attempt can only complete or fail).
     pub fn decline(&mut self, job: &Job) -> Result<Status, QueueError> {
-        self.report(job, Report::Decline)
+        let (status, _) = self.report(job, Report::Decline)?;
+        self.declined.entry(job.worker.clone()).or_default().insert(job.task_type.clone());
+        Ok(status)
     }
 
-    fn report(&mut self, job: &Job, report: Report) -> Result<Status, QueueError> {
+    /// Applies `report`; returns where the task now is and, while it runs, its lease deadline.
+    fn report(&mut self, job: &Job, report: Report) -> Result<(Status, Option<Instant>), QueueError> {
         let mut outcome = Err(QueueError::UnknownTask(job.id));
         let policies = &mut self.policies;
         // The closure may run more than once (a store that re-reads a row whose version moved
@@ -266,9 +291,13 @@ impl<S: Store> Queue<S> {
                 }
             });
             drain(&mut state);
-            outcome = result.map(|()| Status::of(state.status()));
+            let deadline = match state.status() {
+                DeliveryStatus::Running { heartbeat_deadline, .. } => Some(*heartbeat_deadline),
+                _ => None,
+            };
+            outcome = result.map(|()| (Status::of(state.status()), deadline));
             // A refused report changes nothing, but an interruption found on the way is kept.
-            Ok((outcome.is_ok() || timed_out > 0).then(|| write_of(&state, now)))
+            if outcome.is_ok() || timed_out > 0 { write_of(&state, now).map(Some) } else { Ok(None) }
         })?;
         if !found {
             return Err(QueueError::UnknownTask(job.id));
@@ -277,18 +306,19 @@ impl<S: Store> Queue<S> {
     }
 
     /// Interrupts every attempt whose lease or heartbeat deadline has passed (D2: each uses a
-    /// retry, or ends retries), looking at up to `limit` of them; returns how many. Claims do
-    /// this for the types they ask for; a sweep does it for every type.
+    /// retry, or ends retries), looking at up to `limit` of them; returns how many rows it
+    /// wrote (a row that does not load is set aside as [`Status::Corrupt`]). Claims do this for
+    /// the types they ask for; a sweep does it for every type.
     ///
     /// # Errors
     /// When the store fails or a row does not load.
     pub fn sweep(&mut self, limit: u32) -> Result<usize, QueueError> {
         let policies = &mut self.policies;
         self.store.claim(Candidates::Expired, limit, &mut |now, row| {
-            let (policy, mut state) = policies.load(row)?;
+            let Ok((policy, mut state)) = policies.load(row) else { return Ok(set_aside(row)) };
             state.handle_timeout(&policy, now, &mut rng_for(row.id, state.attempt(), now));
             let (changed, _) = drain(&mut state);
-            Ok(if changed > 0 { Visit::Write(write_of(&state, now)) } else { Visit::Skip })
+            Ok(if changed > 0 { Visit::Write(write_of(&state, now)?) } else { Visit::Skip })
         })
     }
 
@@ -302,12 +332,30 @@ impl<S: Store> Queue<S> {
     }
 
     /// Up to `limit` tasks in `status`, oldest first: [`Status::Failed`] and
-    /// [`Status::DeadLettered`] are the ones a person looks at (Q6).
+    /// [`Status::DeadLettered`] are the ones a person looks at (Q6). For
+    /// [`Status::Corrupt`], see [`corrupt_tasks`](Self::corrupt_tasks).
     ///
     /// # Errors
-    /// When the store fails or a row does not load.
+    /// When the store fails, or [`QueueError::Corrupt`] naming a listed row whose state does
+    /// not load.
     pub fn tasks(&mut self, status: Status, limit: u32) -> Result<Vec<TaskInfo>, QueueError> {
         self.store.list(status, limit)?.into_iter().map(info_of).collect()
+    }
+
+    /// Up to `limit` rows set aside because their state or policy does not load, with why.
+    /// Repair one by writing a state that loads (or delete it) by hand.
+    ///
+    /// # Errors
+    /// When the store fails.
+    pub fn corrupt_tasks(&mut self, limit: u32) -> Result<Vec<CorruptTask>, QueueError> {
+        let rows = self.store.list(Status::Corrupt, limit)?;
+        Ok(rows
+            .into_iter()
+            .map(|row| {
+                let error = Policies::default().load(&row).err().map(|e| e.to_string()).unwrap_or_default();
+                CorruptTask { id: TaskId(row.id), task_type: row.task_type, state: row.state, error }
+            })
+            .collect())
     }
 
     /// Runs a failed or dead-lettered task again (Q6): a new execution of it, pending at once,
@@ -327,19 +375,27 @@ impl<S: Store> Queue<S> {
             let step = state.idempotency_key().step_execution.saturating_add(1);
             let mut fresh = TaskState::new(&policy, now, (), step);
             drain(&mut fresh);
-            Ok(Some(write_of(&fresh, now)))
+            write_of(&fresh, now).map(Some)
         })?;
         if found { Ok(()) } else { Err(QueueError::UnknownTask(id)) }
     }
 
-    /// Moves this queue's reading of the database clock forward (see [`Store::advance_clock`]).
-    pub fn advance_clock(&mut self, by: Duration) {
+    /// Moves this connection's reading of the database clock forward, for tests and
+    /// simulations that must not sleep through leases and retry delays (feature `test-clock`;
+    /// see [`Store::advance_clock`]). Never in production: a connection that reads a skewed
+    /// clock decides with it (Q2).
+    #[cfg(feature = "test-clock")]
+    pub fn advance_clock(&mut self, by: core::time::Duration) {
         self.store.advance_clock(by);
     }
 }
 
 fn info_of(row: Row) -> Result<TaskInfo, QueueError> {
-    let (_, state) = Policies::default().load(&row)?;
+    let state: TaskState = serde_json::from_str(&row.state).map_err(|source| QueueError::Corrupt {
+        task: TaskId(row.id),
+        what: "state",
+        source,
+    })?;
     Ok(TaskInfo {
         id: TaskId(row.id),
         task_type: row.task_type,

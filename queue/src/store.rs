@@ -1,9 +1,10 @@
-//! The one trait both databases implement: rows in, rows out, inside one transaction each.
+//! The one trait both databases implement: rows in, rows out.
 //!
-//! A store decides nothing (Q1): it reads the database's clock (Q2), locks the rows a claim or
-//! a report touches, hands each to the queue's `visit` closure (which runs the redelivery
-//! machine) and writes back what the closure returns, guarded by the row's version, in the same
-//! transaction.
+//! A store decides nothing (Q1): it reads the database's clock (Q2) in the statement that reads
+//! a row, hands the row to the queue's `visit` closure (which runs the redelivery machine) and
+//! writes back what the closure returns, guarded by the row's version: a write applies only if
+//! the version it read is still the row's, and bumps it. That guard is what makes two writers
+//! unable to both win; locks only spare them the wasted work.
 
 use core::time::Duration;
 
@@ -17,7 +18,7 @@ pub type ClaimVisit<'a> = dyn FnMut(Instant, &Row) -> Result<Visit, QueueError> 
 /// What a report does with the one row it changes: a write, or `None` to leave it as it is.
 pub type UpdateVisit<'a> = dyn FnMut(Instant, &Row) -> Result<Option<Write>, QueueError> + 'a;
 
-/// A task's row as the store holds it.
+/// A task's row as the store reads it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Row {
     /// The task id.
@@ -88,7 +89,16 @@ pub enum Visit {
 }
 
 /// A database the queue keeps its tasks in: [`Sqlite`](crate::Sqlite) and
-/// [`Postgres`](crate::Postgres). Every method is one transaction.
+/// [`Postgres`](crate::Postgres).
+///
+/// The contract, for anyone writing another store:
+/// - every write is guarded by the version read with the row and bumps it (Q1);
+/// - `now` comes from the database's clock, read in the statement that reads the row (Q2);
+/// - a claim is one transaction: the rows it visits are locked (or the whole store is) until
+///   its writes commit, so two claims never hand out one attempt (Q3);
+/// - an update either locks its row for the whole read-decide-write, or reads it unlocked and
+///   writes with the version guard, reading and deciding again (calling `visit` again) when the
+///   version moved, and returning [`QueueError::Conflict`] if it keeps moving.
 pub trait Store {
     /// The database's clock (plus any [`advance_clock`](Self::advance_clock)), as an `Instant`
     /// in nanoseconds since 1970.
@@ -97,7 +107,10 @@ pub trait Store {
     /// Inserts a task built by `make` from the database's clock and returns its id and `true`;
     /// when `key` names an existing task, inserts nothing and returns that task's id and
     /// `false` (Q5).
-    fn insert(&mut self, make: &mut dyn FnMut(Instant) -> Insert) -> Result<(i64, bool), QueueError>;
+    fn insert(
+        &mut self,
+        make: &mut dyn FnMut(Instant) -> Result<Insert, QueueError>,
+    ) -> Result<(i64, bool), QueueError>;
 
     /// Locks up to `limit` due `candidates` (skipping rows another transaction holds), oldest
     /// deadline first, and passes each to `visit` with the clock read in this transaction,
@@ -109,8 +122,9 @@ pub trait Store {
         visit: &mut ClaimVisit<'_>,
     ) -> Result<usize, QueueError>;
 
-    /// Locks task `id`, passes it to `visit` with the clock read in this transaction and
-    /// writes what it returns (nothing for `None`). Returns `false` if there is no such task.
+    /// Reads task `id` (locked, or with the version guard on the write: see the contract),
+    /// passes it to `visit` with the clock read with it and writes what it returns (nothing
+    /// for `None`). Returns `false` if there is no such task.
     fn update(&mut self, id: i64, visit: &mut UpdateVisit<'_>) -> Result<bool, QueueError>;
 
     /// Task `id`, if it exists.
@@ -120,9 +134,45 @@ pub trait Store {
     fn list(&mut self, status: Status, limit: u32) -> Result<Vec<Row>, QueueError>;
 
     /// Moves this connection's reading of the database clock forward by `by`: for tests and
-    /// simulations that must not sleep through leases and retry delays. Every connection of
-    /// one test must be moved alike.
+    /// simulations that must not sleep through leases and retry delays (feature
+    /// `test-clock`). Every connection of one test must be moved alike; never in production.
+    #[cfg(feature = "test-clock")]
     fn advance_clock(&mut self, by: Duration);
+}
+
+/// A boxed store is a store, so one program can choose its database at run time
+/// (`Queue<Box<dyn Store + Send>>`).
+impl<S: Store + ?Sized> Store for Box<S> {
+    fn now(&mut self) -> Result<Instant, QueueError> {
+        (**self).now()
+    }
+    fn insert(
+        &mut self,
+        make: &mut dyn FnMut(Instant) -> Result<Insert, QueueError>,
+    ) -> Result<(i64, bool), QueueError> {
+        (**self).insert(make)
+    }
+    fn claim(
+        &mut self,
+        candidates: Candidates<'_>,
+        limit: u32,
+        visit: &mut ClaimVisit<'_>,
+    ) -> Result<usize, QueueError> {
+        (**self).claim(candidates, limit, visit)
+    }
+    fn update(&mut self, id: i64, visit: &mut UpdateVisit<'_>) -> Result<bool, QueueError> {
+        (**self).update(id, visit)
+    }
+    fn get(&mut self, id: i64) -> Result<Option<Row>, QueueError> {
+        (**self).get(id)
+    }
+    fn list(&mut self, status: Status, limit: u32) -> Result<Vec<Row>, QueueError> {
+        (**self).list(status, limit)
+    }
+    #[cfg(feature = "test-clock")]
+    fn advance_clock(&mut self, by: Duration) {
+        (**self).advance_clock(by);
+    }
 }
 
 /// Nanoseconds since 1970 as an `Instant`.

@@ -73,6 +73,9 @@ pub enum Status {
     Diverted,
     /// Free returns exceeded `max_redeliveries` (D4).
     DeadLettered,
+    /// Set aside: its stored state or policy does not load (see `Queue::corrupt_tasks`). Not a
+    /// terminal state of the task: a person repairs or removes the row.
+    Corrupt,
 }
 
 impl Status {
@@ -87,12 +90,13 @@ impl Status {
             Status::Proceeded => "proceeded",
             Status::Diverted => "diverted",
             Status::DeadLettered => "dead_lettered",
+            Status::Corrupt => "corrupt",
         }
     }
 
-    /// Whether the task is over (D9).
+    /// Whether the task is over (D9): completed, failed, proceeded, diverted or dead-lettered.
     pub const fn is_terminal(self) -> bool {
-        !matches!(self, Status::Pending | Status::HandedOut | Status::Running)
+        matches!(self, Status::Completed | Status::Failed | Status::Proceeded | Status::Diverted | Status::DeadLettered)
     }
 
     pub(crate) const fn of<W, E, R>(status: &DeliveryStatus<W, E, R>) -> Status {
@@ -194,11 +198,25 @@ pub struct Job {
     pub idempotency_key: String,
     /// The last checkpoint stored by a heartbeat of an earlier attempt (D7).
     pub checkpoint: Option<String>,
-    /// The lease: heartbeat (or finish) before then on the database's clock, or the attempt is
-    /// interrupted and another worker gets the next one.
+    /// The start lease: heartbeat (or finish) before then on the database's clock (the
+    /// policy's `start_timeout` after the claim), or the attempt is interrupted and another
+    /// worker gets the next one. Each heartbeat returns the next deadline.
     pub deadline: Instant,
     /// The worker it was leased to.
     pub worker: String,
+}
+
+/// A row set aside because it does not load ([`Status::Corrupt`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CorruptTask {
+    /// The task.
+    pub id: TaskId,
+    /// Its type.
+    pub task_type: String,
+    /// Its stored state, as the row holds it.
+    pub state: String,
+    /// Why it does not load.
+    pub error: String,
 }
 
 /// A task as a query returns it.

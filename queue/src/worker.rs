@@ -13,11 +13,14 @@ pub enum Handled {
     Completed,
     /// It failed, with a class: retryable, fatal, a `Retry-After` hint, ... (the R-rules).
     Failed(Failure<String>),
-    /// It does not run this task type and did nothing (D3): a free return.
+    /// It does not run this task type and did nothing (D3): a free return, and this worker is
+    /// not given that type again. Only before the first heartbeat: after one, the attempt has
+    /// started and can only complete or fail.
     Declined,
 }
 
-/// The job's lease, for a handler that runs longer than the start timeout or saves checkpoints.
+/// The job's lease, for a handler that runs longer than the policy's `start_timeout` (10 s by
+/// default; after the first heartbeat, `heartbeat_timeout` per beat) or saves checkpoints.
 #[derive(Debug)]
 pub struct Heartbeat<'a, S> {
     queue: &'a mut Queue<S>,
@@ -25,11 +28,13 @@ pub struct Heartbeat<'a, S> {
 }
 
 impl<S: Store> Heartbeat<'_, S> {
-    /// Extends the lease and, with a checkpoint, stores it for the next attempt (D7).
+    /// Extends the lease and returns its new deadline (on the database's clock); with a
+    /// checkpoint, stores it for the next attempt (D7).
     ///
     /// # Errors
-    /// [`QueueError::Refused`] when the lease was lost: the handler should stop.
-    pub fn beat(&mut self, checkpoint: Option<String>) -> Result<(), QueueError> {
+    /// [`QueueError::Refused`] when the lease was lost: the handler should stop, since another
+    /// attempt owns the task and its own result will be refused.
+    pub fn beat(&mut self, checkpoint: Option<String>) -> Result<persevere::Instant, QueueError> {
         self.queue.heartbeat(self.job, checkpoint)
     }
 }
@@ -91,7 +96,9 @@ impl<S: Store> Worker<S> {
     }
 
     /// Claims one due job, runs `handler` on it and reports what it returned; `None` when
-    /// nothing is due. A handler that panics fails the attempt with the `Panicked` class.
+    /// nothing is due. A handler that panics fails the attempt with the `Panicked` class. The
+    /// handler must finish, or call [`Heartbeat::beat`], within the lease: `work_one` does not
+    /// heartbeat by itself.
     ///
     /// # Errors
     /// When the store fails, or [`QueueError::Refused`] when the job's lease was lost while the

@@ -39,6 +39,7 @@ fn policy() -> TaskPolicy {
         .build()
         .unwrap();
     DeliveryPolicy::builder(retry)
+        .max_redeliveries(1000)
         .start_timeout(LEASE)
         .heartbeat_timeout(LEASE)
         .build()
@@ -69,10 +70,15 @@ fn append(log: &Path, line: &str) {
 }
 
 fn work<S: Store>(queue: Queue<S>, name: &str, log: &Path) {
-    let mut worker = Worker::new(queue, name, &["job"]);
+    let mut worker = Worker::new(queue, name, &["job", "picky"]);
+    // Odd-numbered workers do not run "picky" tasks: they decline them (a free return, D3).
+    let picky = name.trim_start_matches('w').parse::<u32>().unwrap() % 2 == 1;
     let mut idle_since = Instant::now();
     while idle_since.elapsed() < Duration::from_millis(1500) {
         let worked = worker.work_one(|job, lease| {
+            if picky && job.task_type == "picky" {
+                return Handled::Declined;
+            }
             append(log, &format!("start {} {} {name}", job.id.0, job.attempt));
             let fail_first: u64 = std::str::from_utf8(&job.payload).unwrap().parse().unwrap();
             if lease.beat(Some(format!("{name}@{}", job.attempt))).is_err() {
@@ -87,11 +93,12 @@ fn work<S: Store>(queue: Queue<S>, name: &str, log: &Path) {
         });
         match worked {
             Ok(Some(worked)) => {
-                let outcome = match worked.handled {
-                    Handled::Completed => "completed",
-                    _ => "failed",
+                let line = match worked.handled {
+                    Handled::Completed => format!("end {} {} {name} completed", worked.id.0, worked.attempt),
+                    Handled::Failed(_) => format!("end {} {} {name} failed", worked.id.0, worked.attempt),
+                    Handled::Declined => format!("declined {} {} {name}", worked.id.0, worked.attempt),
                 };
-                append(log, &format!("end {} {} {name} {outcome}", worked.id.0, worked.attempt));
+                append(log, &line);
                 idle_since = Instant::now();
             }
             Ok(None) => std::thread::sleep(Duration::from_millis(20)),
@@ -133,49 +140,13 @@ impl Run {
     }
 }
 
-fn open_queue(spec: &Spec) -> Queue<Box<dyn StoreBox>> {
+fn open_queue(spec: &Spec) -> Queue<Box<dyn Store + Send>> {
     Queue::new(match spec.0.split_once(':') {
-        Some(("sqlite", path)) => Box::new(persevere_queue::Sqlite::open(path).unwrap()) as Box<dyn StoreBox>,
+        Some(("sqlite", path)) => Box::new(persevere_queue::Sqlite::open(path).unwrap()) as Box<dyn Store + Send>,
         #[cfg(feature = "postgres")]
         Some(("postgres", params)) => Box::new(persevere_queue::Postgres::connect(params).unwrap()),
         _ => unreachable!(),
     })
-}
-
-/// A boxed store, so one test function drives either database.
-trait StoreBox: Store {}
-impl<S: Store> StoreBox for S {}
-
-impl Store for Box<dyn StoreBox> {
-    fn now(&mut self) -> Result<persevere::Instant, QueueError> {
-        (**self).now()
-    }
-    fn insert(
-        &mut self,
-        make: &mut dyn FnMut(persevere::Instant) -> persevere_queue::Insert,
-    ) -> Result<(i64, bool), QueueError> {
-        (**self).insert(make)
-    }
-    fn claim(
-        &mut self,
-        candidates: persevere_queue::Candidates<'_>,
-        limit: u32,
-        visit: &mut persevere_queue::ClaimVisit<'_>,
-    ) -> Result<usize, QueueError> {
-        (**self).claim(candidates, limit, visit)
-    }
-    fn update(&mut self, id: i64, visit: &mut persevere_queue::UpdateVisit<'_>) -> Result<bool, QueueError> {
-        (**self).update(id, visit)
-    }
-    fn get(&mut self, id: i64) -> Result<Option<persevere_queue::Row>, QueueError> {
-        (**self).get(id)
-    }
-    fn list(&mut self, status: Status, limit: u32) -> Result<Vec<persevere_queue::Row>, QueueError> {
-        (**self).list(status, limit)
-    }
-    fn advance_clock(&mut self, by: Duration) {
-        (**self).advance_clock(by);
-    }
 }
 
 /// Runs one scenario and returns what the checks found wrong.
@@ -184,17 +155,23 @@ fn scenario(spec: Spec, log: PathBuf, statements: &[(&str, u32)], kills: u32, br
     let mut queue = open_queue(&spec);
     let mut fail_first = BTreeMap::new();
     for i in 0..TASKS {
-        let id = queue.enqueue(NewTask::new("job", format!("{}", i % 3), policy())).unwrap().id;
+        let task_type = if i % 4 == 3 { "picky" } else { "job" };
+        let id = queue.enqueue(NewTask::new(task_type, format!("{}", i % 3), policy())).unwrap().id;
         fail_first.insert(id.0, i % 3);
     }
     let mut run = Run { spec, log: log.clone(), next_worker: 0, broken };
 
-    // Deterministic crash points: one worker per statement of a claim and of a report, each
-    // aborted right after that statement.
+    // Deterministic crash points: one worker per statement of its first two claims and its
+    // first two reports (a heartbeat, then a completion or failure), each aborted right after
+    // that statement. After every other one the lease is left to expire, so the next claim
+    // meets an expired lease and interrupts it.
     for &(op, count) in statements {
-        for k in 1..=count {
+        for k in 1..=2 * count {
             let status = run.spawn(Some(format!("{op}:{k}"))).wait().unwrap();
             assert_eq!(status.signal(), Some(6), "the worker crashing at {op}:{k} should have aborted: {status:?}");
+            if k % 2 == 0 {
+                std::thread::sleep(LEASE + Duration::from_millis(50));
+            }
         }
     }
 
@@ -246,9 +223,11 @@ fn check<S: Store>(queue: &mut Queue<S>, log: &Path, fail_first: &BTreeMap<i64, 
     let text = std::fs::read_to_string(log).unwrap_or_default();
     let mut starts: BTreeMap<(i64, u64), BTreeSet<String>> = BTreeMap::new();
     let mut completions: BTreeMap<i64, Vec<u64>> = BTreeMap::new();
+    let mut declines: BTreeMap<i64, u32> = BTreeMap::new();
     for line in text.lines() {
         let fields: Vec<&str> = line.split(' ').collect();
         match fields.as_slice() {
+            ["declined", task, _, _] => *declines.entry(task.parse().unwrap()).or_default() += 1,
             ["start", task, attempt, worker] => {
                 starts
                     .entry((task.parse().unwrap(), attempt.parse().unwrap()))
@@ -283,7 +262,11 @@ fn check<S: Store>(queue: &mut Queue<S>, log: &Path, fail_first: &BTreeMap<i64, 
             continue;
         };
         // Every attempt before the last ended by a failure or an interruption, and each used
-        // exactly one retry (no free returns happen here).
+        // exactly one retry; declines (free returns) kept their attempt number and used none.
+        let declined = declines.get(&id).copied().unwrap_or(0);
+        if task.redeliveries() < declined {
+            wrong.push(format!("task {id}: {declined} declines logged, {} free returns counted", task.redeliveries()));
+        }
         if task.retries_used() != attempt - 1 {
             wrong.push(format!("task {id}: completed on attempt {attempt} with {} retries used", task.retries_used()));
         }
