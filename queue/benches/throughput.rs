@@ -115,9 +115,9 @@ impl Db for PgDb {
         persevere_queue::Postgres::connect(&self.0).unwrap()
     }
     fn raw(&self) -> Self::Raw {
-        let mut client = persevere_queue::Postgres::connect(&self.0).unwrap();
-        let mut client =
-            std::mem::replace(client.client(), postgres::Client::connect(&self.0, postgres::NoTls).unwrap());
+        // The queue's connect creates the schema; the loop then runs on a plain client.
+        drop(persevere_queue::Postgres::connect(&self.0).unwrap());
+        let mut client = postgres::Client::connect(&self.0, postgres::NoTls).unwrap();
         let enqueue = client
             .prepare(&format!(
                 "INSERT INTO persevere_tasks (task_type, payload, policy, state, version, status, due_at, attempt,

@@ -55,7 +55,11 @@ pub enum QueueError {
     /// The PostgreSQL store failed.
     #[cfg(feature = "postgres")]
     #[error("postgres: {0}")]
-    Postgres(#[from] postgres::Error),
+    Postgres(#[from] tokio_postgres::Error),
+    /// The PostgreSQL store could not start its I/O runtime.
+    #[cfg(feature = "postgres")]
+    #[error("could not start the PostgreSQL connection's runtime: {0}")]
+    Io(std::io::Error),
     /// The database's clock reads before 1970 or after 2262.
     #[error("the database clock reads {0} ns since 1970, outside what an `Instant` holds")]
     Clock(i64),

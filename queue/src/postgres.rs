@@ -1,13 +1,14 @@
 //! The shared store: PostgreSQL, for workers on many machines.
 
+use core::future::Future;
 use core::time::Duration;
 use std::collections::HashMap;
 
 use persevere::Instant;
-use postgres::{Client, GenericClient, NoTls, Statement};
+use tokio_postgres::{Client, NoTls, Statement};
 
 use crate::crash;
-use crate::store::{Candidates, ClaimVisit, Insert, Row, Store, UpdateVisit, Write, instant_of, skewed, visit_rows};
+use crate::store::{Candidates, ClaimVisit, Insert, Row, Store, UpdateVisit, instant_of, skewed, visit_rows};
 use crate::{QueueError, Status};
 
 const SCHEMA: &str = "
@@ -31,7 +32,7 @@ CREATE INDEX IF NOT EXISTS persevere_tasks_status ON persevere_tasks (status, du
 
 /// The clock in nanoseconds since 1970 (at microsecond precision): the server's
 /// `statement_timestamp()` (Q2), which is stable within a statement, so a bound written with it
-/// can use an index. `$1` is the connection's skew ([`Store::advance_clock`]).
+/// can use an index. `$1` is the connection's skew (`Store::advance_clock`, tests only).
 const CLOCK: &str = "((extract(epoch FROM statement_timestamp()) * 1000000)::bigint * 1000 + $1::bigint)";
 
 const COLUMNS: &str = "id, task_type, payload, policy, state, version, idempotency_key";
@@ -43,16 +44,25 @@ const MAX_STATEMENTS: usize = 64;
 /// How often a report re-reads a task whose version moved between its read and its write.
 const CAS_TRIES: u32 = 16;
 
-/// The PostgreSQL store: one connection (no TLS). Open one per worker thread or process.
+const WRITE: &str =
+    "UPDATE persevere_tasks SET state = $1, status = $2, due_at = $3, attempt = $4, version = version + 1,
+     updated_at = $5 WHERE id = $6 AND version = $7";
+
+/// The PostgreSQL store: one connection (no TLS), on `tokio-postgres` driven by a private
+/// single-threaded runtime, so the API stays blocking. Open one per worker thread or process.
 ///
 /// - A claim is one transaction: its candidates are locked with `FOR UPDATE SKIP LOCKED` (Q3),
 ///   so concurrent workers never wait for each other's rows, and the claimed row is written
-///   before the commit.
+///   before the commit. `BEGIN` travels with the select and `COMMIT` with the write (pipelined),
+///   so a claim costs two round trips.
 /// - A report reads its task (and the clock) and writes it back with one `UPDATE` guarded by the
 ///   version it read (compare-and-set, Q1); if another writer moved the version in between, it
 ///   reads and decides again.
-/// - Statements are prepared once per connection.
+/// - Statements are prepared once per connection, and a connection whose
+///   `synchronous_commit` is `off` is switched to `on` (a claim is on disk before its worker
+///   runs).
 pub struct Postgres {
+    runtime: tokio::runtime::Runtime,
     client: Client,
     skew: Duration,
     statements: HashMap<String, Statement>,
@@ -71,33 +81,36 @@ impl Postgres {
     /// # Errors
     /// When the server cannot be reached or the schema cannot be created.
     pub fn connect(params: &str) -> Result<Self, QueueError> {
-        let mut client = Client::connect(params, NoTls)?;
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(QueueError::Io)?;
+        let (client, connection) = runtime.block_on(tokio_postgres::connect(params, NoTls))?;
+        // The connection runs whenever this store blocks on the runtime.
+        runtime.spawn(async move {
+            let _ = connection.await;
+        });
+        let store = Postgres { runtime, client, skew: Duration::ZERO, statements: HashMap::new() };
         // Two workers creating the schema at once race on `CREATE ... IF NOT EXISTS`; a
         // transaction-level advisory lock makes it one at a time.
-        let mut tx = client.transaction()?;
-        tx.execute("SELECT pg_advisory_xact_lock(7202611)", &[])?;
-        tx.batch_execute(SCHEMA)?;
-        tx.commit()?;
+        store.block_on(
+            store.client.batch_execute(&format!("BEGIN; SELECT pg_advisory_xact_lock(7202611); {SCHEMA} COMMIT;")),
+        )?;
         // A claim must be on disk before its worker runs (D6 `Sync`): never commit
         // asynchronously on this connection.
-        let setting: String = client.query_one("SHOW synchronous_commit", &[])?.try_get(0)?;
+        let setting: String = store.block_on(store.client.query_one("SHOW synchronous_commit", &[]))?.try_get(0)?;
         if setting == "off" {
-            client.batch_execute("SET synchronous_commit = on")?;
+            store.block_on(store.client.batch_execute("SET synchronous_commit = on"))?;
         }
-        Ok(Postgres { client, skew: Duration::ZERO, statements: HashMap::new() })
+        Ok(store)
     }
 
-    /// The connection, for queries of your own. Writing the queue's table by hand bypasses
-    /// the redelivery machine.
-    pub fn client(&mut self) -> &mut Client {
-        &mut self.client
+    fn block_on<F: Future>(&self, future: F) -> F::Output {
+        self.runtime.block_on(future)
     }
 
     fn prepared(&mut self, sql: &str) -> Result<Statement, QueueError> {
         if let Some(statement) = self.statements.get(sql) {
             return Ok(statement.clone());
         }
-        let statement = self.client.prepare(sql)?;
+        let statement = self.block_on(self.client.prepare(sql))?;
         if self.statements.len() >= MAX_STATEMENTS {
             // Dropping a `Statement` closes it on the server.
             self.statements.clear();
@@ -109,9 +122,14 @@ impl Postgres {
     fn skew_ns(&self) -> i64 {
         skewed(0, self.skew)
     }
+
+    /// Ends the open transaction after an error (its own error, if any, is secondary).
+    fn roll_back(&self) {
+        let _ = self.block_on(self.client.batch_execute("ROLLBACK"));
+    }
 }
 
-fn row_of(row: &postgres::Row) -> Result<Row, QueueError> {
+fn row_of(row: &tokio_postgres::Row) -> Result<Row, QueueError> {
     Ok(Row {
         id: row.try_get(0)?,
         task_type: row.try_get(1)?,
@@ -123,32 +141,11 @@ fn row_of(row: &postgres::Row) -> Result<Row, QueueError> {
     })
 }
 
-const WRITE: &str =
-    "UPDATE persevere_tasks SET state = $1, status = $2, due_at = $3, attempt = $4, version = version + 1,
-     updated_at = $5 WHERE id = $6 AND version = $7";
-
-/// Writes `write` over row `id` if its version is still `version`; whether it did.
-fn write_row<C: GenericClient>(
-    client: &mut C,
-    statement: &Statement,
-    id: i64,
-    version: i64,
-    write: &Write,
-    now: i64,
-) -> Result<bool, QueueError> {
-    let changed = client.execute(
-        statement,
-        &[&write.state, &write.status.as_str(), &write.due_at, &write.attempt, &now, &id, &version],
-    )?;
-    crash::statement();
-    Ok(changed == 1)
-}
-
 impl Store for Postgres {
     fn now(&mut self) -> Result<Instant, QueueError> {
         let statement = self.prepared(&format!("SELECT {CLOCK}"))?;
         let skew = self.skew_ns();
-        let nanos: i64 = self.client.query_one(&statement, &[&skew])?.try_get(0)?;
+        let nanos: i64 = self.block_on(self.client.query_one(&statement, &[&skew]))?.try_get(0)?;
         instant_of(nanos)
     }
 
@@ -164,12 +161,12 @@ impl Store for Postgres {
              ON CONFLICT (idempotency_key) DO NOTHING RETURNING id",
         )?;
         let skew = self.skew_ns();
-        let now: i64 = self.client.query_one(&clock, &[&skew])?.try_get(0)?;
+        let now: i64 = self.block_on(self.client.query_one(&clock, &[&skew]))?.try_get(0)?;
         crash::statement();
         let insert = make(instant_of(now)?)?;
         let write = &insert.write;
         // One statement, so no transaction: the row appears whole or not at all.
-        let inserted = self.client.query_opt(
+        let inserted = self.block_on(self.client.query_opt(
             &insert_statement,
             &[
                 &insert.task_type,
@@ -182,14 +179,14 @@ impl Store for Postgres {
                 &insert.key,
                 &now,
             ],
-        )?;
+        ))?;
         crash::statement();
         if let Some(row) = inserted {
             return Ok((row.try_get(0)?, true));
         }
         // The key exists, committed (ON CONFLICT waited for a concurrent insert to finish).
         let existing = self.prepared("SELECT id FROM persevere_tasks WHERE idempotency_key = $1")?;
-        let row = self.client.query_one(&existing, &[&insert.key])?;
+        let row = self.block_on(self.client.query_one(&existing, &[&insert.key]))?;
         crash::statement();
         Ok((row.try_get(0)?, false))
     }
@@ -220,39 +217,71 @@ impl Store for Postgres {
         let select = self.prepared(&select)?;
         let write = self.prepared(WRITE)?;
         let skew = self.skew_ns();
-        let mut tx = self.client.transaction()?;
+        // BEGIN and the select in one round trip.
+        let client = &self.client;
+        let (begun, rows) = self.block_on(async {
+            let types: Vec<&str> = match candidates {
+                Candidates::Due(types) => types.to_vec(),
+                Candidates::Expired => Vec::new(),
+            };
+            let rows = async {
+                match candidates {
+                    Candidates::Due([single]) => client.query(&select, &[&skew, single]).await,
+                    Candidates::Due(_) => client.query(&select, &[&skew, &types]).await,
+                    Candidates::Expired => client.query(&select, &[&skew]).await,
+                }
+            };
+            tokio::join!(client.batch_execute("BEGIN"), rows)
+        });
         crash::statement();
-        let rows = match candidates {
-            Candidates::Due([single]) => tx.query(&select, &[&skew, single])?,
-            Candidates::Due(types) => tx.query(&select, &[&skew, &types])?,
-            Candidates::Expired => tx.query(&select, &[&skew])?,
+        let decided = begun.map_err(QueueError::from).and_then(|()| {
+            let rows = rows?;
+            // Every row carries the same clock reading (the statement's).
+            let now: i64 = rows.first().map(|row| row.try_get(7)).transpose()?.unwrap_or(0);
+            let decoded = rows.iter().map(|pg_row| Ok((instant_of(pg_row.try_get(7)?)?, row_of(pg_row)?)));
+            Ok((now, visit_rows(decoded, visit)?))
+        });
+        let (now, writes) = match decided {
+            Ok(decided) => decided,
+            Err(error) => {
+                self.roll_back();
+                return Err(error);
+            }
         };
-        crash::statement();
-        // Every row carries the same clock reading (the statement's).
-        let now: i64 = rows.first().map(|row| row.try_get(7)).transpose()?.unwrap_or(0);
-        let decoded = rows.iter().map(|pg_row| Ok((instant_of(pg_row.try_get(7)?)?, row_of(pg_row)?)));
-        let writes = visit_rows(decoded, visit)?;
         if crash::split_claim() {
             // Deliberately broken (crash tests only): the state is written outside the claim's
             // transaction, unguarded.
-            tx.commit()?;
+            self.block_on(self.client.batch_execute("COMMIT"))?;
             std::thread::sleep(Duration::from_millis(2));
             for (id, _, w) in &writes {
-                self.client.execute(
+                self.block_on(self.client.execute(
                     "UPDATE persevere_tasks SET state = $1, status = $2, due_at = $3, attempt = $4, version = version + 1 WHERE id = $5",
                     &[&w.state, &w.status.as_str(), &w.due_at, &w.attempt, id],
-                )?;
+                ))?;
             }
             return Ok(writes.len());
         }
-        for (id, version, w) in &writes {
-            // The rows are locked: the version cannot have moved.
-            if !write_row(&mut tx, &write, *id, *version, w, now)? {
-                return Err(QueueError::Conflict(crate::TaskId(*id)));
-            }
-        }
-        tx.commit()?;
+        // The writes and COMMIT in one round trip. The rows are locked: no version can have
+        // moved, and a write that failed makes the COMMIT a rollback.
+        let client = &self.client;
+        let (written, committed) = self.block_on(async {
+            let writes = async {
+                let mut changed = 0;
+                for (id, version, w) in &writes {
+                    changed += client
+                        .execute(&write, &[&w.state, &w.status.as_str(), &w.due_at, &w.attempt, &now, id, version])
+                        .await?;
+                }
+                Ok::<u64, tokio_postgres::Error>(changed)
+            };
+            tokio::join!(writes, client.batch_execute("COMMIT"))
+        });
         crash::statement();
+        let written = written?;
+        committed?;
+        if written != writes.len() as u64 {
+            return Err(QueueError::Conflict(crate::TaskId(writes.first().map_or(0, |w| w.0))));
+        }
         Ok(writes.len())
     }
 
@@ -262,14 +291,19 @@ impl Store for Postgres {
         let write = self.prepared(WRITE)?;
         let skew = self.skew_ns();
         for _ in 0..CAS_TRIES {
-            let Some(pg_row) = self.client.query_opt(&select, &[&skew, &id])? else { return Ok(false) };
+            let Some(pg_row) = self.block_on(self.client.query_opt(&select, &[&skew, &id]))? else { return Ok(false) };
             crash::statement();
             let row = row_of(&pg_row)?;
             let now: i64 = pg_row.try_get(7)?;
             let Some(w) = visit(instant_of(now)?, &row)? else { return Ok(true) };
             // One statement: the result and the state it changed are written together, or not
             // at all if another writer got there first (then decide again on what it wrote).
-            if write_row(&mut self.client, &write, row.id, row.version, &w, now)? {
+            let changed = self.block_on(self.client.execute(
+                &write,
+                &[&w.state, &w.status.as_str(), &w.due_at, &w.attempt, &now, &row.id, &row.version],
+            ))?;
+            crash::statement();
+            if changed == 1 {
                 return Ok(true);
             }
         }
@@ -278,14 +312,14 @@ impl Store for Postgres {
 
     fn get(&mut self, id: i64) -> Result<Option<Row>, QueueError> {
         let statement = self.prepared(&format!("SELECT {COLUMNS} FROM persevere_tasks WHERE id = $1"))?;
-        let row = self.client.query_opt(&statement, &[&id])?;
+        let row = self.block_on(self.client.query_opt(&statement, &[&id]))?;
         row.as_ref().map(row_of).transpose()
     }
 
     fn list(&mut self, status: Status, limit: u32) -> Result<Vec<Row>, QueueError> {
         let statement =
             self.prepared(&format!("SELECT {COLUMNS} FROM persevere_tasks WHERE status = $1 ORDER BY id LIMIT $2"))?;
-        let rows = self.client.query(&statement, &[&status.as_str(), &i64::from(limit)])?;
+        let rows = self.block_on(self.client.query(&statement, &[&status.as_str(), &i64::from(limit)]))?;
         rows.iter().map(row_of).collect()
     }
 
