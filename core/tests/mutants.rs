@@ -11,11 +11,19 @@
 //!   envelope is capped to the same value.
 //! - `random.rs` `uniform_inclusive`: `low < range` → `<=` sends a low product equal to the
 //!   range to the rejection check, which keeps it (the threshold is below the range).
+//!
+//! `.ci/mutants core/src/delivery.rs` (252 mutants): 28 survived the rule tests; the tests at the
+//! end of this file kill 22. The other 6 are equivalent: `|` → `^` between the single-bit action
+//! flags in `validate` (`REVOKE | READY | HAND_OUT | FINISH` and its parts), whose bits are
+//! disjoint, so `a ^ b == a | b`.
 
 use core::convert::Infallible;
 use core::time::Duration;
 
-use persevere::{Backoff, Instant, Jitter, SplitMix64};
+use persevere::{
+    Backoff, Delivery, DeliveryError, DeliveryPolicy, DeliveryStatus, Failure, FreeReturn, Instant, Jitter,
+    RetryPolicy, SplitMix64,
+};
 use rand_core::{Rng, TryRng};
 
 fn ms(n: u64) -> Duration {
@@ -111,4 +119,184 @@ fn instants_add_and_subtract_checked_and_in_place() {
     assert_eq!(t, Instant::from_millis(500));
     t -= Duration::from_secs(9);
     assert_eq!(t, Instant::ZERO, "saturates at the epoch");
+}
+
+// ---- delivery.rs (`.ci/mutants core/src/delivery.rs`) ----------------------------------------
+
+/// Workers `u8`, no checkpoints, errors `String`.
+type Task = Delivery<u32, u8, (), String>;
+
+/// 100 ms retry delays, 5 attempts, a 1 s start lease, up to 10 free returns.
+fn delivery_policy() -> DeliveryPolicy {
+    let retry = RetryPolicy::builder(Backoff::constant(ms(100)).build().unwrap()).max_attempts(5).build().unwrap();
+    DeliveryPolicy::builder(retry).start_timeout(Duration::from_secs(1)).max_redeliveries(10).build().unwrap()
+}
+
+fn drained(task: &mut Task) {
+    while task.poll_action().is_some() {}
+}
+
+#[test]
+fn d6_persisting_a_sync_start_changes_nothing_not_even_the_clock() {
+    let policy = delivery_policy();
+    let mut task = Task::new(&policy, Instant::ZERO, 1, 1);
+    drained(&mut task);
+    task.handle_hand_out(&policy, Instant::ZERO, 1).unwrap();
+    drained(&mut task);
+    let before = task.clone();
+    task.handle_persisted(&policy, Instant::from_millis(500), 1).unwrap();
+    assert_eq!(task, before, "a Sync start is durable already");
+}
+
+#[test]
+fn d3_every_decliner_is_remembered_up_to_the_capacity() {
+    let policy = delivery_policy();
+    let mut task = Task::new(&policy, Instant::ZERO, 1, 1);
+    drained(&mut task);
+    for worker in 1..=4u8 {
+        task.handle_hand_out(&policy, Instant::ZERO, worker).unwrap();
+        drained(&mut task);
+        task.handle_returned(&policy, Instant::ZERO, 1, &worker, FreeReturn::Declined).unwrap();
+        drained(&mut task);
+    }
+    assert!((1..=4u8).all(|w| task.has_declined(&w)), "all four decliners fit");
+    task.handle_hand_out(&policy, Instant::ZERO, 5).unwrap();
+    drained(&mut task);
+    task.handle_returned(&policy, Instant::ZERO, 1, &5, FreeReturn::Declined).unwrap();
+    assert!(task.has_declined(&5) && !task.has_declined(&1), "the fifth replaces the oldest");
+    assert!((2..=4u8).all(|w| task.has_declined(&w)));
+}
+
+#[test]
+fn d2_a_lease_is_not_revoked_before_its_deadline() {
+    let policy = delivery_policy();
+    let mut task = Task::new(&policy, Instant::ZERO, 1, 1);
+    drained(&mut task);
+    task.handle_hand_out(&policy, Instant::ZERO, 1).unwrap();
+    drained(&mut task);
+    task.handle_timeout(&policy, Instant::from_millis(999), &mut SplitMix64::new(1));
+    assert_eq!(task.poll_action(), None);
+    assert!(matches!(task.status(), DeliveryStatus::HandedOut { attempt: 1, .. }));
+    task.handle_timeout(&policy, Instant::from_millis(1000), &mut SplitMix64::new(1));
+    assert!(task.poll_action().is_some(), "revoked at the deadline");
+}
+
+#[test]
+fn d1_stats_count_attempts_and_the_delays_between_them() {
+    let policy = delivery_policy();
+    let mut task = Task::new(&policy, Instant::ZERO, 1, 1);
+    drained(&mut task);
+    task.handle_hand_out(&policy, Instant::ZERO, 1).unwrap();
+    drained(&mut task);
+    task.handle_failed(&policy, Instant::from_millis(10), 1, &1, Failure::retryable("x".to_owned()), &mut SplitMix64::new(1))
+        .unwrap();
+    drained(&mut task);
+    // The embedded retry counts the attempt it scheduled, and the delay before it.
+    let stats = task.stats();
+    assert_eq!((stats.attempts, stats.slept), (2, ms(100)));
+}
+
+#[test]
+fn d1_a_hand_out_at_the_end_of_the_retry_delay_is_accepted_before_the_timeout_is_handled() {
+    let policy = delivery_policy();
+    let mut task = Task::new(&policy, Instant::ZERO, 1, 1);
+    drained(&mut task);
+    task.handle_hand_out(&policy, Instant::ZERO, 1).unwrap();
+    drained(&mut task);
+    task.handle_failed(&policy, Instant::ZERO, 1, &1, Failure::retryable("x".to_owned()), &mut SplitMix64::new(1)).unwrap();
+    drained(&mut task);
+    // Pending until 100 ms; `handle_timeout` has not been called.
+    let early = task.handle_hand_out(&policy, Instant::from_millis(99), 2).unwrap_err();
+    assert!(matches!(early.error, DeliveryError::NotYetEligible { attempt: 2, .. }));
+    assert!(task.can_hand_out(Instant::from_millis(100), &2));
+    task.handle_hand_out(&policy, Instant::from_millis(100), 2).unwrap();
+}
+
+/// A state taken through JSON, with `edit` applied to its JSON first.
+#[cfg(feature = "serde")]
+fn reloaded(task: &Task, edit: impl FnOnce(&mut serde_json::Value)) -> Result<Task, serde_json::Error> {
+    let mut json = serde_json::to_value(task).unwrap();
+    edit(&mut json);
+    serde_json::from_value(json)
+}
+
+/// A task that declined `n` workers (1, 2, …) and is pending again.
+#[cfg(feature = "serde")]
+fn declined_by(n: u8) -> Task {
+    let policy = delivery_policy();
+    let mut task = Task::new(&policy, Instant::ZERO, 1, 1);
+    drained(&mut task);
+    for worker in 1..=n {
+        task.handle_hand_out(&policy, Instant::ZERO, worker).unwrap();
+        drained(&mut task);
+        task.handle_returned(&policy, Instant::ZERO, 1, &worker, FreeReturn::Declined).unwrap();
+        drained(&mut task);
+    }
+    task
+}
+
+#[cfg(feature = "serde")]
+#[test]
+fn g12_loaded_states_with_actions_of_another_state_are_refused() {
+    let policy = delivery_policy();
+    let mut pending = Task::new(&policy, Instant::ZERO, 1, 1);
+    drained(&mut pending);
+    // Pending: a hand-out or a finish pending is another state's action (READY = 2,
+    // HAND_OUT = 4, FINISH = 8).
+    for bits in [4, 8] {
+        assert!(reloaded(&pending, |j| j["pending"] = bits.into()).is_err(), "pending with {bits}");
+    }
+    let mut out = pending.clone();
+    out.handle_hand_out(&policy, Instant::ZERO, 1).unwrap();
+    drained(&mut out);
+    assert_eq!(reloaded(&out, |_| {}).unwrap(), out);
+    for bits in [2, 8] {
+        assert!(reloaded(&out, |j| j["pending"] = bits.into()).is_err(), "handed out with {bits}");
+    }
+    let mut done = out.clone();
+    done.handle_completed(&policy, Instant::ZERO, 1, &1).unwrap();
+    let undrained = reloaded(&done, |_| {}).unwrap();
+    assert_eq!(undrained, done, "a finish waiting to be drained loads");
+    drained(&mut done);
+    assert_eq!(reloaded(&done, |_| {}).unwrap(), done, "a finished, drained task loads");
+    for bits in [2, 4] {
+        assert!(reloaded(&done, |j| j["pending"] = bits.into()).is_err(), "finished with {bits}");
+    }
+    // A completion of an attempt its retry never ran.
+    assert!(reloaded(&done, |j| j["state"]["Done"]["Completed"]["attempt"] = 3.into()).is_err());
+}
+
+#[cfg(feature = "serde")]
+#[test]
+fn g12_a_loaded_retried_task_that_claims_no_attempt_reached_a_worker_is_refused() {
+    let policy = delivery_policy();
+    let mut task = Task::new(&policy, Instant::ZERO, 1, 1);
+    drained(&mut task);
+    task.handle_hand_out(&policy, Instant::ZERO, 1).unwrap();
+    drained(&mut task);
+    task.handle_failed(&policy, Instant::ZERO, 1, &1, Failure::retryable("x".to_owned()), &mut SplitMix64::new(1)).unwrap();
+    drained(&mut task);
+    assert!(matches!(task.status(), DeliveryStatus::Pending { attempt: 2, .. }));
+    assert_eq!(reloaded(&task, |_| {}).unwrap(), task);
+    assert!(reloaded(&task, |j| j["progress"] = "NotStarted".into()).is_err());
+}
+
+#[cfg(feature = "serde")]
+#[test]
+fn g12_the_decliners_ring_loads_only_as_handle_returned_fills_it() {
+    // Rings that declines make: empty, partly filled, full (its next slot wrapped to 0).
+    for n in [0, 1, 3, 4, 5] {
+        let task = declined_by(n);
+        assert_eq!(reloaded(&task, |_| {}).unwrap(), task, "{n} decliners");
+    }
+    let one = declined_by(1);
+    assert!(reloaded(&one, |j| j["declined_next"] = 2.into()).is_err(), "next slot past the used ones");
+    assert!(
+        reloaded(&one, |j| {
+            j["declined"][1] = j["declined"][0].clone();
+            j["declined"][0] = serde_json::Value::Null;
+        })
+        .is_err(),
+        "a gap before a used slot"
+    );
 }
