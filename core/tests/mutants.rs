@@ -188,8 +188,15 @@ fn d1_stats_count_attempts_and_the_delays_between_them() {
     drained(&mut task);
     task.handle_hand_out(&policy, Instant::ZERO, 1).unwrap();
     drained(&mut task);
-    task.handle_failed(&policy, Instant::from_millis(10), 1, &1, Failure::retryable("x".to_owned()), &mut SplitMix64::new(1))
-        .unwrap();
+    task.handle_failed(
+        &policy,
+        Instant::from_millis(10),
+        1,
+        &1,
+        Failure::retryable("x".to_owned()),
+        &mut SplitMix64::new(1),
+    )
+    .unwrap();
     drained(&mut task);
     // The embedded retry counts the attempt it scheduled, and the delay before it.
     let stats = task.stats();
@@ -203,7 +210,8 @@ fn d1_a_hand_out_at_the_end_of_the_retry_delay_is_accepted_before_the_timeout_is
     drained(&mut task);
     task.handle_hand_out(&policy, Instant::ZERO, 1).unwrap();
     drained(&mut task);
-    task.handle_failed(&policy, Instant::ZERO, 1, &1, Failure::retryable("x".to_owned()), &mut SplitMix64::new(1)).unwrap();
+    task.handle_failed(&policy, Instant::ZERO, 1, &1, Failure::retryable("x".to_owned()), &mut SplitMix64::new(1))
+        .unwrap();
     drained(&mut task);
     // Pending until 100 ms; `handle_timeout` has not been called.
     let early = task.handle_hand_out(&policy, Instant::from_millis(99), 2).unwrap_err();
@@ -274,7 +282,8 @@ fn g12_a_loaded_retried_task_that_claims_no_attempt_reached_a_worker_is_refused(
     drained(&mut task);
     task.handle_hand_out(&policy, Instant::ZERO, 1).unwrap();
     drained(&mut task);
-    task.handle_failed(&policy, Instant::ZERO, 1, &1, Failure::retryable("x".to_owned()), &mut SplitMix64::new(1)).unwrap();
+    task.handle_failed(&policy, Instant::ZERO, 1, &1, Failure::retryable("x".to_owned()), &mut SplitMix64::new(1))
+        .unwrap();
     drained(&mut task);
     assert!(matches!(task.status(), DeliveryStatus::Pending { attempt: 2, .. }));
     assert_eq!(reloaded(&task, |_| {}).unwrap(), task);
