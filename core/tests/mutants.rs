@@ -136,13 +136,41 @@ fn drained(task: &mut Task) {
     while task.poll_action().is_some() {}
 }
 
-#[test]
-fn d6_persisting_a_sync_start_changes_nothing_not_even_the_clock() {
+/// A new task whose attempt 1 is handed to worker 1 at zero.
+fn handed_out(policy: &DeliveryPolicy) -> Task {
+    let mut task = Task::new(policy, Instant::ZERO, 1, 1);
+    drained(&mut task);
+    task.handle_hand_out(policy, Instant::ZERO, 1).unwrap();
+    drained(&mut task);
+    task
+}
+
+/// A task whose attempt 1 failed at `at`: attempt 2 waits for its 100 ms retry delay.
+fn failed_once(policy: &DeliveryPolicy, at: Instant) -> Task {
+    let mut task = handed_out(policy);
+    task.handle_failed(policy, at, 1, &1, Failure::retryable("x".to_owned()), &mut SplitMix64::new(1)).unwrap();
+    drained(&mut task);
+    task
+}
+
+/// A task that declined `n` workers (1, 2, …) and is pending again.
+fn declined_by(n: u8) -> Task {
     let policy = delivery_policy();
     let mut task = Task::new(&policy, Instant::ZERO, 1, 1);
     drained(&mut task);
-    task.handle_hand_out(&policy, Instant::ZERO, 1).unwrap();
-    drained(&mut task);
+    for worker in 1..=n {
+        task.handle_hand_out(&policy, Instant::ZERO, worker).unwrap();
+        drained(&mut task);
+        task.handle_returned(&policy, Instant::ZERO, 1, &worker, FreeReturn::Declined).unwrap();
+        drained(&mut task);
+    }
+    task
+}
+
+#[test]
+fn d6_persisting_a_sync_start_changes_nothing_not_even_the_clock() {
+    let policy = delivery_policy();
+    let mut task = handed_out(&policy);
     let before = task.clone();
     task.handle_persisted(&policy, Instant::from_millis(500), 1).unwrap();
     assert_eq!(task, before, "a Sync start is durable already");
@@ -150,19 +178,9 @@ fn d6_persisting_a_sync_start_changes_nothing_not_even_the_clock() {
 
 #[test]
 fn d3_every_decliner_is_remembered_up_to_the_capacity() {
-    let policy = delivery_policy();
-    let mut task = Task::new(&policy, Instant::ZERO, 1, 1);
-    drained(&mut task);
-    for worker in 1..=4u8 {
-        task.handle_hand_out(&policy, Instant::ZERO, worker).unwrap();
-        drained(&mut task);
-        task.handle_returned(&policy, Instant::ZERO, 1, &worker, FreeReturn::Declined).unwrap();
-        drained(&mut task);
-    }
+    let task = declined_by(4);
     assert!((1..=4u8).all(|w| task.has_declined(&w)), "all four decliners fit");
-    task.handle_hand_out(&policy, Instant::ZERO, 5).unwrap();
-    drained(&mut task);
-    task.handle_returned(&policy, Instant::ZERO, 1, &5, FreeReturn::Declined).unwrap();
+    let task = declined_by(5);
     assert!(task.has_declined(&5) && !task.has_declined(&1), "the fifth replaces the oldest");
     assert!((2..=4u8).all(|w| task.has_declined(&w)));
 }
@@ -170,10 +188,7 @@ fn d3_every_decliner_is_remembered_up_to_the_capacity() {
 #[test]
 fn d2_a_lease_is_not_revoked_before_its_deadline() {
     let policy = delivery_policy();
-    let mut task = Task::new(&policy, Instant::ZERO, 1, 1);
-    drained(&mut task);
-    task.handle_hand_out(&policy, Instant::ZERO, 1).unwrap();
-    drained(&mut task);
+    let mut task = handed_out(&policy);
     task.handle_timeout(&policy, Instant::from_millis(999), &mut SplitMix64::new(1));
     assert_eq!(task.poll_action(), None);
     assert!(matches!(task.status(), DeliveryStatus::HandedOut { attempt: 1, .. }));
@@ -183,21 +198,7 @@ fn d2_a_lease_is_not_revoked_before_its_deadline() {
 
 #[test]
 fn d1_stats_count_attempts_and_the_delays_between_them() {
-    let policy = delivery_policy();
-    let mut task = Task::new(&policy, Instant::ZERO, 1, 1);
-    drained(&mut task);
-    task.handle_hand_out(&policy, Instant::ZERO, 1).unwrap();
-    drained(&mut task);
-    task.handle_failed(
-        &policy,
-        Instant::from_millis(10),
-        1,
-        &1,
-        Failure::retryable("x".to_owned()),
-        &mut SplitMix64::new(1),
-    )
-    .unwrap();
-    drained(&mut task);
+    let task = failed_once(&delivery_policy(), Instant::from_millis(10));
     // The embedded retry counts the attempt it scheduled, and the delay before it.
     let stats = task.stats();
     assert_eq!((stats.attempts, stats.slept), (2, ms(100)));
@@ -206,13 +207,7 @@ fn d1_stats_count_attempts_and_the_delays_between_them() {
 #[test]
 fn d1_a_hand_out_at_the_end_of_the_retry_delay_is_accepted_before_the_timeout_is_handled() {
     let policy = delivery_policy();
-    let mut task = Task::new(&policy, Instant::ZERO, 1, 1);
-    drained(&mut task);
-    task.handle_hand_out(&policy, Instant::ZERO, 1).unwrap();
-    drained(&mut task);
-    task.handle_failed(&policy, Instant::ZERO, 1, &1, Failure::retryable("x".to_owned()), &mut SplitMix64::new(1))
-        .unwrap();
-    drained(&mut task);
+    let mut task = failed_once(&policy, Instant::ZERO);
     // Pending until 100 ms; `handle_timeout` has not been called.
     let early = task.handle_hand_out(&policy, Instant::from_millis(99), 2).unwrap_err();
     assert!(matches!(early.error, DeliveryError::NotYetEligible { attempt: 2, .. }));
@@ -228,35 +223,17 @@ fn reloaded(task: &Task, edit: impl FnOnce(&mut serde_json::Value)) -> Result<Ta
     serde_json::from_value(json)
 }
 
-/// A task that declined `n` workers (1, 2, …) and is pending again.
-#[cfg(feature = "serde")]
-fn declined_by(n: u8) -> Task {
-    let policy = delivery_policy();
-    let mut task = Task::new(&policy, Instant::ZERO, 1, 1);
-    drained(&mut task);
-    for worker in 1..=n {
-        task.handle_hand_out(&policy, Instant::ZERO, worker).unwrap();
-        drained(&mut task);
-        task.handle_returned(&policy, Instant::ZERO, 1, &worker, FreeReturn::Declined).unwrap();
-        drained(&mut task);
-    }
-    task
-}
-
 #[cfg(feature = "serde")]
 #[test]
 fn g12_loaded_states_with_actions_of_another_state_are_refused() {
     let policy = delivery_policy();
-    let mut pending = Task::new(&policy, Instant::ZERO, 1, 1);
-    drained(&mut pending);
+    let pending = declined_by(0);
     // Pending: a hand-out or a finish pending is another state's action (READY = 2,
     // HAND_OUT = 4, FINISH = 8).
     for bits in [4, 8] {
         assert!(reloaded(&pending, |j| j["pending"] = bits.into()).is_err(), "pending with {bits}");
     }
-    let mut out = pending.clone();
-    out.handle_hand_out(&policy, Instant::ZERO, 1).unwrap();
-    drained(&mut out);
+    let out = handed_out(&policy);
     assert_eq!(reloaded(&out, |_| {}).unwrap(), out);
     for bits in [2, 8] {
         assert!(reloaded(&out, |j| j["pending"] = bits.into()).is_err(), "handed out with {bits}");
@@ -277,14 +254,7 @@ fn g12_loaded_states_with_actions_of_another_state_are_refused() {
 #[cfg(feature = "serde")]
 #[test]
 fn g12_a_loaded_retried_task_that_claims_no_attempt_reached_a_worker_is_refused() {
-    let policy = delivery_policy();
-    let mut task = Task::new(&policy, Instant::ZERO, 1, 1);
-    drained(&mut task);
-    task.handle_hand_out(&policy, Instant::ZERO, 1).unwrap();
-    drained(&mut task);
-    task.handle_failed(&policy, Instant::ZERO, 1, &1, Failure::retryable("x".to_owned()), &mut SplitMix64::new(1))
-        .unwrap();
-    drained(&mut task);
+    let task = failed_once(&delivery_policy(), Instant::ZERO);
     assert!(matches!(task.status(), DeliveryStatus::Pending { attempt: 2, .. }));
     assert_eq!(reloaded(&task, |_| {}).unwrap(), task);
     assert!(reloaded(&task, |j| j["progress"] = "NotStarted".into()).is_err());
