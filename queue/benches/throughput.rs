@@ -197,7 +197,53 @@ fn hand_written_rounds<D: Db>(db: &D, workers: u64, iters: u64) -> Duration {
     started.elapsed()
 }
 
+/// The median of `times`.
+fn median(times: &mut [Duration]) -> Duration {
+    times.sort();
+    let mid = times.len() / 2;
+    if times.len() % 2 == 1 { times[mid] } else { (times[mid - 1] + times[mid]) / 2 }
+}
+
+/// Rounds of the two loops in alternation (which goes first alternates too), so that what
+/// drifts on the machine while the bench runs (checkpoints, the page cache, other load) falls
+/// on both alike; prints a table of medians and their ratio. Criterion's groups below measure
+/// each loop in its own stretch of time, a minute apart.
+fn interleaved<D: Db>(name: &str, persevere_db: &D, hand_db: &D) {
+    const PAIRS: usize = 21;
+    println!("\n{name}: {PAIRS} alternating pairs of rounds of {BATCH} tasks, after one pair of warm-up");
+    println!("| workers | persevere-queue | hand-written loop | ratio of medians | ratio per pair, min–max |");
+    println!("|---|---|---|---|---|");
+    for workers in [1, 2, 4, 8] {
+        let (mut ours, mut theirs, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+        for pair in 0..=PAIRS {
+            let (p, h) = if pair % 2 == 0 {
+                let h = hand_written_rounds(hand_db, workers, 1);
+                (persevere_rounds(persevere_db, workers, 1), h)
+            } else {
+                let p = persevere_rounds(persevere_db, workers, 1);
+                (p, hand_written_rounds(hand_db, workers, 1))
+            };
+            if pair > 0 {
+                ours.push(p);
+                theirs.push(h);
+                ratios.push(p.as_secs_f64() / h.as_secs_f64());
+            }
+        }
+        ratios.sort_by(f64::total_cmp);
+        let (p, h) = (median(&mut ours), median(&mut theirs));
+        println!(
+            "| {workers} | {:.0} ms | {:.0} ms | {:.2} | {:.2}–{:.2} |",
+            p.as_secs_f64() * 1e3,
+            h.as_secs_f64() * 1e3,
+            p.as_secs_f64() / h.as_secs_f64(),
+            ratios[0],
+            ratios[ratios.len() - 1]
+        );
+    }
+}
+
 fn store_benches<D: Db>(c: &mut Criterion, name: &str, persevere_db: &D, hand_db: &D) {
+    interleaved(name, persevere_db, hand_db);
     let mut group = c.benchmark_group(format!("throughput/{name}"));
     group.sample_size(10).warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(4));
     group.throughput(Throughput::Elements(BATCH));

@@ -10,7 +10,9 @@
 //! transaction that caused it (DESIGN §10):
 //!
 //! - **Q1** a task's row holds its `Delivery` state (JSON), written by the same statement or
-//!   transaction as the claim or report that changed it and guarded by a version column.
+//!   transaction as the claim or report that changed it and guarded by a version column. (A
+//!   task no claim has visited yet holds none: its state is its policy's fresh one at its
+//!   `created_at`, so an enqueue is one `INSERT` that reads the clock itself.)
 //! - **Q2** `now` is read from the database's clock in that transaction; no worker's clock
 //!   sets or keeps a lease.
 //! - **Q3** a claim leases one due attempt to one worker (`FOR UPDATE SKIP LOCKED` on

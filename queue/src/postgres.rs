@@ -8,7 +8,10 @@ use persevere::Instant;
 use tokio_postgres::{Client, NoTls, Statement};
 
 use crate::crash;
-use crate::store::{Candidates, ClaimVisit, Insert, Row, Store, UpdateVisit, instant_of, skewed, visit_rows};
+use crate::store::{
+    Candidates, ClaimVisit, Insert, ReadWithClock, Row, Store, UpdateVisit, Write, compare_and_set, instant_of, skewed,
+    visit_rows,
+};
 use crate::{QueueError, Status};
 
 const SCHEMA: &str = "
@@ -35,14 +38,14 @@ CREATE INDEX IF NOT EXISTS persevere_tasks_status ON persevere_tasks (status, du
 /// can use an index. `$1` is the connection's skew (`Store::advance_clock`, tests only).
 const CLOCK: &str = "((extract(epoch FROM statement_timestamp()) * 1000000)::bigint * 1000 + $1::bigint)";
 
-const COLUMNS: &str = "id, task_type, payload, policy, state, version, idempotency_key";
+const COLUMNS: &str = "id, task_type, payload, policy, state, version, idempotency_key, created_at";
+
+/// The column of the clock reading in a select of `COLUMNS` and the clock.
+const CLOCK_COLUMN: usize = 8;
 
 /// Prepared statements kept per connection (one per distinct text: sweeps with many limits
 /// would otherwise accumulate them).
 const MAX_STATEMENTS: usize = 64;
-
-/// How often a report re-reads a task whose version moved between its read and its write.
-const CAS_TRIES: u32 = 16;
 
 const WRITE: &str =
     "UPDATE persevere_tasks SET state = $1, status = $2, due_at = $3, attempt = $4, version = version + 1,
@@ -123,6 +126,27 @@ impl Postgres {
         skewed(0, self.skew)
     }
 
+    /// Task `id` and the clock, read in one statement (a report's read).
+    fn read_row(&mut self, id: i64) -> ReadWithClock {
+        let select = self.prepared(&format!("SELECT {COLUMNS}, {CLOCK} FROM persevere_tasks WHERE id = $2"))?;
+        let skew = self.skew_ns();
+        let row = self.block_on(self.client.query_opt(&select, &[&skew, &id]))?;
+        crash::statement();
+        row.map(|row| Ok((row.try_get(CLOCK_COLUMN)?, row_of(&row)?))).transpose()
+    }
+
+    /// Writes `write` over `row` if its version is still the one read (a report's write, one
+    /// statement: the result and the state it changed are written together, or not at all).
+    fn write_row(&mut self, row: &Row, w: &Write, now: i64) -> Result<bool, QueueError> {
+        let statement = self.prepared(WRITE)?;
+        let changed = self.block_on(self.client.execute(
+            &statement,
+            &[&w.state, &w.status.as_str(), &w.due_at, &w.attempt, &now, &row.id, &row.version],
+        ))?;
+        crash::statement();
+        Ok(changed == 1)
+    }
+
     /// Ends the open transaction after an error (its own error, if any, is secondary).
     fn roll_back(&self) {
         let _ = self.block_on(self.client.batch_execute("ROLLBACK"));
@@ -138,6 +162,7 @@ fn row_of(row: &tokio_postgres::Row) -> Result<Row, QueueError> {
         state: row.try_get(4)?,
         version: row.try_get(5)?,
         key: row.try_get(6)?,
+        created_at: row.try_get(7)?,
     })
 }
 
@@ -149,35 +174,33 @@ impl Store for Postgres {
         instant_of(nanos)
     }
 
-    fn insert(
-        &mut self,
-        make: &mut dyn FnMut(Instant) -> Result<Insert, QueueError>,
-    ) -> Result<(i64, bool), QueueError> {
+    fn insert(&mut self, insert: &Insert) -> Result<(i64, bool), QueueError> {
         crash::begin("insert");
-        let clock = self.prepared(&format!("SELECT {CLOCK}"))?;
-        let insert_statement = self.prepared(
+        // One statement and one round trip: the clock is read by the insert itself (a fresh
+        // task's state is built from `created_at` when it is first loaded).
+        let insert_statement = self.prepared(&format!(
             "INSERT INTO persevere_tasks (task_type, payload, policy, state, version, status, due_at, attempt,
-             idempotency_key, created_at, updated_at) VALUES ($1, $2, $3, $4, 0, $5, $6, $7, $8, $9, $9)
+             idempotency_key, created_at, updated_at)
+             SELECT $2::text, $3::bytea, $4::text, '', 0, $5::text,
+                    CASE WHEN clock.now > {MAX} - $6::bigint THEN {MAX} ELSE clock.now + $6::bigint END,
+                    $7::bigint, $8::text, clock.now, clock.now
+             FROM (SELECT {CLOCK} AS now) AS clock
              ON CONFLICT (idempotency_key) DO NOTHING RETURNING id",
-        )?;
+            MAX = i64::MAX
+        ))?;
         let skew = self.skew_ns();
-        let now: i64 = self.block_on(self.client.query_one(&clock, &[&skew]))?.try_get(0)?;
-        crash::statement();
-        let insert = make(instant_of(now)?)?;
-        let write = &insert.write;
         // One statement, so no transaction: the row appears whole or not at all.
         let inserted = self.block_on(self.client.query_opt(
             &insert_statement,
             &[
+                &skew,
                 &insert.task_type,
                 &insert.payload,
                 &insert.policy,
-                &write.state,
-                &write.status.as_str(),
-                &write.due_at,
-                &write.attempt,
+                &insert.status.as_str(),
+                &insert.delay_ns,
+                &insert.attempt,
                 &insert.key,
-                &now,
             ],
         ))?;
         crash::statement();
@@ -237,8 +260,8 @@ impl Store for Postgres {
         let decided = begun.map_err(QueueError::from).and_then(|()| {
             let rows = rows?;
             // Every row carries the same clock reading (the statement's).
-            let now: i64 = rows.first().map(|row| row.try_get(7)).transpose()?.unwrap_or(0);
-            let decoded = rows.iter().map(|pg_row| Ok((instant_of(pg_row.try_get(7)?)?, row_of(pg_row)?)));
+            let now: i64 = rows.first().map(|row| row.try_get(CLOCK_COLUMN)).transpose()?.unwrap_or(0);
+            let decoded = rows.iter().map(|pg_row| Ok((instant_of(pg_row.try_get(CLOCK_COLUMN)?)?, row_of(pg_row)?)));
             Ok((now, visit_rows(decoded, visit)?))
         });
         let (now, writes) = match decided {
@@ -287,27 +310,7 @@ impl Store for Postgres {
 
     fn update(&mut self, id: i64, visit: &mut UpdateVisit<'_>) -> Result<bool, QueueError> {
         crash::begin("update");
-        let select = self.prepared(&format!("SELECT {COLUMNS}, {CLOCK} FROM persevere_tasks WHERE id = $2"))?;
-        let write = self.prepared(WRITE)?;
-        let skew = self.skew_ns();
-        for _ in 0..CAS_TRIES {
-            let Some(pg_row) = self.block_on(self.client.query_opt(&select, &[&skew, &id]))? else { return Ok(false) };
-            crash::statement();
-            let row = row_of(&pg_row)?;
-            let now: i64 = pg_row.try_get(7)?;
-            let Some(w) = visit(instant_of(now)?, &row)? else { return Ok(true) };
-            // One statement: the result and the state it changed are written together, or not
-            // at all if another writer got there first (then decide again on what it wrote).
-            let changed = self.block_on(self.client.execute(
-                &write,
-                &[&w.state, &w.status.as_str(), &w.due_at, &w.attempt, &now, &row.id, &row.version],
-            ))?;
-            crash::statement();
-            if changed == 1 {
-                return Ok(true);
-            }
-        }
-        Err(QueueError::Conflict(crate::TaskId(id)))
+        compare_and_set(self, id, visit, Self::read_row, Self::write_row)
     }
 
     fn get(&mut self, id: i64) -> Result<Option<Row>, QueueError> {

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use persevere::{DeliveryAction, DeliveryStatus, Failure, FreeReturn, Instant, SplitMix64};
 
-use crate::store::{Candidates, Insert, Row, Store, Visit, Write, nanos_of};
+use crate::store::{Candidates, Insert, Row, Store, Visit, Write, instant_of, nanos_of};
 use crate::{CorruptTask, Enqueued, Job, NewTask, QueueError, Status, TaskId, TaskInfo, TaskPolicy, TaskState};
 
 /// How many due tasks one claim looks at when the oldest one cannot go to this worker.
@@ -67,10 +67,28 @@ impl Policies {
                     policy
                 }
             };
-        let state =
-            serde_json::from_str(&row.state).map_err(|source| QueueError::Corrupt { task, what: "state", source })?;
+        let state = state_of(row, &policy)?;
         Ok((policy, state))
     }
+}
+
+/// A task's state as the row holds it, or the fresh one of a row no claim has visited.
+fn state_of(row: &Row, policy: &TaskPolicy) -> Result<TaskState, QueueError> {
+    if row.state.is_empty() {
+        return Ok(fresh_state(policy, instant_of(row.created_at)?));
+    }
+    serde_json::from_str(&row.state).map_err(|source| QueueError::Corrupt {
+        task: TaskId(row.id),
+        what: "state",
+        source,
+    })
+}
+
+/// A task created at `now`, drained: attempt 1 is pending.
+fn fresh_state(policy: &TaskPolicy, now: Instant) -> TaskState {
+    let mut state = TaskState::new(policy, now, (), 1);
+    drain(&mut state);
+    state
 }
 
 fn write_of(state: &TaskState, now: Instant) -> Result<Write, QueueError> {
@@ -144,15 +162,20 @@ impl<S: Store> Queue<S> {
     pub fn enqueue(&mut self, task: NewTask) -> Result<Enqueued, QueueError> {
         let policy_json = serde_json::to_string(&task.policy).map_err(QueueError::Encode)?;
         let NewTask { task_type, payload, policy, delay, key } = task;
-        let mut parts = Some((task_type, payload, key));
-        let (id, created) = self.store.insert(&mut |now| {
-            let (task_type, payload, key) = parts.take().unwrap_or_default();
-            let mut state = TaskState::new(&policy, now, (), 1);
-            drain(&mut state);
-            let mut write = write_of(&state, now)?;
-            write.due_at = Some(nanos_of(now.saturating_add(delay)));
-            Ok(Insert { task_type, payload, policy: policy_json.clone(), key, write })
-        })?;
+        // The row's columns as a fresh task's state has them; the state itself is built from
+        // the row's `created_at` when a claim first loads it, so the insert is one statement
+        // that reads the clock itself (no round trip before it).
+        let fresh = fresh_state(&policy, Instant::ZERO);
+        let insert = Insert {
+            task_type,
+            payload,
+            policy: policy_json,
+            key,
+            status: Status::of(fresh.status()),
+            attempt: i64::try_from(fresh.attempt()).unwrap_or(i64::MAX),
+            delay_ns: i64::try_from(delay.as_nanos()).unwrap_or(i64::MAX),
+        };
+        let (id, created) = self.store.insert(&insert)?;
         Ok(Enqueued { id: TaskId(id), created })
     }
 
@@ -328,7 +351,7 @@ impl<S: Store> Queue<S> {
     /// [`QueueError::UnknownTask`] if there is none.
     pub fn task(&mut self, id: TaskId) -> Result<TaskInfo, QueueError> {
         let row = self.store.get(id.0)?.ok_or(QueueError::UnknownTask(id))?;
-        info_of(row)
+        info_of(&mut self.policies, row)
     }
 
     /// Up to `limit` tasks in `status`, oldest first: [`Status::Failed`] and
@@ -336,10 +359,11 @@ impl<S: Store> Queue<S> {
     /// [`Status::Corrupt`], see [`corrupt_tasks`](Self::corrupt_tasks).
     ///
     /// # Errors
-    /// When the store fails, or [`QueueError::Corrupt`] naming a listed row whose state does
-    /// not load.
+    /// When the store fails, or [`QueueError::Corrupt`] naming a listed row whose state or
+    /// policy does not load.
     pub fn tasks(&mut self, status: Status, limit: u32) -> Result<Vec<TaskInfo>, QueueError> {
-        self.store.list(status, limit)?.into_iter().map(info_of).collect()
+        let rows = self.store.list(status, limit)?;
+        rows.into_iter().map(|row| info_of(&mut self.policies, row)).collect()
     }
 
     /// Up to `limit` rows set aside because their state or policy does not load, with why.
@@ -390,12 +414,8 @@ impl<S: Store> Queue<S> {
     }
 }
 
-fn info_of(row: Row) -> Result<TaskInfo, QueueError> {
-    let state: TaskState = serde_json::from_str(&row.state).map_err(|source| QueueError::Corrupt {
-        task: TaskId(row.id),
-        what: "state",
-        source,
-    })?;
+fn info_of(policies: &mut Policies, row: Row) -> Result<TaskInfo, QueueError> {
+    let (_, state) = policies.load(&row)?;
     Ok(TaskInfo {
         id: TaskId(row.id),
         task_type: row.task_type,

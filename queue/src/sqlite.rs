@@ -7,7 +7,10 @@ use persevere::Instant;
 use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::crash;
-use crate::store::{Candidates, ClaimVisit, Insert, Row, Store, UpdateVisit, Write, instant_of, skewed, visit_rows};
+use crate::store::{
+    Candidates, ClaimVisit, Insert, ReadWithClock, Row, Store, UpdateVisit, Write, compare_and_set, instant_of, skewed,
+    visit_rows,
+};
 use crate::{QueueError, Status};
 
 const SCHEMA: &str = "
@@ -31,14 +34,27 @@ CREATE INDEX IF NOT EXISTS persevere_tasks_status ON persevere_tasks (status, du
 // The indexes are not partial: a partial index whose condition a bound `due_at` must imply
 // makes SQLite re-prepare the statement at every bind.
 
-/// The clock: milliseconds since 1970 (SQLite's `julianday('now')` has millisecond precision).
-const NOW: &str = "SELECT CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000000";
+/// The clock in nanoseconds since 1970, at millisecond precision (SQLite's `julianday('now')`
+/// has no more), the same for every use within one statement.
+macro_rules! clock {
+    () => {
+        "(CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000000)"
+    };
+}
 
-const COLUMNS: &str = "id, task_type, payload, policy, state, version, idempotency_key";
+const NOW: &str = concat!("SELECT ", clock!());
+
+const COLUMNS: &str = "id, task_type, payload, policy, state, version, idempotency_key, created_at";
 
 /// The SQLite store: one connection. Open one per worker thread or process on the same file;
-/// SQLite serialises their write transactions (each claim and report is one `BEGIN IMMEDIATE`
-/// transaction, Q3) and the file is in WAL mode, so readers never wait.
+/// SQLite serialises their writes and the file is in WAL mode, so readers never wait.
+///
+/// - A claim is one `BEGIN IMMEDIATE` transaction (Q3): it holds the database from its select
+///   to its commit, so two claims never hand out one attempt.
+/// - A report reads its task (and the clock) and writes it back with one `UPDATE` guarded by
+///   the version it read (compare-and-set, Q1), reading and deciding again if another writer
+///   moved it: the database is held only for that `UPDATE`.
+/// - An enqueue is one `INSERT` that reads the clock itself.
 ///
 /// Durability: `synchronous = FULL`, so every commit is on disk before it returns (a claim
 /// survives a power cut, not only a killed process). `PRAGMA synchronous = NORMAL` through
@@ -80,6 +96,18 @@ impl Sqlite {
     /// bypasses the redelivery machine.
     pub fn connection(&mut self) -> &mut Connection {
         &mut self.conn
+    }
+
+    /// Task `id` and the clock, read in one statement (a report's read, in its own
+    /// transaction).
+    fn read_row(&mut self, id: i64) -> ReadWithClock {
+        let row = self
+            .conn
+            .prepare_cached(&format!("SELECT {COLUMNS}, {} FROM persevere_tasks WHERE id = ?1", clock!()))?
+            .query_row([id], |row| Ok((row.get::<_, i64>(8)?, row_of(row)?)))
+            .optional()?;
+        crash::statement();
+        Ok(row.map(|(nanos, row)| (skewed(nanos, self.skew), row)))
     }
 }
 
@@ -139,11 +167,12 @@ fn row_of(row: &rusqlite::Row<'_>) -> rusqlite::Result<Row> {
         state: row.get(4)?,
         version: row.get(5)?,
         key: row.get(6)?,
+        created_at: row.get(7)?,
     })
 }
 
-/// Writes `write` over row `id` if its version is still `version`.
-fn write_row(conn: &Connection, id: i64, version: i64, write: &Write, now: i64) -> Result<(), QueueError> {
+/// Writes `write` over row `id` if its version is still `version`; `false` if it moved.
+fn write_row(conn: &Connection, id: i64, version: i64, write: &Write, now: i64) -> Result<bool, QueueError> {
     let changed = conn
         .prepare_cached(
             "UPDATE persevere_tasks SET state = ?1, status = ?2, due_at = ?3, attempt = ?4, version = version + 1,
@@ -151,7 +180,7 @@ fn write_row(conn: &Connection, id: i64, version: i64, write: &Write, now: i64) 
         )?
         .execute(params![write.state, write.status.as_str(), write.due_at, write.attempt, now, id, version])?;
     crash::statement();
-    if changed == 1 { Ok(()) } else { Err(QueueError::Conflict(crate::TaskId(id))) }
+    Ok(changed == 1)
 }
 
 impl Store for Sqlite {
@@ -159,45 +188,43 @@ impl Store for Sqlite {
         instant_of(clock(&self.conn, self.skew)?)
     }
 
-    fn insert(
-        &mut self,
-        make: &mut dyn FnMut(Instant) -> Result<Insert, QueueError>,
-    ) -> Result<(i64, bool), QueueError> {
+    fn insert(&mut self, insert: &Insert) -> Result<(i64, bool), QueueError> {
         crash::begin("insert");
-        let tx = Tx::immediate(&self.conn)?;
-        let now = clock(&tx, self.skew)?;
+        // One statement, which reads the clock itself (`?8` is the test-only skew); its own
+        // transaction, so the row appears whole or not at all.
+        let inserted = self
+            .conn
+            .prepare_cached(&format!(
+                "INSERT INTO persevere_tasks (task_type, payload, policy, state, version, status, due_at, attempt,
+                 idempotency_key, created_at, updated_at)
+                 VALUES (?1, ?2, ?3, '', 0, ?4,
+                         CASE WHEN {now} + ?8 > {MAX} - ?5 THEN {MAX} ELSE {now} + ?8 + ?5 END,
+                         ?6, ?7, {now} + ?8, {now} + ?8)
+                 ON CONFLICT (idempotency_key) DO NOTHING",
+                now = clock!(),
+                MAX = i64::MAX
+            ))?
+            .execute(params![
+                insert.task_type,
+                insert.payload,
+                insert.policy,
+                insert.status.as_str(),
+                insert.delay_ns,
+                insert.attempt,
+                insert.key,
+                skewed(0, self.skew)
+            ])?;
         crash::statement();
-        let insert = make(instant_of(now)?)?;
-        if let Some(key) = &insert.key {
-            let existing: Option<i64> = tx
-                .prepare_cached("SELECT id FROM persevere_tasks WHERE idempotency_key = ?1")?
-                .query_row([key], |row| row.get(0))
-                .optional()?;
-            crash::statement();
-            if let Some(id) = existing {
-                return Ok((id, false));
-            }
+        if inserted == 1 {
+            return Ok((self.conn.last_insert_rowid(), true));
         }
-        let write = &insert.write;
-        tx.prepare_cached(
-            "INSERT INTO persevere_tasks (task_type, payload, policy, state, version, status, due_at, attempt,
-             idempotency_key, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, 0, ?5, ?6, ?7, ?8, ?9, ?9)",
-        )?
-        .execute(params![
-            insert.task_type,
-            insert.payload,
-            insert.policy,
-            write.state,
-            write.status.as_str(),
-            write.due_at,
-            write.attempt,
-            insert.key,
-            now
-        ])?;
+        // The key exists (SQLite runs one writer at a time, so it is committed).
+        let id = self
+            .conn
+            .prepare_cached("SELECT id FROM persevere_tasks WHERE idempotency_key = ?1")?
+            .query_row([&insert.key], |row| row.get(0))?;
         crash::statement();
-        let id = tx.last_insert_rowid();
-        tx.commit()?;
-        Ok((id, true))
+        Ok((id, false))
     }
 
     fn claim(
@@ -259,7 +286,10 @@ impl Store for Sqlite {
             return Ok(writes.len());
         }
         for (id, version, write) in &writes {
-            write_row(&tx, *id, *version, write, now)?;
+            // The transaction holds the database: no version can have moved.
+            if !write_row(&tx, *id, *version, write, now)? {
+                return Err(QueueError::Conflict(crate::TaskId(*id)));
+            }
         }
         tx.commit()?;
         Ok(writes.len())
@@ -267,20 +297,9 @@ impl Store for Sqlite {
 
     fn update(&mut self, id: i64, visit: &mut UpdateVisit<'_>) -> Result<bool, QueueError> {
         crash::begin("update");
-        let tx = Tx::immediate(&self.conn)?;
-        let now = clock(&tx, self.skew)?;
-        crash::statement();
-        let row = tx
-            .prepare_cached(&format!("SELECT {COLUMNS} FROM persevere_tasks WHERE id = ?1"))?
-            .query_row([id], row_of)
-            .optional()?;
-        crash::statement();
-        let Some(row) = row else { return Ok(false) };
-        if let Some(write) = visit(instant_of(now)?, &row)? {
-            write_row(&tx, row.id, row.version, &write, now)?;
-        }
-        tx.commit()?;
-        Ok(true)
+        compare_and_set(self, id, visit, Self::read_row, |store, row, write, now| {
+            write_row(&store.conn, row.id, row.version, write, now)
+        })
     }
 
     fn get(&mut self, id: i64) -> Result<Option<Row>, QueueError> {

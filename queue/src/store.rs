@@ -29,12 +29,16 @@ pub struct Row {
     pub payload: Vec<u8>,
     /// The task's `DeliveryPolicy`, as JSON.
     pub policy: String,
-    /// The task's `Delivery` state, as JSON.
+    /// The task's `Delivery` state, as JSON; empty for a task no claim has visited yet, whose
+    /// state is its policy's fresh one at `created_at` (so an enqueue needs no clock reading
+    /// before its insert).
     pub state: String,
     /// Bumped by every write (compare-and-set, Q1).
     pub version: i64,
     /// The idempotency key given at enqueue, if any (Q5).
     pub key: Option<String>,
+    /// When the task was enqueued: ns since 1970 on the database's clock (Q2).
+    pub created_at: i64,
 }
 
 /// What a write puts in a row besides the state: the columns the queries and the claim index
@@ -52,7 +56,8 @@ pub struct Write {
     pub attempt: i64,
 }
 
-/// A new row.
+/// A new row. Its state is empty (see [`Row::state`]); the store sets `created_at` to the
+/// database's clock and `due_at` to `delay_ns` later, in the insert itself.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Insert {
     /// The task type.
@@ -63,8 +68,12 @@ pub struct Insert {
     pub policy: String,
     /// The idempotency key, if any (Q5).
     pub key: Option<String>,
-    /// The state and the derived columns.
-    pub write: Write,
+    /// Where a fresh task is ([`Status::Pending`]).
+    pub status: Status,
+    /// The attempt a fresh task is on (1).
+    pub attempt: i64,
+    /// How long after `created_at` it is due, in nanoseconds.
+    pub delay_ns: i64,
 }
 
 /// Which rows a claim visits.
@@ -98,19 +107,17 @@ pub enum Visit {
 ///   its writes commit, so two claims never hand out one attempt (Q3);
 /// - an update either locks its row for the whole read-decide-write, or reads it unlocked and
 ///   writes with the version guard, reading and deciding again (calling `visit` again) when the
-///   version moved, and returning [`QueueError::Conflict`] if it keeps moving.
+///   version moved, and returning [`QueueError::Conflict`] if it keeps moving (both stores here
+///   do the latter).
 pub trait Store {
     /// The database's clock (plus any [`advance_clock`](Self::advance_clock)), as an `Instant`
     /// in nanoseconds since 1970.
     fn now(&mut self) -> Result<Instant, QueueError>;
 
-    /// Inserts a task built by `make` from the database's clock and returns its id and `true`;
-    /// when `key` names an existing task, inserts nothing and returns that task's id and
-    /// `false` (Q5).
-    fn insert(
-        &mut self,
-        make: &mut dyn FnMut(Instant) -> Result<Insert, QueueError>,
-    ) -> Result<(i64, bool), QueueError>;
+    /// Inserts a task, created now on the database's clock and due `delay_ns` later (both
+    /// computed by the insert statement), and returns its id and `true`; when `key` names an
+    /// existing task, inserts nothing and returns that task's id and `false` (Q5).
+    fn insert(&mut self, insert: &Insert) -> Result<(i64, bool), QueueError>;
 
     /// Locks up to `limit` due `candidates` (skipping rows another transaction holds), oldest
     /// deadline first, and passes each to `visit` with the clock read in this transaction,
@@ -146,11 +153,8 @@ impl<S: Store + ?Sized> Store for Box<S> {
     fn now(&mut self) -> Result<Instant, QueueError> {
         (**self).now()
     }
-    fn insert(
-        &mut self,
-        make: &mut dyn FnMut(Instant) -> Result<Insert, QueueError>,
-    ) -> Result<(i64, bool), QueueError> {
-        (**self).insert(make)
+    fn insert(&mut self, insert: &Insert) -> Result<(i64, bool), QueueError> {
+        (**self).insert(insert)
     }
     fn claim(
         &mut self,
@@ -188,6 +192,35 @@ pub(crate) fn nanos_of(instant: Instant) -> i64 {
 /// The clock reading plus the skew, saturating.
 pub(crate) fn skewed(nanos: i64, skew: Duration) -> i64 {
     nanos.saturating_add(i64::try_from(skew.as_nanos()).unwrap_or(i64::MAX))
+}
+
+/// A row read with the clock of its statement (ns since 1970), or `None` if there is no such
+/// row.
+pub(crate) type ReadWithClock = Result<Option<(i64, Row)>, QueueError>;
+
+/// How often a report re-reads a task whose version moved between its read and its write.
+const CAS_TRIES: u32 = 16;
+
+/// A report by compare-and-set (Q1), as both stores make it: `read` the row (unlocked) with the
+/// clock of its statement, let `visit` decide, and `write` the decision guarded by the version
+/// read (`true` if it applied). When another writer moved the version in between, it reads and
+/// decides again, up to 16 times, then gives up with [`QueueError::Conflict`]. No lock is held
+/// while the queue decides, so reports never wait for each other's decisions.
+pub(crate) fn compare_and_set<S>(
+    store: &mut S,
+    id: i64,
+    visit: &mut UpdateVisit<'_>,
+    read: fn(&mut S, i64) -> ReadWithClock,
+    write: fn(&mut S, &Row, &Write, i64) -> Result<bool, QueueError>,
+) -> Result<bool, QueueError> {
+    for _ in 0..CAS_TRIES {
+        let Some((now, row)) = read(store, id)? else { return Ok(false) };
+        let Some(decided) = visit(instant_of(now)?, &row)? else { return Ok(true) };
+        if write(store, &row, &decided, now)? {
+            return Ok(true);
+        }
+    }
+    Err(QueueError::Conflict(crate::TaskId(id)))
 }
 
 /// A write a claim decided on: the row, the version it read, and what to write.

@@ -12,7 +12,10 @@ use persevere::{
     AttemptFailure, AttemptProgress, Backoff, DeliveryError, DeliveryPolicy, DeliveryStatus, Durability, Failure,
     FailurePolicy, Interruption, OutcomeKind, RetryPolicy, Terminal,
 };
-use persevere_queue::{Handled, NewTask, QueueError, Status, Store, TaskId, Worker, Write};
+use persevere_queue::{
+    Candidates, ClaimVisit, Handled, Insert, NewTask, Queue, QueueError, Row, Status, Store, TaskId, UpdateVisit,
+    Worker, Write,
+};
 
 fn refused(result: Result<impl std::fmt::Debug, QueueError>) -> DeliveryError {
     match result {
@@ -293,6 +296,27 @@ fn q2_deadlines_are_read_from_the_database_clock<D: Db>(db: &D) {
     assert_eq!(other.claim("thief", &["t"]).unwrap().map(|j| j.attempt), Some(2));
 }
 
+fn q2_a_task_is_created_and_delayed_on_the_database_clock<D: Db>(db: &D) {
+    let mut queue = db.queue();
+    let before = queue.store().now().unwrap();
+    let id = queue.enqueue(NewTask::new("t", "p", policy(3)).delay(Duration::from_secs(5))).unwrap().id;
+    let after = queue.store().now().unwrap();
+    let row = queue.store().get(id.0).unwrap().unwrap();
+    assert!(row.state.is_empty(), "an enqueue writes no state: the first load builds it from created_at");
+    let created = persevere::Instant::from_nanos(u64::try_from(row.created_at).unwrap());
+    assert!(before <= created && created <= after, "{before:?} <= {created:?} <= {after:?}");
+    // The task's state is the one a `Delivery` created at that instant has.
+    let mut fresh = persevere_queue::TaskState::new(&policy(3), created, (), 1);
+    while fresh.poll_action().is_some() {}
+    assert_eq!(queue.task(id).unwrap().state, fresh);
+    assert!(queue.claim("w", &["t"]).unwrap().is_none(), "not due before its delay on the database's clock");
+    queue.advance_clock(Duration::from_secs(5));
+    let job = queue.claim("w", &["t"]).unwrap().expect("due once the database's clock passed the delay");
+    assert_eq!(job.attempt, 1);
+    let info = queue.task(id).unwrap();
+    assert!(matches!(info.state.status(), DeliveryStatus::HandedOut { attempt: 1, .. }));
+}
+
 fn q3_concurrent_workers_run_each_task_exactly_once<D: Db>(db: &D) {
     let mut queue = db.queue();
     let ids: Vec<TaskId> =
@@ -468,6 +492,7 @@ on_both_stores!(
     q1_two_reports_of_one_job_never_both_win,
     q1_the_row_holds_the_cores_state_and_every_write_bumps_its_version,
     q2_deadlines_are_read_from_the_database_clock,
+    q2_a_task_is_created_and_delayed_on_the_database_clock,
     q3_concurrent_workers_run_each_task_exactly_once,
     q3_a_claim_takes_only_the_types_it_asks_for_and_due_tasks_first,
     q5_enqueueing_a_key_twice_returns_the_existing_task,
@@ -476,82 +501,69 @@ on_both_stores!(
     a_corrupt_row_is_set_aside_and_does_not_block_the_tasks_behind_it,
     d3_a_worker_that_declined_a_type_is_not_given_that_type_again,
     a_handler_panic_fails_the_attempt_with_the_panicked_class,
+    q1_a_report_whose_row_moved_meanwhile_reads_and_decides_again,
+    q1_a_report_that_keeps_losing_the_race_is_a_conflict_and_writes_nothing,
 );
 
-/// Q1's version guard on PostgreSQL, where a report reads its row unlocked: another writer
-/// moves the version between the report's read and its write.
-#[cfg(feature = "postgres")]
-mod version_guard {
-    use super::*;
-    use persevere_queue::{Candidates, ClaimVisit, Insert, Postgres, Row, UpdateVisit};
+/// Q1's version guard: a report reads its row unlocked, and another writer moves the version
+/// between the report's read and its write, `bumps` times.
+struct Interloper<S> {
+    inner: S,
+    bump: Box<dyn FnMut(i64) + Send>,
+    bumps: usize,
+    visits: usize,
+}
 
-    /// A store whose reports race an interloper that bumps the row's version `bumps` times,
-    /// each time after the report read the row and before it writes.
-    struct Interloper {
-        inner: Postgres,
-        other: ::postgres::Client,
-        bumps: usize,
-        visits: usize,
+impl<S: Store> Store for Interloper<S> {
+    fn now(&mut self) -> Result<persevere::Instant, QueueError> {
+        self.inner.now()
     }
+    fn insert(&mut self, insert: &Insert) -> Result<(i64, bool), QueueError> {
+        self.inner.insert(insert)
+    }
+    fn claim(&mut self, c: Candidates<'_>, limit: u32, visit: &mut ClaimVisit<'_>) -> Result<usize, QueueError> {
+        self.inner.claim(c, limit, visit)
+    }
+    fn update(&mut self, id: i64, visit: &mut UpdateVisit<'_>) -> Result<bool, QueueError> {
+        let Interloper { inner, bump, bumps, visits } = self;
+        inner.update(id, &mut |now, row| {
+            *visits += 1;
+            if *bumps > 0 {
+                *bumps -= 1;
+                bump(id);
+            }
+            visit(now, row)
+        })
+    }
+    fn get(&mut self, id: i64) -> Result<Option<Row>, QueueError> {
+        self.inner.get(id)
+    }
+    fn list(&mut self, status: Status, limit: u32) -> Result<Vec<Row>, QueueError> {
+        self.inner.list(status, limit)
+    }
+    fn advance_clock(&mut self, by: Duration) {
+        self.inner.advance_clock(by);
+    }
+}
 
-    impl Store for Interloper {
-        fn now(&mut self) -> Result<persevere::Instant, QueueError> {
-            self.inner.now()
-        }
-        fn insert(
-            &mut self,
-            make: &mut dyn FnMut(persevere::Instant) -> Result<Insert, QueueError>,
-        ) -> Result<(i64, bool), QueueError> {
-            self.inner.insert(make)
-        }
-        fn claim(&mut self, c: Candidates<'_>, limit: u32, visit: &mut ClaimVisit<'_>) -> Result<usize, QueueError> {
-            self.inner.claim(c, limit, visit)
-        }
-        fn update(&mut self, id: i64, visit: &mut UpdateVisit<'_>) -> Result<bool, QueueError> {
-            let Interloper { inner, other, bumps, visits } = self;
-            inner.update(id, &mut |now, row| {
-                *visits += 1;
-                if *bumps > 0 {
-                    *bumps -= 1;
-                    other.execute("UPDATE persevere_tasks SET version = version + 1 WHERE id = $1", &[&id]).unwrap();
-                }
-                visit(now, row)
-            })
-        }
-        fn get(&mut self, id: i64) -> Result<Option<Row>, QueueError> {
-            self.inner.get(id)
-        }
-        fn list(&mut self, status: Status, limit: u32) -> Result<Vec<Row>, QueueError> {
-            self.inner.list(status, limit)
-        }
-        fn advance_clock(&mut self, by: Duration) {
-            self.inner.advance_clock(by);
-        }
-    }
+fn interloper<D: Db>(db: &D, bumps: usize) -> Queue<Interloper<D::S>> {
+    Queue::new(Interloper { inner: db.connect(), bump: db.interloper(), bumps, visits: 0 })
+}
 
-    fn interloper(db: &common::PgDb, bumps: usize) -> persevere_queue::Queue<Interloper> {
-        let other = ::postgres::Client::connect(&db.params, ::postgres::NoTls).unwrap();
-        persevere_queue::Queue::new(Interloper { inner: db.connect(), other, bumps, visits: 0 })
-    }
+fn q1_a_report_whose_row_moved_meanwhile_reads_and_decides_again<D: Db>(db: &D) {
+    let mut queue = interloper(db, 1);
+    let id = queue.enqueue(NewTask::new("t", "p", policy(3))).unwrap().id;
+    let job = queue.claim("w", &["t"]).unwrap().unwrap();
+    assert_eq!(queue.complete(&job).unwrap(), Status::Completed);
+    assert_eq!(queue.store().visits, 2, "the first write lost to the interloper's; the second decided afresh");
+    assert_eq!(queue.task(id).unwrap().terminal(), Some(&Terminal::Completed { attempt: 1 }));
+}
 
-    #[test]
-    fn q1_a_report_whose_row_moved_meanwhile_reads_and_decides_again() {
-        let Some(db) = common::postgres("q1_moved") else { return };
-        let mut queue = interloper(&db, 1);
-        let id = queue.enqueue(NewTask::new("t", "p", policy(3))).unwrap().id;
-        let job = queue.claim("w", &["t"]).unwrap().unwrap();
-        assert_eq!(queue.complete(&job).unwrap(), Status::Completed);
-        assert_eq!(queue.store().visits, 2, "the first write lost to the interloper's; the second decided afresh");
-        assert_eq!(queue.task(id).unwrap().terminal(), Some(&Terminal::Completed { attempt: 1 }));
-    }
-
-    #[test]
-    fn q1_a_report_that_keeps_losing_the_race_is_a_conflict_and_writes_nothing() {
-        let Some(db) = common::postgres("q1_losing") else { return };
-        let mut queue = interloper(&db, usize::MAX);
-        let id = queue.enqueue(NewTask::new("t", "p", policy(3))).unwrap().id;
-        let job = queue.claim("w", &["t"]).unwrap().unwrap();
-        assert!(matches!(queue.complete(&job), Err(QueueError::Conflict(task)) if task == id));
-        assert_eq!(queue.task(id).unwrap().status, Status::HandedOut, "no report was written");
-    }
+fn q1_a_report_that_keeps_losing_the_race_is_a_conflict_and_writes_nothing<D: Db>(db: &D) {
+    let mut queue = interloper(db, usize::MAX);
+    let id = queue.enqueue(NewTask::new("t", "p", policy(3))).unwrap().id;
+    let job = queue.claim("w", &["t"]).unwrap().unwrap();
+    assert!(matches!(queue.complete(&job), Err(QueueError::Conflict(task)) if task == id));
+    assert_eq!(queue.store().visits, 16, "it read and decided 16 times");
+    assert_eq!(queue.task(id).unwrap().status, Status::HandedOut, "no report was written");
 }

@@ -28,7 +28,12 @@ pub trait Db: Sync {
     fn queue(&self) -> Queue<Self::S> {
         Queue::new(self.connect())
     }
+    /// A writer on a connection of its own that bumps a task's version, as another worker's
+    /// write would.
+    fn interloper(&self) -> Box<dyn FnMut(i64) + Send>;
 }
+
+const BUMP: &str = "UPDATE persevere_tasks SET version = version + 1 WHERE id = $1";
 
 /// A fresh SQLite file for test `name`.
 pub struct SqliteDb {
@@ -49,6 +54,10 @@ impl Db for SqliteDb {
     type S = persevere_queue::Sqlite;
     fn connect(&self) -> Self::S {
         persevere_queue::Sqlite::open(&self.path).unwrap()
+    }
+    fn interloper(&self) -> Box<dyn FnMut(i64) + Send> {
+        let conn = rusqlite::Connection::open(&self.path).unwrap();
+        Box::new(move |id| assert_eq!(conn.execute(BUMP, [id]).unwrap(), 1))
     }
 }
 
@@ -79,6 +88,10 @@ impl Db for PgDb {
     type S = persevere_queue::Postgres;
     fn connect(&self) -> Self::S {
         persevere_queue::Postgres::connect(&self.params).unwrap()
+    }
+    fn interloper(&self) -> Box<dyn FnMut(i64) + Send> {
+        let mut client = postgres::Client::connect(&self.params, postgres::NoTls).unwrap();
+        Box::new(move |id| assert_eq!(client.execute(BUMP, &[&id]).unwrap(), 1))
     }
 }
 
