@@ -28,6 +28,7 @@ pub mod driven;
 pub mod executor;
 pub mod flow;
 pub mod fuzzing;
+pub mod outage;
 pub mod plot;
 pub mod retry;
 pub mod supervision;

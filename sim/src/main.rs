@@ -2,7 +2,8 @@
 //!
 //! - `cargo run -p sim --release` — every scenario family, `SIM_RUNS` scenarios each (default
 //!   20 000), with core events per second and the checks per guarantee, then the contention
-//!   table; the plot goes to `target/sim/contention.svg`.
+//!   table and the outage experiment's; the plots go to `target/sim/contention.svg`,
+//!   `contention-time.svg` and `outage.svg`.
 //! - `cargo run -p sim --release -- sweep <family> <count> [first seed]` — one family only.
 //! - `cargo run -p sim --release -- replay <family> <seed>` — one scenario, with its trace hash,
 //!   or its violation with the recent trace.
@@ -172,17 +173,19 @@ fn report() -> ExitCode {
         print!(" {:>15}", format!("{n} clients"));
     }
     println!();
-    let mut series = Vec::new();
+    let (mut series, mut time_series) = (Vec::new(), Vec::new());
     for strategy in Strategy::ALL {
         print!("{:<20}", strategy.name());
-        let mut points = Vec::new();
+        let (mut points, mut times) = (Vec::new(), Vec::new());
         for n in contenders {
             let c = contention::mean(strategy, n, 20, 1);
             print!(" {:>15}", format!("{} / {:.2}s", c.calls, c.finished.as_secs_f64()));
             points.push((f64::from(n), c.calls as f64));
+            times.push((f64::from(n), c.finished.as_secs_f64() * 1e3));
         }
         println!();
         series.push(Series { name: strategy.name(), points });
+        time_series.push(Series { name: strategy.name(), points: times });
     }
     println!("(each cell: total calls / time until the last client finished)");
     let plain = contention::mean(Strategy::Exponential, 100, 20, 1).calls;
@@ -194,12 +197,66 @@ fn report() -> ExitCode {
             100.0 * calls as f64 / plain as f64
         );
     }
-    let svg = line_chart("Total calls to finish, by retry strategy", "contenders", "total calls (log)", &series, true);
+    write_plot(
+        "contention.svg",
+        &line_chart("Total calls to finish, by retry strategy", "contenders", "total calls (log)", &series, true),
+    );
+    write_plot(
+        "contention-time.svg",
+        &line_chart(
+            "Time until the last client finished, by retry strategy",
+            "contenders",
+            "milliseconds (log)",
+            &time_series,
+            true,
+        ),
+    );
+    outage_report();
+    if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS }
+}
+
+/// The outage experiment's table and its timeline plot.
+fn outage_report() {
+    use sim::outage::{self, Protection};
+    println!(
+        "\noutage: {} clients, {} requests/s in all, each retried up to 3 times (exponential backoff from 20 ms, \
+         full jitter); the dependency fails every call from {:?} to {:?}, and serves at most 1.5x the requests\n",
+        outage::CLIENTS,
+        outage::CLIENTS * 1_000 / outage::REQUEST_EVERY.as_millis() as u64,
+        outage::OUTAGE_START,
+        outage::OUTAGE_END
+    );
+    println!("{:<26} {:>14} {:>18} {:>12}", "protection", "amplification", "time to recover", "succeeded");
+    let mut series = Vec::new();
+    for protection in Protection::ALL {
+        let run = outage::run(protection, 1);
+        println!(
+            "{:<26} {:>13.2}x {:>18} {:>11.1}%",
+            protection.name(),
+            run.amplification(),
+            run.recovery.map_or("never".to_owned(), |d| format!("{} ms", d.as_millis())),
+            100.0 * run.success_ratio()
+        );
+        let window = outage::WINDOW.as_secs_f64();
+        let points = run.calls_per_window.iter().enumerate().map(|(w, &n)| (w as f64 * window, f64::from(n))).collect();
+        series.push(Series { name: protection.name(), points });
+    }
+    println!(
+        "(amplification: calls reaching the dependency per request sent during the outage; time to recover: \
+         from the outage's end to the first 100 ms in which 99% of the requests sent succeed)"
+    );
+    write_plot(
+        "outage.svg",
+        &line_chart("Calls reaching the dependency during an outage", "seconds", "calls per 100 ms", &series, false),
+    );
+}
+
+/// Writes `svg` to `target/sim/<name>` in the workspace.
+fn write_plot(name: &str, svg: &str) {
     let workspace = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap_or(std::path::Path::new("."));
-    let path = workspace.join("target/sim/contention.svg");
+    let path = workspace.join("target/sim").join(name);
     match std::fs::create_dir_all(path.parent().expect("a parent")).and_then(|()| std::fs::write(&path, svg)) {
         Ok(()) => println!("plot written to {}", path.display()),
         Err(e) => eprintln!("could not write the plot to {}: {e}", path.display()),
     }
-    if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS }
 }
