@@ -98,37 +98,25 @@ pub fn line_chart(title: &str, x_label: &str, y_label: &str, series: &[Series<'_
     for s in x_ticks {
         let _ = writeln!(svg, r#"<text x="{}" y="{}" text-anchor="middle">{s}</text>"#, px(s), h - bottom + 16.0);
     }
-    if !log_y {
+    // Horizontal grid lines with their labels: every decade on a log axis, a round step on a
+    // linear one.
+    let grid: Vec<f64> = if log_y {
+        (0..=y_hi as i32).map(|decade| 10f64.powi(decade)).collect()
+    } else {
         let step = nice_step(y_hi - y_lo, 6.0);
-        let mut y = (y_lo / step).ceil() * step;
-        while y <= y_hi {
-            let _ = writeln!(
-                svg,
-                r##"<line x1="{left}" y1="{0}" x2="{1}" y2="{0}" stroke="#ddd"/><text x="{2}" y="{3}" text-anchor="end">{4}</text>"##,
-                py(y),
-                w - right,
-                left - 6.0,
-                py(y) + 4.0,
-                (y * 1e6).round() / 1e6
-            );
-            y += step;
-        }
-    }
-    if log_y {
-        let mut decade = 0.0;
-        while decade <= y_hi {
-            let y = 10f64.powf(decade);
-            let _ = writeln!(
-                svg,
-                r##"<line x1="{left}" y1="{0}" x2="{1}" y2="{0}" stroke="#ddd"/><text x="{2}" y="{3}" text-anchor="end">{4}</text>"##,
-                py(y),
-                w - right,
-                left - 6.0,
-                py(y) + 4.0,
-                y
-            );
-            decade += 1.0;
-        }
+        let first = (y_lo / step).ceil();
+        (0..).map(|k| (first + f64::from(k)) * step).take_while(|y| *y <= y_hi).collect()
+    };
+    for y in grid {
+        let _ = writeln!(
+            svg,
+            r##"<line x1="{left}" y1="{0}" x2="{1}" y2="{0}" stroke="#ddd"/><text x="{2}" y="{3}" text-anchor="end">{4}</text>"##,
+            py(y),
+            w - right,
+            left - 6.0,
+            py(y) + 4.0,
+            (y * 1e6).round() / 1e6
+        );
     }
     let mut order: Vec<usize> = (0..series.len()).collect();
     order.sort_by(|a, b| STROKES[b % STROKES.len()].0.total_cmp(&STROKES[a % STROKES.len()].0));
