@@ -36,8 +36,8 @@ pub use persevere_driver::SchedulerError;
 #[cfg(feature = "http")]
 pub use persevere_driver::retry_after;
 pub use persevere_driver::{
-    BreakerCall, BreakerTransition, ByResult, ByTrait, CallClassifier, CallError, Classifier, Classify, GaveUp, Notify,
-    Operation, Retried, RetryAll, RetryEvent, RetryGate, Stats,
+    BreakerCall, BreakerTransition, BudgetTicket, ByResult, ByTrait, CallClassifier, CallError, Classifier, Classify,
+    GaveUp, Notify, Operation, Retried, RetryAll, RetryEvent, RetryGate, Stats,
 };
 #[cfg(feature = "supervisor")]
 pub use persevere_driver::{

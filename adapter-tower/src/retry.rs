@@ -354,6 +354,7 @@ pin_project! {
     where
         S: Service<Req>,
         Rt: Runtime,
+        G: RetryGate,
     {
         /// Attempt 1 of a policy that needs no clock, with what a retry would need.
         First {
@@ -381,6 +382,7 @@ pin_project! {
     where
         S: Service<Req>,
         Rt: Runtime,
+        G: RetryGate,
     {
         #[pin]
         state: State<S, Req, Rt, C, G>,
@@ -391,6 +393,7 @@ impl<S, Req, Rt, C, G> fmt::Debug for ResponseFuture<S, Req, Rt, C, G>
 where
     S: Service<Req>,
     Rt: Runtime,
+    G: RetryGate,
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ResponseFuture").finish_non_exhaustive()
@@ -423,7 +426,7 @@ where
                         Ok(Poll::Ready(Ok(response))) => {
                             if let Some(rest) = rest {
                                 rest.gate.on_request(None);
-                                rest.gate.on_success();
+                                rest.gate.on_success(None);
                             }
                             return Poll::Ready(Ok(response));
                         }

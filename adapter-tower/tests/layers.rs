@@ -14,20 +14,23 @@ use tower::{Layer, Service, ServiceExt, service_fn};
 #[global_allocator]
 static GLOBAL: alloc_counter::Counting = alloc_counter::Counting;
 
-/// A gate that writes down what it hears.
+/// A gate that writes down what it hears; its tickets say which retry they granted.
 #[derive(Clone, Default)]
 struct Recorder(Arc<Mutex<Vec<&'static str>>>);
 
 impl RetryGate for Recorder {
+    type Ticket = &'static str;
     fn on_request(&self, _: Option<Instant>) {
         self.0.lock().unwrap().push("request");
     }
-    fn allow_retry(&self, _: Option<Instant>, _: FailureClass) -> bool {
-        self.0.lock().unwrap().push("retry?");
-        true
+    fn allow_retry(&self, _: Option<Instant>, _: FailureClass) -> Option<&'static str> {
+        let mut log = self.0.lock().unwrap();
+        let granted = if log.contains(&"retry?") { "success of retry 2" } else { "success of retry 1" };
+        log.push("retry?");
+        Some(granted)
     }
-    fn on_success(&self) {
-        self.0.lock().unwrap().push("success");
+    fn on_success(&self, ticket: Option<&'static str>) {
+        self.0.lock().unwrap().push(ticket.unwrap_or("success"));
     }
 }
 
@@ -73,7 +76,11 @@ async fn t1_the_gate_hears_one_request_and_one_success_per_call_on_either_path()
         let service = RetryLayer::new(policy(timeout)).gate(gate.clone()).layer(service);
         assert_eq!(service.oneshot(2).await.unwrap(), 20);
         assert_eq!(calls.load(Ordering::Relaxed), 3);
-        assert_eq!(gate.take(), ["request", "retry?", "retry?", "success"], "two failures first, timeout {timeout:?}");
+        assert_eq!(
+            gate.take(),
+            ["request", "retry?", "retry?", "success of retry 2"],
+            "two failures first, timeout {timeout:?}"
+        );
     }
 }
 
@@ -84,7 +91,7 @@ async fn t1_a_first_attempt_that_panics_is_a_panicked_failure_and_retried() {
     let service = RetryLayer::new(policy(None)).gate(gate.clone()).layer(service);
     assert_eq!(service.oneshot(3).await.unwrap(), 30);
     assert_eq!(calls.load(Ordering::Relaxed), 2);
-    assert_eq!(gate.take(), ["request", "retry?", "success"]);
+    assert_eq!(gate.take(), ["request", "retry?", "success of retry 1"]);
 
     // Every attempt panics: the loop gives up with the class of the last.
     let service = service_fn(|_: u32| async { panic!("always") as Result<u32, u32> });

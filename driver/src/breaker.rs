@@ -515,7 +515,9 @@ impl<Rt: Runtime> Breaker<Rt> {
 /// A breaker vetoes retries while it would reject calls: retrying into an open circuit only
 /// adds load (U4).
 impl<Rt: Runtime> RetryGate for Breaker<Rt> {
-    fn allow_retry(&self, _: Option<Instant>, _: FailureClass) -> bool {
-        !matches!(self.status(), BreakerStatus::Open { .. } | BreakerStatus::Isolated)
+    type Ticket = ();
+
+    fn allow_retry(&self, _: Option<Instant>, _: FailureClass) -> Option<()> {
+        (!matches!(self.status(), BreakerStatus::Open { .. } | BreakerStatus::Isolated)).then_some(())
     }
 }

@@ -3,7 +3,9 @@
 use std::fmt;
 use std::sync::Arc;
 
-use persevere::{FailureClass, Instant, RatioBudget, RatioBudgetPolicy, RetryClass, TokenBucket, TokenBucketPolicy};
+use persevere::{
+    FailureClass, Grant, Instant, RatioBudget, RatioBudgetPolicy, RetryClass, TokenBucket, TokenBucketPolicy,
+};
 
 use crate::classify::RetryGate;
 use crate::runtime::Runtime;
@@ -19,9 +21,9 @@ enum Kind {
 /// [`Rejected`](persevere::OutcomeKind::Rejected).
 ///
 /// - A token bucket ([`Budget::tokens`], e.g. [`TokenBucketPolicy::aws`]) charges each retry
-///   by its failure class and earns tokens back on successes (the per-success refund; a
-///   successful retry is refunded like any success, since the gate does not track which
-///   operation holds which grant).
+///   by its failure class and earns tokens back on successes: the per-success refund, or, for
+///   a successful retry under a policy that refunds retry costs (AWS), what that retry cost
+///   (its [`BudgetTicket`] carries the grant from the retry to its success).
 /// - A ratio budget ([`Budget::ratio`], e.g. [`RatioBudgetPolicy::finagle`]) counts each
 ///   operation as a request and grants retries up to the ratio over its window; counting a
 ///   request reads the runtime's clock, so this kind costs one clock read per operation.
@@ -37,7 +39,7 @@ enum Kind {
 /// use persevere_driver::{Budget, RetryGate};
 ///
 /// let budget = Budget::tokens(Clock, TokenBucketPolicy::builder(10).costs(5, 5, 5).build()?);
-/// let granted = (0..3).filter(|_| budget.allow_retry(None, persevere::FailureClass::Retryable)).count();
+/// let granted = (0..3).filter(|_| budget.allow_retry(None, persevere::FailureClass::Retryable).is_some()).count();
 /// assert_eq!(granted, 2); // 10 tokens at 5 a retry
 /// # Ok::<(), persevere::PolicyError>(())
 /// ```
@@ -76,9 +78,33 @@ impl<Rt: Runtime> Budget<Rt> {
     pub fn ratio(runtime: Rt, policy: RatioBudgetPolicy) -> Self {
         Budget { shared: Arc::new((runtime, Kind::Ratio { policy, budget: Mutex::new(RatioBudget::new()) })) }
     }
+
+    /// A token bucket's balance, in milli-tokens; `None` for a ratio budget.
+    pub fn balance_milli(&self) -> Option<u64> {
+        match &self.shared.1 {
+            Kind::Tokens { bucket, .. } => Some(lock(bucket).balance_milli()),
+            Kind::Ratio { .. } => None,
+        }
+    }
+}
+
+/// A retry a [`Budget`] granted: a token bucket's [`Grant`], refunded if the retry succeeds
+/// and the policy refunds retry costs; nothing for a ratio budget.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BudgetTicket {
+    grant: Option<Grant>,
+}
+
+impl BudgetTicket {
+    /// The token bucket's grant, if the budget is one.
+    pub fn grant(&self) -> Option<Grant> {
+        self.grant
+    }
 }
 
 impl<Rt: Runtime> RetryGate for Budget<Rt> {
+    type Ticket = BudgetTicket;
+
     fn on_request(&self, now: Option<Instant>) {
         let (runtime, kind) = &*self.shared;
         if let Kind::Ratio { policy, budget } = kind {
@@ -87,17 +113,20 @@ impl<Rt: Runtime> RetryGate for Budget<Rt> {
         }
     }
 
-    fn allow_retry(&self, now: Option<Instant>, class: FailureClass) -> bool {
+    fn allow_retry(&self, now: Option<Instant>, class: FailureClass) -> Option<BudgetTicket> {
         let (runtime, kind) = &*self.shared;
         let granted = match kind {
-            Kind::Tokens { policy, bucket } => lock(bucket).try_acquire(policy, RetryClass::from(class)).is_ok(),
+            Kind::Tokens { policy, bucket } => lock(bucket)
+                .try_acquire(policy, RetryClass::from(class))
+                .ok()
+                .map(|grant| BudgetTicket { grant: Some(grant) }),
             Kind::Ratio { policy, budget } => {
                 let now = now.unwrap_or_else(|| runtime.now());
-                lock(budget).try_acquire(policy, now).is_ok()
+                lock(budget).try_acquire(policy, now).ok().map(|()| BudgetTicket { grant: None })
             }
         };
         #[cfg(any(feature = "tracing", feature = "metrics"))]
-        if !granted {
+        if granted.is_none() {
             let budget = match kind {
                 Kind::Tokens { .. } => "tokens",
                 Kind::Ratio { .. } => "ratio",
@@ -110,9 +139,9 @@ impl<Rt: Runtime> RetryGate for Budget<Rt> {
         granted
     }
 
-    fn on_success(&self) {
+    fn on_success(&self, ticket: Option<BudgetTicket>) {
         if let Kind::Tokens { policy, bucket } = &self.shared.1 {
-            lock(bucket).record_success(policy, None);
+            lock(bucket).record_success(policy, ticket.and_then(|t| t.grant));
         }
     }
 }

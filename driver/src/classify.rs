@@ -114,14 +114,24 @@ impl<E, F: FnMut(&RetryEvent<'_, E>)> Notify<E> for F {
 /// `retry` calls [`on_request`](RetryGate::on_request) once per operation,
 /// [`allow_retry`](RetryGate::allow_retry) whenever the machine wants to retry (a refusal ends
 /// the operation with `Rejected`), and [`on_success`](RetryGate::on_success) when an attempt
-/// succeeds. `()` allows everything.
+/// succeeds, with the [`Ticket`](RetryGate::Ticket) of the retry that made that attempt. `()`
+/// allows everything.
+///
+/// # Tickets
+/// A granted retry is a ticket, kept by the operation until its next attempt ends: handed back
+/// to `on_success` if that attempt succeeds, dropped if it fails, if the operation ends, or if
+/// its future is dropped. A token bucket's ticket is its [`Grant`](persevere::Grant), so a
+/// successful retry gives back what it cost when the policy says so (the AWS SDKs' refund); a
+/// gate that counts retries in flight can release one in its ticket's `Drop`, which runs exactly
+/// once whatever happens. A gate that keeps nothing uses `()`.
 ///
 /// # Several gates
 /// A tuple of up to four gates is a gate: every gate hears of each request and success, and a
-/// retry is allowed when every gate allows it. The gates are asked in order and the first
-/// refusal stops the asking, so a gate that spends on a grant (a [`Budget`](crate::Budget))
-/// belongs after one that only looks (a [`Breaker`](crate::Breaker)): then no token is spent
-/// on a retry the breaker refuses.
+/// retry is allowed when every gate allows it (the ticket is the tuple of theirs). The gates
+/// are asked in order and the first refusal stops the asking, so a gate that spends on a grant
+/// (a [`Budget`](crate::Budget)) belongs after one that only looks (a
+/// [`Breaker`](crate::Breaker)): then no token is spent on a retry the breaker refuses. (A
+/// grant made before a later gate refused is dropped at once.)
 ///
 /// ```
 /// use std::time::Duration;
@@ -143,43 +153,57 @@ impl<E, F: FnMut(&RetryEvent<'_, E>)> Notify<E> for F {
 /// let gates = (breaker.clone(), budget.clone());
 /// // `retry(..).gate(gates)` asks both before each retry.
 /// # gates.on_request(None);
-/// # assert!(gates.allow_retry(None, FailureClass::Retryable));
+/// # assert!(gates.allow_retry(None, FailureClass::Retryable).is_some());
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub trait RetryGate {
+    /// What a granted retry holds until its attempt ends (see [Tickets](RetryGate#tickets)).
+    type Ticket;
+
     /// An operation starts (its first attempt). `now` is `None` on the clock-free fast path.
     fn on_request(&self, now: Option<Instant>) {
         let _ = now;
     }
 
-    /// May a retry after a failure of `class` be scheduled? `now` is `None` when the
-    /// operation runs without reading the clock (its policy has no budget and no deadline); a
-    /// gate that needs the time reads its own clock then.
-    fn allow_retry(&self, now: Option<Instant>, class: FailureClass) -> bool;
+    /// May a retry after a failure of `class` be scheduled? `Some(ticket)` if so. `now` is
+    /// `None` when the operation runs without reading the clock (its policy has no budget and
+    /// no deadline); a gate that needs the time reads its own clock then.
+    fn allow_retry(&self, now: Option<Instant>, class: FailureClass) -> Option<Self::Ticket>;
 
-    /// An attempt succeeded.
-    fn on_success(&self) {}
+    /// An attempt succeeded; `ticket` is the grant of the retry it was (`None` for a first
+    /// attempt).
+    fn on_success(&self, ticket: Option<Self::Ticket>) {
+        drop(ticket);
+    }
 }
 
 impl RetryGate for () {
-    fn allow_retry(&self, _: Option<Instant>, _: FailureClass) -> bool {
-        true
+    type Ticket = ();
+
+    fn allow_retry(&self, _: Option<Instant>, _: FailureClass) -> Option<()> {
+        Some(())
     }
 }
 
 macro_rules! tuple_gate {
     ($($gate:ident . $index:tt),+) => {
         impl<$($gate: RetryGate),+> RetryGate for ($($gate,)+) {
+            type Ticket = ($($gate::Ticket,)+);
+
             fn on_request(&self, now: Option<Instant>) {
                 $(self.$index.on_request(now);)+
             }
 
-            fn allow_retry(&self, now: Option<Instant>, class: FailureClass) -> bool {
-                $(self.$index.allow_retry(now, class))&&+
+            fn allow_retry(&self, now: Option<Instant>, class: FailureClass) -> Option<Self::Ticket> {
+                // In order; `?` stops at the first refusal and drops the grants made before it.
+                Some(($(self.$index.allow_retry(now, class)?,)+))
             }
 
-            fn on_success(&self) {
-                $(self.$index.on_success();)+
+            fn on_success(&self, ticket: Option<Self::Ticket>) {
+                match ticket {
+                    Some(ticket) => { $(self.$index.on_success(Some(ticket.$index));)+ }
+                    None => { $(self.$index.on_success(None);)+ }
+                }
             }
         }
     };
@@ -190,29 +214,33 @@ tuple_gate!(A.0, B.1, C.2);
 tuple_gate!(A.0, B.1, C.2, D.3);
 
 impl<G: RetryGate + ?Sized> RetryGate for &G {
+    type Ticket = G::Ticket;
+
     fn on_request(&self, now: Option<Instant>) {
         (**self).on_request(now)
     }
 
-    fn allow_retry(&self, now: Option<Instant>, class: FailureClass) -> bool {
+    fn allow_retry(&self, now: Option<Instant>, class: FailureClass) -> Option<G::Ticket> {
         (**self).allow_retry(now, class)
     }
 
-    fn on_success(&self) {
-        (**self).on_success()
+    fn on_success(&self, ticket: Option<G::Ticket>) {
+        (**self).on_success(ticket)
     }
 }
 
 impl<G: RetryGate + ?Sized> RetryGate for std::sync::Arc<G> {
+    type Ticket = G::Ticket;
+
     fn on_request(&self, now: Option<Instant>) {
         (**self).on_request(now)
     }
 
-    fn allow_retry(&self, now: Option<Instant>, class: FailureClass) -> bool {
+    fn allow_retry(&self, now: Option<Instant>, class: FailureClass) -> Option<G::Ticket> {
         (**self).allow_retry(now, class)
     }
 
-    fn on_success(&self) {
-        (**self).on_success()
+    fn on_success(&self, ticket: Option<G::Ticket>) {
+        (**self).on_success(ticket)
     }
 }

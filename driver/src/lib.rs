@@ -52,7 +52,7 @@ mod supervisor;
 mod sync;
 
 pub use breaker::{Breaker, BreakerCall, BreakerTransition, ByResult, CallClassifier, CallError};
-pub use budget::Budget;
+pub use budget::{Budget, BudgetTicket};
 pub use classify::{ByTrait, Classifier, Classify, Notify, RetryAll, RetryEvent, RetryGate};
 #[cfg(any(feature = "supervisor", feature = "scheduler"))]
 pub use job::JobError;

@@ -241,6 +241,7 @@ pin_project! {
     pub struct RetryFuture<Rt, P, Op, Fut, E, C = RetryAll, N = (), G = (), S = Pending<()>>
     where
         Rt: Runtime,
+        G: RetryGate,
     {
         rt: Rt,
         policy: P,
@@ -248,6 +249,8 @@ pin_project! {
         classifier: C,
         notify: N,
         gate: G,
+        // The gate's grant of the retry that runs (or waits to), until that attempt ends.
+        ticket: Option<G::Ticket>,
         seed: Option<u64>,
         stage: Stage,
         // The machine, created at the first failure (or at the start when the clock is read
@@ -305,6 +308,7 @@ where
         classifier: RetryAll,
         notify: (),
         gate: (),
+        ticket: None,
         seed: None,
         stage: Stage::Fresh,
         machine: None,
@@ -314,9 +318,9 @@ where
     }
 }
 
-impl<Rt: Runtime, P, Op, Fut, E, C, N, G, S> RetryFuture<Rt, P, Op, Fut, E, C, N, G, S> {
+impl<Rt: Runtime, P, Op, Fut, E, C, N, G: RetryGate, S> RetryFuture<Rt, P, Op, Fut, E, C, N, G, S> {
     /// Replaces the hooks before the first poll.
-    fn map<C2, N2, G2, S2>(
+    fn map<C2, N2, G2: RetryGate, S2>(
         self,
         hooks: impl FnOnce(C, N, G, S) -> (C2, N2, G2, S2),
     ) -> RetryFuture<Rt, P, Op, Fut, E, C2, N2, G2, S2> {
@@ -328,6 +332,7 @@ impl<Rt: Runtime, P, Op, Fut, E, C, N, G, S> RetryFuture<Rt, P, Op, Fut, E, C, N
             classifier,
             notify,
             gate,
+            ticket: None,
             seed: self.seed,
             stage: self.stage,
             machine: self.machine,
@@ -490,7 +495,7 @@ where
         match catch_unwind(AssertUnwindSafe(|| fut.poll(cx))) {
             Ok(Poll::Ready(Ok(value))) => {
                 this.running.set(None);
-                this.gate.on_success();
+                this.gate.on_success(None);
                 *this.stage = Stage::Done;
                 event!(attempts = 1u64, "operation succeeded");
                 metric!(metrics::counter!("persevere_operations_total", "outcome" => "succeeded").increment(1));
@@ -563,6 +568,7 @@ where
             classifier: &mut *this.classifier,
             notify: &mut *this.notify,
             gate: &*this.gate,
+            ticket: &mut *this.ticket,
         };
         run(
             (*this.policy).borrow(),
@@ -580,12 +586,13 @@ where
     }
 }
 
-/// The user's code that [`run`] calls.
-struct Hooks<'a, Op, C, N, G> {
+/// The user's code that [`run`] calls, and the gate's ticket.
+struct Hooks<'a, Op, C, N, G: RetryGate> {
     op: &'a mut Op,
     classifier: &'a mut C,
     notify: &'a mut N,
     gate: &'a G,
+    ticket: &'a mut Option<G::Ticket>,
 }
 
 /// [`RetryFuture::drive`]'s body, with the policy, the machine and each part of the future as
@@ -621,7 +628,7 @@ where
     G: RetryGate,
     S: Future<Output = ()>,
 {
-    let Hooks { op, classifier, notify, gate } = hooks;
+    let Hooks { op, classifier, notify, gate, ticket } = hooks;
     if *stage == Stage::Done {
         panic!("`RetryFuture` polled after it completed");
     }
@@ -653,12 +660,13 @@ where
         };
     }
 
-    // The attempt ended without a value, or the cancel fired: drop the attempt and any timer,
-    // and tell the machine (which is drained, and runs that attempt).
+    // The attempt ended without a value, or the cancel fired: drop the attempt, any timer and
+    // its retry's ticket, and tell the machine (which is drained, and runs that attempt).
     macro_rules! end {
         ($ended:expr) => {{
             running.set(None);
             timer.set(None);
+            *ticket = None;
             end_attempt(retry, policy, now!(), rng, $ended);
         }};
     }
@@ -694,18 +702,22 @@ where
                     let _ = attempt;
                     running.set(None);
                     timer.set(None);
+                    *ticket = None;
                 }
                 RetryAction::Sleep { next_attempt, delay, until } => {
                     let failure = retry.last_failure();
                     let class = failure.map_or(FailureClass::Retryable, |f| f.class);
                     // What the gate is told about the time: the machine's `now` when it is the
                     // clock's.
-                    if !gate.allow_retry(timed.then(|| retry.now()), class) {
-                        event!(next_attempt, "retry refused by the gate");
-                        metric!(metrics::counter!("persevere_retries_refused_total").increment(1));
-                        // The machine is sleeping and drained, so it accepts the refusal.
-                        let _ = retry.handle_rejected(policy, retry.now());
-                        continue;
+                    match gate.allow_retry(timed.then(|| retry.now()), class) {
+                        Some(granted) => *ticket = Some(granted),
+                        None => {
+                            event!(next_attempt, "retry refused by the gate");
+                            metric!(metrics::counter!("persevere_retries_refused_total").increment(1));
+                            // The machine is sleeping and drained, so it accepts the refusal.
+                            let _ = retry.handle_rejected(policy, retry.now());
+                            continue;
+                        }
                     }
                     event!(next_attempt, delay_ns = delay.as_nanos() as u64, "retry scheduled");
                     metric!(metrics::counter!("persevere_retries_total").increment(1));
@@ -733,6 +745,7 @@ where
                     *stage = Stage::Done;
                     running.set(None);
                     timer.set(None);
+                    *ticket = None;
                     let _ = stats;
                     event!(outcome = ?outcome.kind(), attempts = stats.attempts, "operation finished");
                     metric!(
@@ -758,7 +771,7 @@ where
                 Ok(Poll::Ready(Ok(value))) => {
                     running.set(None);
                     timer.set(None);
-                    gate.on_success();
+                    gate.on_success(ticket.take());
                     *stage = Stage::Done;
                     let attempt = retry.attempt();
                     // The attempt is the running one and the machine is drained.

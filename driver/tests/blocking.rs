@@ -69,8 +69,9 @@ fn r2_a_blocking_retry_classifies_hints_and_stops_on_fatal_errors() {
 struct Closed;
 
 impl RetryGate for Closed {
-    fn allow_retry(&self, _: Option<Instant>, _: FailureClass) -> bool {
-        false
+    type Ticket = ();
+    fn allow_retry(&self, _: Option<Instant>, _: FailureClass) -> Option<()> {
+        None
     }
 }
 

@@ -199,7 +199,8 @@ fn u2_a_ratio_budget_counts_requests_and_grants_its_ratio() {
     for _ in 0..4 {
         budget.on_request(Some(Instant::ZERO));
     }
-    let granted = (0..10).filter(|_| budget.allow_retry(Some(Instant::ZERO), FailureClass::Retryable)).count();
+    let granted =
+        (0..10).filter(|_| budget.allow_retry(Some(Instant::ZERO), FailureClass::Retryable).is_some()).count();
     assert_eq!(granted, 2, "50% of 4 requests");
     budget.on_request(None); // the fast path: the budget reads its own clock
     assert!(rt.reads.get() >= 1);
@@ -273,7 +274,7 @@ fn u4_a_breaker_and_a_budget_together_each_veto_retries() {
     let b = breaker.clone();
     let done = block_on(retry(&rt, &p, || b.call(async { Err::<(), _>("down") })).gate((&breaker, &budget)));
     assert_eq!((done.result.unwrap_err().outcome, done.stats.attempts), (OutcomeKind::Rejected, 1));
-    assert!(budget.allow_retry(None, FailureClass::Retryable), "the budget spent nothing");
+    assert!(budget.allow_retry(None, FailureClass::Retryable).is_some(), "the budget spent nothing");
 
     // In the other order the budget is asked first and spends its retry on one that the open
     // breaker then refuses: the order the docs of `RetryGate` warn about.
@@ -281,7 +282,7 @@ fn u4_a_breaker_and_a_budget_together_each_veto_retries() {
     let b = breaker.clone();
     let done = block_on(retry(&rt, &p, || b.call(async { Err::<(), _>("down") })).gate((&budget, &breaker)));
     assert_eq!((done.result.unwrap_err().outcome, done.stats.attempts), (OutcomeKind::Rejected, 1));
-    assert!(!budget.allow_retry(None, FailureClass::Retryable), "the budget spent its retry");
+    assert!(budget.allow_retry(None, FailureClass::Retryable).is_none(), "the budget spent its retry");
 }
 
 #[test]
@@ -289,22 +290,23 @@ fn u4_gates_are_asked_in_order_and_each_hears_every_request_and_success() {
     use std::cell::RefCell;
     struct Log<'a>(&'static str, bool, &'a RefCell<Vec<String>>);
     impl RetryGate for Log<'_> {
+        type Ticket = ();
         fn on_request(&self, _: Option<Instant>) {
             self.2.borrow_mut().push(format!("{}:request", self.0));
         }
-        fn allow_retry(&self, _: Option<Instant>, _: FailureClass) -> bool {
+        fn allow_retry(&self, _: Option<Instant>, _: FailureClass) -> Option<()> {
             self.2.borrow_mut().push(format!("{}:ask", self.0));
-            self.1
+            self.1.then_some(())
         }
-        fn on_success(&self) {
+        fn on_success(&self, _: Option<()>) {
             self.2.borrow_mut().push(format!("{}:success", self.0));
         }
     }
     let log = RefCell::new(Vec::new());
     let gates = (Log("a", true, &log), Log("b", true, &log), Log("c", false, &log), Log("d", true, &log));
     gates.on_request(None);
-    assert!(!gates.allow_retry(None, FailureClass::Retryable));
-    gates.on_success();
+    assert!(gates.allow_retry(None, FailureClass::Retryable).is_none());
+    gates.on_success(None);
     let expected = [
         "a:request",
         "b:request",
@@ -321,9 +323,9 @@ fn u4_gates_are_asked_in_order_and_each_hears_every_request_and_success() {
     assert_eq!(*log.borrow(), expected, "d is not asked after c refused");
     log.borrow_mut().clear();
     let pair = (Log("a", true, &log), Log("b", true, &log));
-    assert!(pair.allow_retry(None, FailureClass::Retryable));
+    assert!(pair.allow_retry(None, FailureClass::Retryable).is_some());
     let triple = (Log("a", true, &log), Log("b", true, &log), Log("c", true, &log));
-    assert!(triple.allow_retry(None, FailureClass::Retryable));
+    assert!(triple.allow_retry(None, FailureClass::Retryable).is_some());
 }
 
 #[test]
@@ -374,4 +376,35 @@ fn breaker_listeners_hear_each_transition_once_in_order() {
     assert_eq!(heard[1].at, Instant::from_millis(100));
     assert!(heard.windows(2).all(|w| w[0].generation < w[1].generation), "{heard:?}");
     assert_eq!(*second.lock().unwrap(), 7);
+}
+
+#[test]
+fn u1_aws_a_successful_retry_gets_its_cost_back_and_a_first_success_one_token() {
+    let rt = Virtual::default();
+    let budget = Budget::tokens(rt.clone(), TokenBucketPolicy::aws());
+    let p = RetryPolicy::builder(Backoff::constant(ms(1)).build().unwrap()).max_attempts(3).build().unwrap();
+    assert_eq!(budget.balance_milli(), Some(500_000));
+    // Two retries that fail: 5 tokens each, gone.
+    let done = block_on(retry(&rt, &p, || async { Err::<(), _>("down") }).gate(&budget));
+    assert_eq!(done.result.unwrap_err().outcome, OutcomeKind::Exhausted);
+    assert_eq!(budget.balance_milli(), Some(490_000));
+    // A retry that succeeds gives its 5 tokens back (the grant travels from the retry to its
+    // success), not the 1 token of a success without retry.
+    let mut calls = 0;
+    let done = block_on(
+        retry(&rt, &p, || {
+            calls += 1;
+            let fail = calls == 1;
+            async move { if fail { Err("busy") } else { Ok(()) } }
+        })
+        .gate(&budget),
+    );
+    assert_eq!((done.result, done.stats.attempts), (Ok(()), 2));
+    assert_eq!(budget.balance_milli(), Some(490_000));
+    // A first-attempt success adds 1 token.
+    let done = block_on(retry(&rt, &p, || async { Ok::<_, ()>(()) }).gate(&budget));
+    assert!(done.result.is_ok());
+    assert_eq!(budget.balance_milli(), Some(491_000));
+    // A ratio budget has no balance.
+    assert_eq!(Budget::ratio(rt.clone(), RatioBudgetPolicy::finagle()).balance_milli(), None);
 }

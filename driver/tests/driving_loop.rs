@@ -167,10 +167,101 @@ fn cancel_on_stops_a_hanging_attempt_and_reports_canceled() {
 struct Refuse(Cell<u32>);
 
 impl RetryGate for Refuse {
-    fn allow_retry(&self, _: Option<Instant>, _: FailureClass) -> bool {
+    type Ticket = ();
+    fn allow_retry(&self, _: Option<Instant>, _: FailureClass) -> Option<()> {
         self.0.set(self.0.get() + 1);
-        self.0.get() < 2
+        (self.0.get() < 2).then_some(())
     }
+}
+
+/// A gate that counts the retries it granted that are still in flight: each ticket releases
+/// its retry when dropped, as a concurrency budget (Envoy's) must.
+#[derive(Default)]
+struct InFlight {
+    granted: Cell<u32>,
+    in_flight: Rc<Cell<i32>>,
+    most_in_flight: Cell<i32>,
+    handed_back: Cell<u32>,
+}
+
+struct Slot(Rc<Cell<i32>>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.set(self.0.get() - 1);
+    }
+}
+
+impl RetryGate for InFlight {
+    type Ticket = Slot;
+    fn allow_retry(&self, _: Option<Instant>, _: FailureClass) -> Option<Slot> {
+        self.granted.set(self.granted.get() + 1);
+        self.in_flight.set(self.in_flight.get() + 1);
+        self.most_in_flight.set(self.most_in_flight.get().max(self.in_flight.get()));
+        Some(Slot(self.in_flight.clone()))
+    }
+    fn on_success(&self, ticket: Option<Slot>) {
+        if ticket.is_some() {
+            self.handed_back.set(self.handed_back.get() + 1);
+        }
+    }
+}
+
+/// A runtime whose sleeps never end.
+struct Asleep;
+
+impl persevere_driver::Runtime for Asleep {
+    type Sleep = std::future::Pending<()>;
+    fn now(&self) -> Instant {
+        Instant::ZERO
+    }
+    fn sleep_until(&self, _: Instant) -> Self::Sleep {
+        std::future::pending()
+    }
+}
+
+#[test]
+fn u4_a_retrys_ticket_is_released_once_when_its_attempt_ends_succeeds_or_is_dropped() {
+    let rt = Virtual::default();
+    let p = policy(Backoff::constant(ms(1)).build().unwrap(), 3);
+    // Two retries that fail, then the limit: each ticket is released when its attempt fails.
+    let gate = InFlight::default();
+    let done = block_on(retry(&rt, &p, || async { Err::<(), _>("no") }).gate(&gate));
+    assert_eq!(done.result.unwrap_err().outcome, OutcomeKind::Exhausted);
+    assert_eq!((gate.granted.get(), gate.in_flight.get(), gate.handed_back.get()), (2, 0, 0));
+    assert_eq!(gate.most_in_flight.get(), 1, "the first retry's ticket went when its attempt failed");
+    // A retry that succeeds hands its ticket back to the gate.
+    let gate = InFlight::default();
+    let mut calls = 0;
+    let done = block_on(
+        retry(&rt, &p, || {
+            calls += 1;
+            let fail = calls < 3;
+            async move { if fail { Err("no") } else { Ok(()) } }
+        })
+        .gate(&gate),
+    );
+    assert_eq!(done.result, Ok(()));
+    assert_eq!((gate.granted.get(), gate.in_flight.get(), gate.handed_back.get()), (2, 0, 1));
+    // An operation dropped while it waits for its retry releases the ticket with it.
+    let gate = InFlight::default();
+    let mut future = Box::pin(retry(Asleep, &p, || async { Err::<(), _>("no") }).gate(&gate));
+    let waker = std::task::Waker::noop();
+    assert!(future.as_mut().poll(&mut Context::from_waker(waker)).is_pending());
+    assert_eq!((gate.granted.get(), gate.in_flight.get()), (1, 1), "the retry waits, holding its ticket");
+    drop(future);
+    assert_eq!(gate.in_flight.get(), 0);
+    // And one canceled while it waits releases it when it finishes, before it is dropped.
+    let gate = InFlight::default();
+    let armed = Cell::new(false);
+    let signal = std::future::poll_fn(|_| if armed.get() { Poll::Ready(()) } else { Poll::Pending });
+    let mut future = Box::pin(retry(Asleep, &p, || async { Err::<(), _>("no") }).gate(&gate).cancel_on(signal));
+    assert!(future.as_mut().poll(&mut Context::from_waker(waker)).is_pending());
+    assert_eq!(gate.in_flight.get(), 1);
+    armed.set(true);
+    let Poll::Ready(done) = future.as_mut().poll(&mut Context::from_waker(waker)) else { panic!("canceled") };
+    assert_eq!(done.result.unwrap_err().outcome, OutcomeKind::Canceled);
+    assert_eq!(gate.in_flight.get(), 0, "released as the operation finished");
 }
 
 #[test]

@@ -224,7 +224,7 @@ fn u1_a_token_bucket_grants_exactly_what_it_holds_to_concurrent_retries() {
             .map(|_| {
                 let (budget, granted) = (budget.clone(), granted.clone());
                 thread::spawn(move || {
-                    if budget.allow_retry(None, FailureClass::Retryable) {
+                    if budget.allow_retry(None, FailureClass::Retryable).is_some() {
                         granted.fetch_add(1, Ordering::SeqCst);
                     }
                 })
@@ -251,7 +251,7 @@ fn u2_a_ratio_budget_counts_every_concurrent_request_and_retry() {
                 let (budget, granted) = (budget.clone(), granted.clone());
                 thread::spawn(move || {
                     budget.on_request(None);
-                    if budget.allow_retry(None, FailureClass::Retryable) {
+                    if budget.allow_retry(None, FailureClass::Retryable).is_some() {
                         granted.fetch_add(1, Ordering::SeqCst);
                     }
                 })
@@ -262,7 +262,7 @@ fn u2_a_ratio_budget_counts_every_concurrent_request_and_retry() {
         }
         let granted = granted.load(Ordering::SeqCst);
         assert!(granted <= 1, "{granted} retries granted on two requests at 50 %");
-        let more = budget.allow_retry(None, FailureClass::Retryable);
+        let more = budget.allow_retry(None, FailureClass::Retryable).is_some();
         assert_eq!(granted + usize::from(more), 1, "every request and retry was counted");
     });
 }

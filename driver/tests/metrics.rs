@@ -17,8 +17,9 @@ use common::Virtual;
 struct Refuse;
 
 impl RetryGate for Refuse {
-    fn allow_retry(&self, _: Option<Instant>, _: FailureClass) -> bool {
-        false
+    type Ticket = ();
+    fn allow_retry(&self, _: Option<Instant>, _: FailureClass) -> Option<()> {
+        None
     }
 }
 

@@ -66,5 +66,5 @@ pub(crate) fn breaker_and_budget_scenario(rt: &Virtual) {
 
     let budget = Budget::ratio(rt.clone(), RatioBudgetPolicy::builder(0.1).min_retries_per_sec(0).build().unwrap());
     budget.on_request(None);
-    assert!(!budget.allow_retry(None, FailureClass::Retryable));
+    assert!(budget.allow_retry(None, FailureClass::Retryable).is_none());
 }
