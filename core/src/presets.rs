@@ -51,10 +51,18 @@
 //! assert_eq!(presets::durable_step_with_max_attempts(0), presets::durable_step());
 //! assert_eq!(presets::scheduler_with_trip(0).trip_after(), Some(1));
 //! ```
+//!
+//! **Other systems' budgets and breakers, by name.** [`aws_standard_retry`] with
+//! [`TokenBucketPolicy::aws`](crate::TokenBucketPolicy::aws) is the AWS SDKs' standard retry
+//! mode; [`TokenBucketPolicy::grpc`](crate::TokenBucketPolicy::grpc) is gRPC's retry
+//! throttling; [`RatioBudgetPolicy::finagle`](crate::RatioBudgetPolicy::finagle) is Finagle's
+//! retry budget; [`resilience4j_breaker`] is resilience4j's default circuit breaker. Each says
+//! what, if anything, still differs from its source.
 
 use core::time::Duration;
 
 use crate::backoff::{Backoff, Jitter};
+use crate::breaker::BreakerPolicy;
 use crate::decision::DEFAULT_MAX_HINT;
 use crate::failure::Failure;
 use crate::flow::FlowPolicy;
@@ -156,4 +164,54 @@ pub fn durable_step_with_max_attempts(max_attempts: u32) -> RetryPolicy {
         limit,
         u64::MAX,
     )
+}
+
+/// The AWS SDKs' standard retry mode (the JavaScript SDK v3's `StandardRetryStrategy`,
+/// `DEFAULT_MAX_ATTEMPTS = 3`, `DEFAULT_RETRY_DELAY_BASE = 100` ms, `MAXIMUM_RETRY_DELAY = 20`
+/// s): 3 attempts in all; before retry `i` (from 0) a delay drawn uniformly from
+/// `[0, min(100 ms × 2^i, 20 s)]` (full jitter). Pair it with the retry quota,
+/// [`TokenBucketPolicy::aws`](crate::TokenBucketPolicy::aws), gating each retry.
+///
+/// What differs: the SDK backs off throttling errors from a 500 ms base
+/// (`THROTTLING_RETRY_DELAY_BASE`); this preset has one schedule for every class. The SDK floors
+/// each delay to a millisecond; the core draws whole nanoseconds. A `Retry-After` hint is
+/// honoured up to the core's `max_hint` (B6).
+pub fn aws_standard_retry() -> RetryPolicy {
+    RetryPolicy::preset(
+        Backoff::exponential_unchecked(100_000_000, 2.0, 20_000_000_000, Jitter::Full),
+        Some(3),
+        saturating_nanos(DEFAULT_MAX_HINT),
+    )
+}
+
+/// resilience4j's default circuit breaker (`CircuitBreakerConfig.ofDefaults()`): it opens when
+/// at least 50 % of the last 100 calls failed (`failureRateThreshold = 50`, a count window of
+/// `slidingWindowSize = 100` calls, judged once `minimumNumberOfCalls = 100` are in it) or when
+/// all of them were slow (`slowCallRateThreshold = 100`, `slowCallDurationThreshold = 60` s);
+/// it stays open 60 s (`waitDurationInOpenState`), then admits 10 probes
+/// (`permittedNumberOfCallsInHalfOpenState`).
+///
+/// What differs, and why:
+/// - *Half-open.* resilience4j waits for its 10 probes and reopens if at least 50 % of them
+///   failed (or were slow); this breaker reopens at the first failed probe and closes after 10
+///   successful ones (K4). A dependency that fails half the probes stays shut either way; one
+///   that fails a few of them is reopened here sooner.
+/// - *A probe that never answers.* resilience4j waits for it for ever by default
+///   (`maxWaitDurationInHalfOpenState = 0`), so a hung probe holds the breaker half-open; here a
+///   probe's lease ends after 60 s (the slow-call threshold) and counts as a failure.
+/// - *Open to half-open.* As with resilience4j's default
+///   (`automaticTransitionFromOpenToHalfOpenEnabled = false`), the breaker turns half-open when
+///   a call asks after the open period, not on its own.
+pub fn resilience4j_breaker() -> BreakerPolicy {
+    let minute = Duration::from_secs(60);
+    let open = Backoff::constant(minute).build().unwrap_or_else(|_| unreachable!("60 s is a valid delay"));
+    BreakerPolicy::builder(open)
+        .failure_rate(0.5)
+        .slow_call_rate(1.0, minute)
+        .count_window(100)
+        .minimum_calls(100)
+        .half_open_permits(10)
+        .probe_timeout(minute)
+        .build()
+        .unwrap_or_else(|_| unreachable!("resilience4j's defaults are a valid policy"))
 }

@@ -4,8 +4,9 @@ use core::time::Duration;
 
 use persevere::presets::{self, WorkflowCap, WorkflowRetryOn};
 use persevere::{
-    Backoff, DEFAULT_MAX_HINT, Failure, FailureClass, Flow, FlowPolicy, FlowStatus, Instant, Jitter, LastFailure,
-    Outcome, Retry, RetryAction, RetryPolicy, SupervisionPolicy, TaskDefaults, TripReason,
+    Backoff, Breaker, BreakerStatus, CallOutcome, DEFAULT_MAX_HINT, Failure, FailureClass, Flow, FlowPolicy,
+    FlowStatus, Instant, Jitter, LastFailure, Outcome, Retry, RetryAction, RetryClass, RetryPolicy, SupervisionPolicy,
+    TaskDefaults, TokenBucket, TokenBucketPolicy, TripReason,
 };
 use rand_chacha::ChaCha8Rng;
 use rand_core::SeedableRng;
@@ -163,4 +164,82 @@ fn p_the_durable_step_reads_zero_attempts_as_unlimited_like_the_source() {
     assert_eq!(p.max_attempts(), Some(1));
     assert!(delays(&p, Failure::retryable, 10).0.is_empty(), "1 attempt: no retry");
     assert!(RetryPolicy::builder(*p.backoff()).max_attempts(0).build().is_err(), "unified: 0 is refused");
+}
+
+#[test]
+fn p_the_aws_standard_retry_makes_3_attempts_with_full_jitter_from_100ms_capped_at_20s() {
+    let policy = presets::aws_standard_retry();
+    assert_eq!(policy.max_attempts(), Some(3));
+    let backoff = policy.backoff();
+    let same = Backoff::exponential(Duration::from_millis(100), 2.0).max_delay(secs(20)).jitter(Jitter::Full).build();
+    assert_eq!(*backoff, same.unwrap());
+    assert_eq!(backoff.jitter_kind(), Jitter::Full);
+    // `min(DEFAULT_RETRY_DELAY_BASE × 2^i, MAXIMUM_RETRY_DELAY)` for retry i = 0, 1, …: the
+    // core's envelope counts failures from 1.
+    let ms = Duration::from_millis;
+    let envelopes: Vec<Duration> = (1..=10).map(|n| backoff.envelope(n)).collect();
+    let expected = [100, 200, 400, 800, 1_600, 3_200, 6_400, 12_800, 20_000, 20_000].map(ms);
+    assert_eq!(envelopes, expected);
+    // Every failure is retried until the third attempt; each delay is drawn from [0, envelope].
+    let (slept, outcome) = delays(&policy, Failure::retryable, 10);
+    assert_eq!(slept.len(), 2);
+    assert!(slept[0] <= ms(100) && slept[1] <= ms(200), "{slept:?}");
+    assert!(matches!(outcome, Outcome::Exhausted { .. }));
+    // With the retry quota: 500 tokens at RETRY_COST 5 pay for exactly 100 retries, at
+    // TIMEOUT_RETRY_COST 10 for 50.
+    let quota = TokenBucketPolicy::aws();
+    for (class, granted) in [(RetryClass::Transient, 100), (RetryClass::Timeout, 50)] {
+        let mut bucket = TokenBucket::new(&quota);
+        let got = (0..200).filter(|_| bucket.try_acquire(&quota, class).is_ok()).count();
+        assert_eq!(got, granted, "{class:?}");
+    }
+}
+
+/// Records `outcomes` (true: a failure) at `now`, each taking `took`.
+fn record(breaker: &mut Breaker, policy: &persevere::BreakerPolicy, now: Instant, took: Duration, failures: &[bool]) {
+    let mut rng = ChaCha8Rng::seed_from_u64(1);
+    for &failed in failures {
+        let permit = breaker.try_acquire(policy, now, &mut rng).expect("admitted");
+        let outcome = if failed { CallOutcome::Failure } else { CallOutcome::Success };
+        breaker.record(policy, now + took, permit, outcome, &mut rng).unwrap();
+    }
+}
+
+#[test]
+fn p_the_resilience4j_breaker_opens_at_half_of_100_calls_waits_60s_and_admits_10_probes() {
+    let policy = presets::resilience4j_breaker();
+    let t0 = Instant::from_secs(1);
+    let fast = Duration::from_millis(5);
+    // "If only 99 calls have been recorded the breaker will not open even if all 99 failed."
+    let mut breaker = Breaker::new(&policy, 1);
+    record(&mut breaker, &policy, t0, fast, &[true; 99]);
+    assert_eq!(breaker.status(), BreakerStatus::Closed);
+    record(&mut breaker, &policy, t0, fast, &[true]);
+    assert!(matches!(breaker.status(), BreakerStatus::Open { .. }), "the 100th call makes 100 % ≥ 50 %");
+    // 49 % of the last 100 keeps it closed; 50 % opens it ("equal or greater than the threshold").
+    let mut breaker = Breaker::new(&policy, 2);
+    let mut calls = vec![false; 51];
+    calls.extend([true; 49]);
+    record(&mut breaker, &policy, t0, fast, &calls);
+    assert_eq!(breaker.status(), BreakerStatus::Closed);
+    record(&mut breaker, &policy, t0, fast, &[true]);
+    assert!(matches!(breaker.status(), BreakerStatus::Open { .. }), "the oldest success left: 50 of 100");
+    // Open for waitDurationInOpenState = 60 s, then 10 probes at once.
+    let mut rng = ChaCha8Rng::seed_from_u64(2);
+    let opened = t0 + fast;
+    assert!(breaker.try_acquire(&policy, opened + secs(60) - Duration::from_nanos(1), &mut rng).is_err());
+    let half_open = opened + secs(60);
+    let probes: Vec<_> = (0..10).map(|_| breaker.try_acquire(&policy, half_open, &mut rng).expect("a probe")).collect();
+    assert!(breaker.try_acquire(&policy, half_open, &mut rng).is_err(), "an 11th probe");
+    for probe in probes {
+        breaker.record(&policy, half_open + fast, probe, CallOutcome::Success, &mut rng).unwrap();
+    }
+    assert_eq!(breaker.status(), BreakerStatus::Closed, "10 successful probes close it");
+    // Slow calls (60 s or longer) open it only when all of the 100 are slow.
+    let mut breaker = Breaker::new(&policy, 3);
+    record(&mut breaker, &policy, t0, secs(59), &[false]);
+    record(&mut breaker, &policy, t0, secs(60), &[false; 99]);
+    assert_eq!(breaker.status(), BreakerStatus::Closed, "99 of 100 slow");
+    record(&mut breaker, &policy, t0, secs(60), &[false]);
+    assert!(matches!(breaker.status(), BreakerStatus::Open { .. }), "the fast call left: 100 of 100 slow");
 }
