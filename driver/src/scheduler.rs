@@ -19,9 +19,20 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use chrono::{DateTime, Utc};
 use croner::Cron;
 use event_listener::Event;
-use persevere::{Failure, FailureKind, Flow, FlowAction, FlowError, FlowInfo, FlowPolicy, Flows, Instant, PolicyError};
+use persevere::{
+    Failure, FailureKind, Flow, FlowAction, FlowError, FlowInfo, FlowPolicy, FlowStatus, Flows, Instant, PolicyError,
+};
 
 use crate::classify::Classifier;
+
+/// A `tracing` event of target `persevere::scheduler` (the README's Observability table) when
+/// the `tracing` feature is on; nothing otherwise.
+macro_rules! event {
+    ($level:ident, $($arg:tt)*) => {
+        #[cfg(feature = "tracing")]
+        tracing::$level!(target: "persevere::scheduler", $($arg)*);
+    };
+}
 use crate::job::{JobError, catch_create, poll_caught};
 use crate::runtime::Runtime;
 use crate::signals::Nudge;
@@ -97,7 +108,7 @@ where
     Rt: Runtime + Send + Sync + 'static,
     Rt::Sleep: Send,
     Sp: Spawn,
-    K: Ord + Clone + Send + 'static,
+    K: Ord + Clone + fmt::Debug + Send + 'static,
     E: Clone + Send + 'static,
 {
     fn spawn_run(self: Arc<Self>, shared: &Arc<Shared<Rt, Sp, K, E>>, id: K, classifier: Option<SharedClassifier<E>>) {
@@ -198,7 +209,7 @@ where
     Rt: Runtime + Send + Sync + 'static,
     Rt::Sleep: Send,
     Sp: Spawn,
-    K: Ord + Clone + Send + 'static,
+    K: Ord + Clone + fmt::Debug + Send + 'static,
     E: Clone + Send + 'static,
 {
     /// Adds a flow dispatched at start and then every `interval` after each run ends (F5).
@@ -438,7 +449,7 @@ where
     Rt: Runtime + Send + Sync + 'static,
     Rt::Sleep: Send,
     Sp: Spawn,
-    K: Ord + Clone + Send + 'static,
+    K: Ord + Clone + fmt::Debug + Send + 'static,
     E: Clone + Send + 'static,
 {
     /// Takes note of run `id`, which the registry has just dispatched; the caller spawns it
@@ -446,6 +457,11 @@ where
     /// once, and its drop takes the lock).
     fn take_run(state: &mut State<Rt, Sp, K, E>, id: K, batch: &mut Batch<Rt, Sp, K, E>) {
         if let Some(entry) = state.entries.get(&id) {
+            #[cfg(feature = "tracing")]
+            {
+                let run = state.flows.get(&id).map_or(0, |flow| flow.info().run_count);
+                tracing::debug!(target: "persevere::scheduler", flow = ?id, run, "run dispatched");
+            }
             state.in_flight += 1;
             batch.push((id, entry.work.clone()));
         }
@@ -480,7 +496,13 @@ where
             let Some(policy) = state.entries.get(&id).map(|e| e.policy.clone()) else { continue };
             match state.flows.handle_tick(&policy, now, &id, tick) {
                 Ok(FlowAction::Dispatch { .. }) => Self::take_run(state, id.clone(), batch),
-                Ok(_) => state.skipped_ticks += 1,
+                Ok(skipped) => {
+                    if let FlowAction::TickSkipped { reason, .. } = skipped {
+                        event!(debug, flow = ?id, reason = ?reason, "tick skipped");
+                        let _ = reason;
+                    }
+                    state.skipped_ticks += 1;
+                }
                 Err(_) => continue,
             }
             if let Some(cron) = state.entries.get(&id).and_then(|e| e.cron.as_deref()) {
@@ -507,12 +529,26 @@ where
         // flows itself, so it accepts the run's end.
         if let Some(policy) = state.entries.get(id).map(|e| e.policy.clone()) {
             let _ = match end {
-                Some(RunEnd::Succeeded) => state.flows.handle_success(&policy, now, id),
+                Some(RunEnd::Succeeded) => {
+                    event!(debug, flow = ?id, "run succeeded");
+                    state.flows.handle_success(&policy, now, id)
+                }
                 Some(RunEnd::Failed(failure)) => {
+                    event!(debug, flow = ?id, class = ?failure.kind.class(), "run failed");
                     state.flows.handle_failure(&policy, now, id, failure, &mut state.rng).map_err(|r| r.error)
                 }
-                None => state.flows.handle_cancel(&policy, now, id),
+                None => {
+                    event!(debug, flow = ?id, "run canceled");
+                    state.flows.handle_cancel(&policy, now, id)
+                }
             };
+            // A running flow is never tripped: tripped now, this run's end tripped it.
+            if let Some(FlowStatus::Tripped { streak, reason, .. }) = state.flows.get(id).map(Flow::status) {
+                event!(info, flow = ?id, streak, reason = ?reason, "flow tripped");
+                #[cfg(feature = "metrics")]
+                metrics::counter!("persevere_flow_trips_total").increment(1);
+                let _ = (streak, reason);
+            }
         }
         state.in_flight -= 1;
         let due = state.flows.get(id).and_then(Flow::poll_timeout);
@@ -534,7 +570,7 @@ where
     Rt: Runtime + Send + Sync + 'static,
     Rt::Sleep: Send,
     Sp: Spawn,
-    K: Ord + Clone + Send + 'static,
+    K: Ord + Clone + fmt::Debug + Send + 'static,
     E: Clone + Send + 'static,
 {
     shared: Arc<Shared<Rt, Sp, K, E>>,
@@ -546,7 +582,7 @@ where
     Rt: Runtime + Send + Sync + 'static,
     Rt::Sleep: Send,
     Sp: Spawn,
-    K: Ord + Clone + Send + 'static,
+    K: Ord + Clone + fmt::Debug + Send + 'static,
     E: Clone + Send + 'static,
 {
     fn drop(&mut self) {
@@ -567,7 +603,7 @@ async fn run<Rt, Sp, K, E, F, Fut>(
     Rt: Runtime + Send + Sync + 'static,
     Rt::Sleep: Send,
     Sp: Spawn,
-    K: Ord + Clone + Send + 'static,
+    K: Ord + Clone + fmt::Debug + Send + 'static,
     E: Clone + Send + 'static,
 {
     let result = match catch_create(|| (job.0)()) {
@@ -599,7 +635,7 @@ where
     Rt: Runtime + Send + Sync + 'static,
     Rt::Sleep: Send,
     Sp: Spawn,
-    K: Ord + Clone + Send + 'static,
+    K: Ord + Clone + fmt::Debug + Send + 'static,
     E: Clone + Send + 'static,
 {
     let mut timer = pin!(None::<Rt::Sleep>);
@@ -675,7 +711,7 @@ where
     Rt: Runtime + Send + Sync + 'static,
     Rt::Sleep: Send,
     Sp: Spawn,
-    K: Ord + Clone + Send + 'static,
+    K: Ord + Clone + fmt::Debug + Send + 'static,
     E: Clone + Send + 'static,
 {
     /// What the flow `id` looks like now (F9): always a state some transition left it in,
@@ -723,6 +759,7 @@ where
         let now = self.shared.rt.now();
         let mut state = lock(&self.shared.state);
         state.flows.reset_flow(now, id)?;
+        event!(info, flow = ?id, "flow reset");
         let due = state.flows.get(id).and_then(Flow::poll_timeout);
         let wake = due.is_some_and(|due| due < state.sleeping_until);
         drop(state);

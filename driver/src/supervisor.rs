@@ -6,6 +6,7 @@
 //! (best-effort) and one final outcome (reliable).
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::future::{Future, poll_fn};
 use std::pin::{Pin, pin};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -147,13 +148,47 @@ struct Inner<Rt, Sp, K, E> {
 impl<Rt, Sp, K, E> Inner<Rt, Sp, K, E> {
     fn emit(&self, id: &K, at: Instant, event: SupervisionAction<JobError<E>>)
     where
-        K: Clone,
+        K: Clone + fmt::Debug,
     {
+        trace_event(id, &event);
         self.emitted[event_slot(&event)].fetch_add(1, Ordering::Relaxed);
         if let Err(async_channel::TrySendError::Full(_)) =
             self.events_tx.try_send(SupervisorEvent { id: id.clone(), at, event })
         {
             self.emitted[EVENT_KINDS].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Emits `event` of task `id` as a `tracing` event (target `persevere::supervisor`, the
+/// README's Observability table) when the `tracing` feature is on; nothing otherwise.
+#[cfg_attr(not(feature = "tracing"), allow(unused_variables))]
+fn trace_event<K: fmt::Debug, E>(id: &K, event: &SupervisionAction<JobError<E>>) {
+    #[cfg(feature = "tracing")]
+    match *event {
+        SupervisionAction::AttemptStarting { attempt, .. } => {
+            tracing::debug!(target: "persevere::supervisor", task = ?id, attempt, "attempt starting");
+        }
+        SupervisionAction::AttemptSucceeded { attempt } => {
+            tracing::debug!(target: "persevere::supervisor", task = ?id, attempt, "attempt succeeded");
+        }
+        SupervisionAction::AttemptFailed { attempt, class } => {
+            tracing::debug!(target: "persevere::supervisor", task = ?id, attempt, class = ?class, "attempt failed");
+        }
+        SupervisionAction::AttemptTimedOut { attempt } => {
+            tracing::info!(target: "persevere::supervisor", task = ?id, attempt, "attempt timed out");
+        }
+        SupervisionAction::AttemptCanceled { attempt } => {
+            tracing::debug!(target: "persevere::supervisor", task = ?id, attempt, "attempt canceled");
+        }
+        SupervisionAction::BackoffScheduled { next_attempt, delay, .. } => {
+            let delay_ns = u64::try_from(delay.as_nanos()).unwrap_or(u64::MAX);
+            tracing::debug!(target: "persevere::supervisor", task = ?id, next_attempt, delay_ns, "restart scheduled");
+        }
+        SupervisionAction::TaskFinished { ref outcome, attempts } => {
+            tracing::info!(
+                target: "persevere::supervisor", task = ?id, outcome = ?outcome.kind(), attempts, "task finished"
+            );
         }
     }
 }
@@ -323,7 +358,7 @@ where
     Rt: Runtime + Send + Sync + 'static,
     Rt::Sleep: Send,
     Sp: Spawn,
-    K: Ord + Clone + Send + 'static,
+    K: Ord + Clone + fmt::Debug + Send + 'static,
     E: Clone + Send + 'static,
 {
     /// A supervisor whose tasks inherit `defaults` (S1, S2), on the default runtime and
@@ -612,7 +647,7 @@ impl<K, E> futures_core::Stream for Events<K, E> {
 }
 
 /// A task's machine and its reporting duties; its drop reports an outcome if the task did not.
-struct TaskGuard<Rt: Runtime, Sp, K: Ord + Clone, E: Clone> {
+struct TaskGuard<Rt: Runtime, Sp, K: Ord + Clone + fmt::Debug, E: Clone> {
     inner: Arc<Inner<Rt, Sp, K, E>>,
     id: K,
     serial: u64,
@@ -622,7 +657,7 @@ struct TaskGuard<Rt: Runtime, Sp, K: Ord + Clone, E: Clone> {
     aborted: bool,
 }
 
-impl<Rt: Runtime, Sp, K: Ord + Clone, E: Clone> TaskGuard<Rt, Sp, K, E> {
+impl<Rt: Runtime, Sp, K: Ord + Clone + fmt::Debug, E: Clone> TaskGuard<Rt, Sp, K, E> {
     fn emit(&self, at: Instant, event: SupervisionAction<JobError<E>>) {
         self.inner.emit(&self.id, at, event);
     }
@@ -646,7 +681,7 @@ impl<Rt: Runtime, Sp, K: Ord + Clone, E: Clone> TaskGuard<Rt, Sp, K, E> {
     }
 }
 
-impl<Rt: Runtime, Sp, K: Ord + Clone, E: Clone> Drop for TaskGuard<Rt, Sp, K, E> {
+impl<Rt: Runtime, Sp, K: Ord + Clone + fmt::Debug, E: Clone> Drop for TaskGuard<Rt, Sp, K, E> {
     fn drop(&mut self) {
         // The task's future was dropped before it finished (its executor shut down, or never
         // polled it; its attempt, a local of that future, is already dropped): cancel the
@@ -690,7 +725,7 @@ async fn drive<Rt, Sp, K, E, C, F, Fut>(
     mut task: F,
 ) where
     Rt: Runtime,
-    K: Ord + Clone,
+    K: Ord + Clone + fmt::Debug,
     E: Clone,
     C: Classifier<E>,
     F: FnMut() -> Fut,
