@@ -106,6 +106,9 @@ fn thousandths_as_written(x: f64) -> Option<u64> {
 }
 /// Parts per million.
 const PPM: u64 = 1_000_000;
+/// The largest ratio of retries to requests a ratio budget takes (Finagle's bound on
+/// `percentCanRetry`).
+pub const MAX_RATIO: f64 = 1_000.0;
 /// The most buckets a ratio budget's window may have.
 pub const MAX_BUDGET_BUCKETS: u32 = BUCKETS as u32;
 const BUCKETS: usize = 16;
@@ -536,8 +539,9 @@ pub struct RatioBudgetPolicy {
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[must_use = "a builder does nothing until `build()` is called"]
 pub struct RatioBudgetPolicyBuilder {
-    /// Retries allowed per request, in `[0, 1]`; kept exactly as parts per million (rounded to
-    /// the nearest).
+    /// Retries allowed per request, in `[0, 1000]` (Finagle's `percentCanRetry`: 0.1 grants a
+    /// retry per 10 requests, 2.0 two retries per request); kept exactly as parts per million
+    /// (rounded to the nearest).
     pub ratio: f64,
     /// How long a request (and a retry) counts; 10 s by default.
     pub ttl: Duration,
@@ -613,7 +617,7 @@ impl RatioBudgetPolicyBuilder {
     /// Validates the settings.
     ///
     /// # Errors
-    /// [`PolicyError`] when the ratio is NaN, infinite or outside `[0, 1]`, the ttl is zero,
+    /// [`PolicyError`] when the ratio is NaN, infinite or outside `[0, 1000]` ([`MAX_RATIO`]), the ttl is zero,
     /// overflows or is shorter than `buckets` nanoseconds, `buckets` is zero or above
     /// [`MAX_BUDGET_BUCKETS`], or a `burst_window` is zero, longer than `ttl` or not a whole
     /// number of buckets.
@@ -621,8 +625,8 @@ impl RatioBudgetPolicyBuilder {
         if !self.ratio.is_finite() {
             return Err(PolicyError::NotFinite { setting: "ratio", value: self.ratio });
         }
-        if !(0.0..=1.0).contains(&self.ratio) {
-            return Err(PolicyError::FractionOutOfRange { setting: "ratio", value: self.ratio });
+        if !(0.0..=MAX_RATIO).contains(&self.ratio) {
+            return Err(PolicyError::OutOfRange { setting: "ratio", value: self.ratio, min: 0.0, max: MAX_RATIO });
         }
         let ratio_ppm = (self.ratio * PPM as f64 + 0.5) as u64;
         let ttl_ns = nanos_of(self.ttl).ok_or(PolicyError::DurationOverflow { setting: "ttl" })?;

@@ -33,6 +33,18 @@ pub enum PolicyError {
         /// The value given.
         value: f64,
     },
+    /// A setting was outside the range it is defined on.
+    #[error("{setting} must lie in [{min}, {max}], got {value}")]
+    OutOfRange {
+        /// The setting, e.g. `"ratio"`.
+        setting: &'static str,
+        /// The value given.
+        value: f64,
+        /// The smallest value allowed.
+        min: f64,
+        /// The largest value allowed.
+        max: f64,
+    },
     /// The cap (`max_delay`) is below a delay the schedule starts from.
     #[error("max_delay ({max_delay_ns} ns) is below {setting} ({value_ns} ns); raise max_delay or lower {setting}")]
     CapBelow {

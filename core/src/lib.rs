@@ -176,8 +176,8 @@ pub use breaker::{
     MAX_WINDOW_BUCKETS, MAX_WINDOW_CALLS, Permit, Rejected, WindowCounts,
 };
 pub use budget::{
-    BudgetRefused, Grant, MAX_BUDGET_BUCKETS, RatioBudget, RatioBudgetPolicy, RatioBudgetPolicyBuilder, RetryClass,
-    TokenBucket, TokenBucketPolicy, TokenBucketPolicyBuilder,
+    BudgetRefused, Grant, MAX_BUDGET_BUCKETS, MAX_RATIO, RatioBudget, RatioBudgetPolicy, RatioBudgetPolicyBuilder,
+    RetryClass, TokenBucket, TokenBucketPolicy, TokenBucketPolicyBuilder,
 };
 pub use decision::DEFAULT_MAX_HINT;
 #[cfg(feature = "alloc")]

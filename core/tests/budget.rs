@@ -186,8 +186,12 @@ fn u2_the_finagle_preset_has_finagles_defaults() {
 #[test]
 fn u2_invalid_ratio_budget_configurations_are_policy_errors() {
     assert!(matches!(RatioBudgetPolicy::builder(f64::NAN).build(), Err(PolicyError::NotFinite { .. })));
-    assert!(matches!(RatioBudgetPolicy::builder(1.01).build(), Err(PolicyError::FractionOutOfRange { .. })));
-    assert!(matches!(RatioBudgetPolicy::builder(-0.5).build(), Err(PolicyError::FractionOutOfRange { .. })));
+    assert!(matches!(
+        RatioBudgetPolicy::builder(1000.001).build(),
+        Err(PolicyError::OutOfRange { setting: "ratio", min: 0.0, max: 1000.0, .. })
+    ));
+    assert!(matches!(RatioBudgetPolicy::builder(-0.5).build(), Err(PolicyError::OutOfRange { .. })));
+    assert_eq!(RatioBudgetPolicy::builder(1000.0).build().unwrap().ratio_ppm(), 1_000_000_000);
     assert!(matches!(RatioBudgetPolicy::builder(0.1).ttl(Duration::ZERO).build(), Err(PolicyError::Zero { .. })));
     assert!(matches!(RatioBudgetPolicy::builder(0.1).buckets(0).build(), Err(PolicyError::Zero { .. })));
     assert!(matches!(RatioBudgetPolicy::builder(0.1).buckets(17).build(), Err(PolicyError::LimitTooLarge { .. })));
@@ -674,4 +678,30 @@ fn u2_a_loaded_ratio_budget_whose_totals_or_current_bucket_are_impossible_is_ref
         let err = serde_json::from_str::<RatioBudget>(&edited.to_string()).unwrap_err().to_string();
         assert!(err.contains("invalid state of a RatioBudget"), "{what}: {err}");
     }
+}
+
+#[test]
+fn u2_finagle_percent_can_retry_above_one_grants_that_many_retries_per_request() {
+    let now = Instant::from_secs(1);
+    // Finagle's own test budget: "no minimum, and 1 request gives 1 retry" (`percentCanRetry =
+    // 1.0`, `minRetriesPerSec = 0`, a one-minute ttl).
+    let one = RatioBudgetPolicy::builder(1.0).ttl(Duration::from_secs(60)).min_retries_per_sec(0).build().unwrap();
+    let mut budget = RatioBudget::new();
+    budget.record_request(&one, now);
+    assert!(budget.try_acquire(&one, now).is_ok());
+    assert!(budget.try_acquire(&one, now).is_err());
+    // "If 2.0 is used then every non-retry call will allow 2 retries."
+    let two = RatioBudgetPolicy::builder(2.0).min_retries_per_sec(0).build().unwrap();
+    let mut budget = RatioBudget::new();
+    for _ in 0..3 {
+        budget.record_request(&two, now);
+    }
+    let granted = (0..10).filter(|_| budget.try_acquire(&two, now).is_ok()).count();
+    assert_eq!(granted, 6);
+    // The largest ratio Finagle takes, on a full window, without overflow.
+    let most = RatioBudgetPolicy::builder(1000.0).min_retries_per_sec(0).build().unwrap();
+    let mut budget = RatioBudget::new();
+    budget.record_request(&most, now);
+    assert_eq!(most.allowance(u64::from(u32::MAX)), 1_000 * u64::from(u32::MAX));
+    assert_eq!((0..2_000).filter(|_| budget.try_acquire(&most, now).is_ok()).count(), 1_000);
 }

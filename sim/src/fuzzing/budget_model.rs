@@ -211,8 +211,9 @@ fn build_ratio(input: &RatioIn) -> Option<(RatioBudgetPolicy, Ratio)> {
     let mut reasons = Vec::new();
     if !builder.ratio.is_finite() {
         reasons.push(ErrorKind::NotFinite);
-    } else if !(0.0..=1.0).contains(&builder.ratio) {
-        reasons.push(ErrorKind::FractionOutOfRange);
+    } else if !(0.0..=1000.0).contains(&builder.ratio) {
+        // Finagle's `percentCanRetry` range.
+        reasons.push(ErrorKind::OutOfRange);
     }
     let ttl_ns = nanos(builder.ttl);
     match ttl_ns {
