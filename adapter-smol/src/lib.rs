@@ -31,8 +31,6 @@ use std::future::Future;
 use persevere::{Instant, RetryPolicy};
 use persevere_driver::LazyEpoch;
 pub use persevere_driver::Runtime;
-#[cfg(feature = "scheduler")]
-pub use persevere_driver::SchedulerError;
 #[cfg(feature = "http")]
 pub use persevere_driver::retry_after;
 pub use persevere_driver::{
@@ -44,6 +42,8 @@ pub use persevere_driver::{
     DEFAULT_EVENT_CAPACITY, EventCounts, Events, ShutdownReport, SupervisorError, SupervisorEvent, TaskExit,
     TaskHandle, TaskSpec,
 };
+#[cfg(feature = "scheduler")]
+pub use persevere_driver::{FlowChange, FlowTransition, SchedulerError};
 #[cfg(any(feature = "supervisor", feature = "scheduler"))]
 pub use persevere_driver::{JobError, Spawn};
 

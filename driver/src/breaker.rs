@@ -12,6 +12,7 @@ use pin_project_lite::pin_project;
 use persevere::{BreakerPolicy, BreakerStatus, CallOutcome, FailureClass, Instant, Permit, SplitMix64};
 
 use crate::classify::RetryGate;
+use crate::listeners::Listeners;
 use crate::runtime::Runtime;
 use crate::sync::shared::{AtomicU64, Mutex, MutexGuard, Ordering, lock};
 
@@ -51,16 +52,13 @@ struct State {
     rng: SplitMix64,
 }
 
-/// A listener of [`Breaker::on_transition`].
-type Listener = Arc<dyn Fn(&BreakerTransition) + Send + Sync>;
-
 struct Shared<Rt> {
     policy: BreakerPolicy,
     runtime: Rt,
     state: Mutex<State>,
     /// Told of each transition, in the order they were added, after the state's lock is
     /// released. Locked only when the state changes.
-    listeners: Mutex<Vec<Listener>>,
+    listeners: Listeners<BreakerTransition>,
     /// [`clean_token`] of the state's generation while the breaker is clean: closed with no
     /// failure streak and no rate window (or disabled), where a call needs no permit and a
     /// success changes nothing, so neither takes the lock nor reads the clock. [`NOT_CLEAN`]
@@ -339,10 +337,7 @@ impl<Rt: Runtime> Shared<Rt> {
             };
             metrics::counter!("persevere_breaker_transitions_total", "to" => to).increment(1);
         }
-        for listener in lock(&self.listeners).iter() {
-            // A listener's panic is its own: the call that made the change goes on.
-            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| listener(&transition)));
-        }
+        self.listeners.tell(&transition);
     }
 
     /// Admission through the core machine (every call while the breaker is not clean, e.g.
@@ -394,7 +389,7 @@ impl<Rt: Runtime> Breaker<Rt> {
             policy,
             runtime,
             state: Mutex::new(state),
-            listeners: Mutex::new(Vec::new()),
+            listeners: Listeners::new(),
             clean: AtomicU64::new(NOT_CLEAN),
         };
         shared.refresh(&shared.lock());
@@ -493,7 +488,7 @@ impl<Rt: Runtime> Breaker<Rt> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn on_transition(&self, listener: impl Fn(&BreakerTransition) + Send + Sync + 'static) {
-        lock(&self.shared.listeners).push(Arc::new(listener));
+        self.shared.listeners.add(listener);
     }
 
     /// Forces the breaker open until [`reset`](Self::reset).

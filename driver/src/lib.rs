@@ -36,6 +36,7 @@ mod budget;
 mod classify;
 #[cfg(any(feature = "supervisor", feature = "scheduler"))]
 mod job;
+mod listeners;
 mod operation;
 mod retry;
 #[cfg(feature = "http")]
@@ -63,7 +64,7 @@ pub use retry::{GaveUp, Retried, RetryFuture, retry};
 pub use retry_after::retry_after;
 pub use runtime::{LazyEpoch, Runtime};
 #[cfg(feature = "scheduler")]
-pub use scheduler::{Scheduler, SchedulerError, SchedulerHandle};
+pub use scheduler::{FlowChange, FlowTransition, Scheduler, SchedulerError, SchedulerHandle};
 #[cfg(any(feature = "supervisor", feature = "scheduler"))]
 pub use spawn::Spawn;
 #[cfg(feature = "supervisor")]

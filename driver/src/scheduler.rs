@@ -21,6 +21,7 @@ use croner::Cron;
 use event_listener::Event;
 use persevere::{
     Failure, FailureKind, Flow, FlowAction, FlowError, FlowInfo, FlowPolicy, FlowStatus, Flows, Instant, PolicyError,
+    TripReason,
 };
 
 use crate::classify::Classifier;
@@ -34,6 +35,7 @@ macro_rules! event {
     };
 }
 use crate::job::{JobError, catch_create, poll_caught};
+use crate::listeners::Listeners;
 use crate::runtime::Runtime;
 use crate::signals::Nudge;
 use crate::spawn::Spawn;
@@ -373,6 +375,7 @@ where
             }),
             wake: Nudge::default(),
             done: Event::new(),
+            listeners: Listeners::new(),
         });
         shared.spawner.spawn(timer_loop(shared.clone()));
         SchedulerHandle { shared }
@@ -435,6 +438,32 @@ struct State<Rt, Sp, K, E> {
     skipped_ticks: u64,
 }
 
+/// A flow that tripped or was reset, as [`SchedulerHandle::on_transition`] listeners hear it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FlowTransition<K> {
+    /// The flow.
+    pub flow: K,
+    /// What changed.
+    pub change: FlowChange,
+    /// When, on the scheduler's runtime clock.
+    pub at: Instant,
+}
+
+/// What changed in a [`FlowTransition`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FlowChange {
+    /// The flow tripped (F10): no run is dispatched until it is reset.
+    Tripped {
+        /// Its consecutive failures.
+        streak: u32,
+        /// Why it tripped.
+        reason: TripReason,
+    },
+    /// The flow was reset (F8): streak and window zeroed.
+    Reset,
+}
+
 struct Shared<Rt, Sp, K, E> {
     rt: Rt,
     spawner: Sp,
@@ -442,6 +471,7 @@ struct Shared<Rt, Sp, K, E> {
     state: Mutex<State<Rt, Sp, K, E>>,
     wake: Nudge,
     done: Event,
+    listeners: Listeners<FlowTransition<K>>,
 }
 
 impl<Rt, Sp, K, E> Shared<Rt, Sp, K, E>
@@ -525,6 +555,7 @@ where
         let now = self.rt.now();
         let mut guard = lock(&self.state);
         let state = &mut *guard;
+        let mut tripped = None;
         // The flow is running this run (only its end ends it), and the registry drains its
         // flows itself, so it accepts the run's end.
         if let Some(policy) = state.entries.get(id).map(|e| e.policy.clone()) {
@@ -547,7 +578,7 @@ where
                 event!(info, flow = ?id, streak, reason = ?reason, "flow tripped");
                 #[cfg(feature = "metrics")]
                 metrics::counter!("persevere_flow_trips_total").increment(1);
-                let _ = (streak, reason);
+                tripped = Some(FlowChange::Tripped { streak, reason });
             }
         }
         state.in_flight -= 1;
@@ -555,6 +586,9 @@ where
         let wake = due.is_some_and(|due| due < state.sleeping_until);
         let idle = state.in_flight == 0 && state.loop_done;
         drop(guard);
+        if let Some(change) = tripped {
+            self.listeners.tell(&FlowTransition { flow: id.clone(), change, at: now });
+        }
         if wake {
             self.wake.nudge();
         }
@@ -749,6 +783,17 @@ where
         Ok(())
     }
 
+    /// Calls `listener` with each [`FlowTransition`] from now on: a flow that trips (F10) or is
+    /// reset (F8).
+    ///
+    /// Listeners are called in the order they were added, by the task whose run ended (or the
+    /// caller of `reset_flow`), after the scheduler's lock is released. A listener must be
+    /// quick and must not add a listener (that would deadlock); a panic in one is caught and
+    /// ignored.
+    pub fn on_transition(&self, listener: impl Fn(&FlowTransition<K>) + Send + Sync + 'static) {
+        self.shared.listeners.add(listener);
+    }
+
     /// Zeroes the flow's streak and window (F8): a tripped or backing-off flow becomes `Idle`
     /// and is dispatched again by its schedule. A run in flight keeps running; if it fails,
     /// the new streak starts at 1.
@@ -763,6 +808,7 @@ where
         let due = state.flows.get(id).and_then(Flow::poll_timeout);
         let wake = due.is_some_and(|due| due < state.sleeping_until);
         drop(state);
+        self.shared.listeners.tell(&FlowTransition { flow: id.clone(), change: FlowChange::Reset, at: now });
         if wake {
             self.shared.wake.nudge();
         }

@@ -23,6 +23,7 @@ use pin_project_lite::pin_project;
 
 use crate::classify::{Classifier, RetryAll};
 use crate::job::{JobError, catch_create, drop_caught, poll_caught};
+use crate::listeners::Listeners;
 use crate::runtime::Runtime;
 use crate::signals::{OneshotReceiver, OneshotSender, TaskCell, oneshot};
 use crate::spawn::Spawn;
@@ -143,6 +144,7 @@ struct Inner<Rt, Sp, K, E> {
     emitted: [AtomicU64; EVENT_KINDS + 1],
     registry: Mutex<Registry<K, E>>,
     changed: Event,
+    listeners: Listeners<SupervisorEvent<K, E>>,
 }
 
 impl<Rt, Sp, K, E> Inner<Rt, Sp, K, E> {
@@ -152,9 +154,9 @@ impl<Rt, Sp, K, E> Inner<Rt, Sp, K, E> {
     {
         trace_event(id, &event);
         self.emitted[event_slot(&event)].fetch_add(1, Ordering::Relaxed);
-        if let Err(async_channel::TrySendError::Full(_)) =
-            self.events_tx.try_send(SupervisorEvent { id: id.clone(), at, event })
-        {
+        let event = SupervisorEvent { id: id.clone(), at, event };
+        self.listeners.tell(&event);
+        if let Err(async_channel::TrySendError::Full(_)) = self.events_tx.try_send(event) {
             self.emitted[EVENT_KINDS].fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -311,6 +313,7 @@ impl<Rt, Sp> SupervisorBuilder<Rt, Sp> {
                     ended: Vec::new(),
                 }),
                 changed: Event::new(),
+                listeners: Listeners::new(),
             }),
         }
     }
@@ -476,6 +479,17 @@ where
     /// Whether no task is supervised.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Calls `listener` with every lifecycle event of every task from now on (S6), as it
+    /// happens: the same events as [`events`](Self::events), in the same order, and never
+    /// dropped (the channel drops what nobody reads once it is full; a listener hears all).
+    ///
+    /// Listeners are called in the order they were added, by the task the event is about,
+    /// outside the supervisor's locks. A listener must be quick and must not add a listener
+    /// (that would deadlock); a panic in one is caught and ignored.
+    pub fn on_event(&self, listener: impl Fn(&SupervisorEvent<K, E>) + Send + Sync + 'static) {
+        self.inner.listeners.add(listener);
     }
 
     /// The lifecycle events of all tasks. Every call returns a receiver of the same channel:

@@ -1,5 +1,6 @@
 //! The supervisor's and the scheduler's `tracing` events and the scheduler's flow-trip counter
-//! (O2): exact messages, fields and figures, as the README's Observability tables list them.
+//! (O2): exact messages, fields and figures, as the README's Observability tables list them;
+//! and their listeners, which hear the same transitions as callbacks.
 
 mod common;
 
@@ -8,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{Tokio, ms, until};
-use persevere::{Backoff, FlowPolicy, FlowStatusKind, TaskDefaults, TaskOutcome};
-use persevere_driver::{Scheduler, SupervisorBuilder, TaskSpec};
+use persevere::{Backoff, FlowPolicy, FlowStatusKind, TaskDefaults, TaskOutcome, TripReason};
+use persevere_driver::{FlowChange, FlowTransition, Scheduler, SupervisorBuilder, TaskSpec};
 use persevere_tokio::{TokioRuntime, TokioSpawn};
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
@@ -69,6 +70,11 @@ fn o2_a_supervised_task_reports_each_attempt_restart_and_its_end() {
     let lines = recorded("persevere::supervisor", async {
         let supervisor = SupervisorBuilder::<TokioRuntime, TokioSpawn>::new(TaskDefaults::new()).seed(7).build();
         let calls = Arc::new(AtomicU32::new(0));
+        // A listener hears what the event stream carries, and all of it.
+        let heard = Arc::new(Mutex::new(Vec::new()));
+        let log = heard.clone();
+        supervisor.on_event(move |e| log.lock().unwrap().push(e.clone()));
+        let events = supervisor.events();
         let spec = TaskSpec::restartable().backoff(Backoff::constant(ms(5)).build().unwrap());
         let exit = supervisor
             .add("mailer", spec, move || {
@@ -78,6 +84,12 @@ fn o2_a_supervised_task_reports_each_attempt_restart_and_its_end() {
             .unwrap()
             .await;
         assert_eq!((exit.outcome, exit.attempts), (TaskOutcome::Completed, 3));
+        let mut streamed = Vec::new();
+        while let Some(event) = events.try_recv() {
+            streamed.push(event);
+        }
+        assert_eq!(streamed.len(), 9);
+        assert_eq!(*heard.lock().unwrap(), streamed);
     });
     assert_eq!(
         lines,
@@ -107,11 +119,19 @@ fn o2_a_flow_reports_its_runs_its_trip_and_its_reset() {
         scheduler.seed(1).every("sync", ms(200), || async { Err::<(), _>("unreachable".to_owned()) }).unwrap();
         scheduler.set_backoff(&"sync", policy).unwrap();
         let handle = scheduler.start();
+        let heard = Arc::new(Mutex::new(Vec::new()));
+        let log = heard.clone();
+        handle.on_transition(move |t: &FlowTransition<&'static str>| log.lock().unwrap().push((t.flow, t.change)));
+        handle.on_transition(|_| panic!("a listener's panic is its own"));
         let tripped = || handle.status(&"sync").unwrap().status.kind() == FlowStatusKind::Tripped;
         until::<Tokio>(Duration::from_secs(5), tripped).await;
         handle.reset_flow(&"sync").unwrap();
         handle.stop();
         handle.wait().await;
+        assert_eq!(
+            *heard.lock().unwrap(),
+            [("sync", FlowChange::Tripped { streak: 2, reason: TripReason::Streak }), ("sync", FlowChange::Reset)]
+        );
     });
     assert_eq!(
         lines,
