@@ -74,7 +74,9 @@ const IDEMPOTENCY_KEY_NAME: &str = "idempotency-key";
 /// - **H2**: a `Retry-After` on a 429 or 503 response (seconds, or an HTTP-date measured from
 ///   the system clock) is a hint (B6): the next attempt never starts before it, and a hint
 ///   past the policy's `max_hint` ends the call as `Deferred` with the hint in
-///   [`RetryError::retry_after`](crate::RetryError::retry_after).
+///   [`RetryError::retry_after`](crate::RetryError::retry_after). A 429 or 503 without one is
+///   [`Throttled`](FailureKind::Throttled): retried by the schedule, and charged by a retry
+///   budget as throttling.
 /// - **H3**: requests whose method is not idempotent (POST, PATCH, CONNECT and extension
 ///   methods; GET, HEAD, OPTIONS, TRACE, PUT and DELETE are, RFC 9110 §9.2.2) are sent once,
 ///   unless they carry an [`IDEMPOTENCY_KEY`] header (or the one set with
@@ -183,7 +185,10 @@ where
             .then(|| response.headers().get(RETRY_AFTER)?.to_str().ok())
             .flatten()
             .and_then(|value| retry_after(value, SystemTime::now()));
-        Some(hint.map_or(FailureKind::Retryable, FailureKind::Hinted))
+        // An overloaded server that gave no (readable) hint is throttling: retried by the
+        // schedule, and charged as throttling by a budget.
+        let unhinted = if hinted { FailureKind::Throttled } else { FailureKind::Retryable };
+        Some(hint.map_or(unhinted, FailureKind::Hinted))
     }
 }
 

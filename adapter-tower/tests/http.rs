@@ -220,7 +220,7 @@ async fn t2_a_retry_that_gives_up_on_responses_returns_the_last_one_with_its_sta
     let layer = RetryLayer::new(policy(3)).classify(Http::new());
     let error = ServiceBuilder::new().layer(layer).service(client()).oneshot(get(&server.url("/"))).await.unwrap_err();
     assert_eq!(error.outcome(), OutcomeKind::Exhausted);
-    assert_eq!(error.class(), Some(FailureClass::Retryable));
+    assert_eq!(error.class(), Some(FailureClass::Throttled), "the last, a 503 without Retry-After, is throttling");
     assert_eq!(error.stats().attempts, 3);
     assert!(error.stats().slept >= Duration::from_millis(40), "{:?}", error.stats());
     assert_eq!(error.sent_once(), None);
@@ -389,6 +389,21 @@ async fn h2_retry_after_on_other_statuses_is_not_a_hint() {
     let service = ServiceBuilder::new().layer(RetryLayer::new(policy).classify(Http::new())).service(client());
     assert_eq!(service.oneshot(get(&server.url("/"))).await.unwrap().status(), StatusCode::OK);
     assert_eq!(server.seen().len(), 2);
+}
+
+#[tokio::test]
+async fn h2_a_429_without_retry_after_is_throttled_and_a_budget_charges_it_so() {
+    // A 429 and a 503 without a hint, then success; the budget's throttling cost is 7 tokens.
+    let server = Server::start([status(429), status(503), status(200)]).await;
+    let budget = persevere_tokio::Budget::tokens(
+        persevere_tokio::TokioRuntime::new(),
+        persevere::TokenBucketPolicy::builder(100).costs(7, 1, 1).build().unwrap(),
+    );
+    let layer = RetryLayer::new(policy(3)).classify(Http::new()).gate(budget.clone());
+    let service = ServiceBuilder::new().layer(layer).service(client());
+    assert_eq!(service.oneshot(get(&server.url("/"))).await.unwrap().status(), StatusCode::OK);
+    assert_eq!(server.seen().len(), 3);
+    assert_eq!(budget.balance_milli(), Some(100_000 - 2 * 7_000 + 1_000), "two throttling retries, a success's token");
 }
 
 #[tokio::test]

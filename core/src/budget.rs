@@ -127,12 +127,12 @@ pub enum RetryClass {
 }
 
 impl From<FailureClass> for RetryClass {
-    /// [`FailureClass::Timeout`] is a timeout, [`FailureClass::RetryAfter`] a throttling; every
-    /// other class is transient.
+    /// [`FailureClass::Timeout`] is a timeout, [`FailureClass::Throttled`] and
+    /// [`FailureClass::RetryAfter`] a throttling; every other class is transient.
     fn from(class: FailureClass) -> Self {
         match class {
             FailureClass::Timeout => RetryClass::Timeout,
-            FailureClass::RetryAfter => RetryClass::Throttling,
+            FailureClass::RetryAfter | FailureClass::Throttled => RetryClass::Throttling,
             _ => RetryClass::Transient,
         }
     }

@@ -148,7 +148,7 @@ impl BackoffState {
             }
             FailureKind::Hinted(Hint::After(delay)) => Some(saturating_nanos(delay)),
             FailureKind::Hinted(Hint::At(at)) => Some(at.as_nanos().saturating_sub(now.as_nanos())),
-            FailureKind::Retryable | FailureKind::Timeout | FailureKind::Panicked => None,
+            FailureKind::Retryable | FailureKind::Timeout | FailureKind::Panicked | FailureKind::Throttled => None,
         };
         if u64::from(self.failures()) >= rules.retries_allowed {
             self.record_final();

@@ -41,6 +41,11 @@ pub enum FailureKind {
     /// The call said when (or whether) to try again: [`Hint::After`] and [`Hint::At`] are
     /// retried after the hinted delay, [`Hint::DoNotRetry`] is never retried.
     Hinted(Hint),
+    /// The other side is overloaded and said so without saying when to come back (an HTTP 429
+    /// or 503 without `Retry-After`, gRPC's `RESOURCE_EXHAUSTED`, an AWS `ThrottlingException`):
+    /// retried by the schedule like [`Retryable`](Self::Retryable), and charged by retry
+    /// budgets at their throttling cost ([`RetryClass::Throttling`](crate::RetryClass::Throttling)).
+    Throttled,
 }
 
 impl FailureKind {
@@ -54,6 +59,7 @@ impl FailureKind {
             FailureKind::Canceled => FailureClass::Canceled,
             FailureKind::Hinted(Hint::DoNotRetry) => FailureClass::DoNotRetry,
             FailureKind::Hinted(_) => FailureClass::RetryAfter,
+            FailureKind::Throttled => FailureClass::Throttled,
         }
     }
 }
@@ -77,6 +83,8 @@ pub enum FailureClass {
     RetryAfter,
     /// A failure with [`Hint::DoNotRetry`].
     DoNotRetry,
+    /// See [`FailureKind::Throttled`].
+    Throttled,
 }
 
 impl FailureClass {
@@ -84,7 +92,11 @@ impl FailureClass {
     pub const fn is_retryable(self) -> bool {
         matches!(
             self,
-            FailureClass::Retryable | FailureClass::Timeout | FailureClass::Panicked | FailureClass::RetryAfter
+            FailureClass::Retryable
+                | FailureClass::Timeout
+                | FailureClass::Panicked
+                | FailureClass::RetryAfter
+                | FailureClass::Throttled
         )
     }
 }
@@ -131,6 +143,11 @@ impl<E> Failure<E> {
     /// A caught panic ([`FailureKind::Panicked`]).
     pub const fn panicked(error: E) -> Self {
         Failure::new(FailureKind::Panicked, error)
+    }
+
+    /// An overloaded dependency that gave no hint ([`FailureKind::Throttled`]).
+    pub const fn throttled(error: E) -> Self {
+        Failure::new(FailureKind::Throttled, error)
     }
 
     /// A failure that asks to be retried after `delay` ([`Hint::After`]).

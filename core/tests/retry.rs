@@ -141,6 +141,19 @@ fn r2_timeouts_panics_and_retry_after_are_retried() {
 }
 
 #[test]
+fn r2_a_throttled_failure_is_retried_by_the_schedule_and_counts_as_throttling() {
+    let p = policy(|b| b.max_attempts(3));
+    let (trace, end) = run_failing(&p, Failure::throttled);
+    assert_eq!(starts(&trace), vec![1, 2, 3]);
+    assert_eq!(end, at(200), "two scheduled sleeps of 100 ms: no hint");
+    assert_eq!(finish(&trace).0, Outcome::Exhausted { last_failure: lf(FailureClass::Throttled, 3) });
+    assert!(FailureClass::Throttled.is_retryable());
+    assert_eq!(FailureKind::Throttled.class(), FailureClass::Throttled);
+    // A budget charges it as throttling, as it does a hinted failure.
+    assert_eq!(persevere::RetryClass::from(FailureClass::Throttled), persevere::RetryClass::Throttling);
+}
+
+#[test]
 fn r3_max_attempts_counts_the_first_attempt() {
     let (trace, _) = run_failing(&policy(|b| b.max_attempts(1)), Failure::retryable);
     assert_eq!(starts(&trace), vec![1]);

@@ -408,3 +408,16 @@ fn u1_aws_a_successful_retry_gets_its_cost_back_and_a_first_success_one_token() 
     // A ratio budget has no balance.
     assert_eq!(Budget::ratio(rt.clone(), RatioBudgetPolicy::finagle()).balance_milli(), None);
 }
+
+#[test]
+fn u1_a_throttled_failure_is_charged_the_throttling_cost_without_a_hint() {
+    let rt = Virtual::default();
+    // Throttling costs 7 tokens, a transient failure 1, a timeout 2.
+    let budget = Budget::tokens(rt.clone(), TokenBucketPolicy::builder(100).costs(7, 1, 2).build().unwrap());
+    let p = RetryPolicy::builder(Backoff::constant(ms(1)).build().unwrap()).max_attempts(2).build().unwrap();
+    let done = block_on(
+        retry(&rt, &p, || async { Err::<(), _>("429") }).classify(|_| persevere::FailureKind::Throttled).gate(&budget),
+    );
+    assert_eq!(done.result.unwrap_err().class, Some(FailureClass::Throttled));
+    assert_eq!(budget.balance_milli(), Some(93_000));
+}

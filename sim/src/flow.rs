@@ -52,7 +52,7 @@ pub struct FlowScenario {
     /// Per-mille chance that a run fails (before the fault horizon).
     pub failure_rate: u64,
     /// Relative weights of each failure class of a failed run, for [`draw_failure`].
-    pub fault_weights: [u64; 7],
+    pub fault_weights: crate::world::FaultWeights,
     /// Longest `Retry-After` hint a failed run carries, in nanoseconds.
     pub hint_ns: u64,
     /// Per-mille chance that a run is canceled cleanly (before the fault horizon).

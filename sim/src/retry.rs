@@ -43,7 +43,7 @@ pub struct RetryScenario {
     /// How many operations run at once.
     pub operations: u32,
     /// Per-mille chances of each failure class, for [`draw_failure`].
-    pub fault_weights: [u64; 7],
+    pub fault_weights: crate::world::FaultWeights,
     /// Per-mille chance that an attempt fails at all (before the fault horizon).
     pub failure_rate: u64,
     /// Per-mille chance that an attempt hangs (only drawn with an attempt timeout).

@@ -45,7 +45,7 @@ pub struct SupervisionScenario {
     /// Each task's own settings, and the policy they resolve to.
     pub tasks: Vec<(SupervisionPolicyBuilder, SupervisionPolicy)>,
     /// Relative weights of each failure class, for [`draw_failure`].
-    pub fault_weights: [u64; 7],
+    pub fault_weights: crate::world::FaultWeights,
     /// Per-mille chance that an attempt fails (before the fault horizon).
     pub failure_rate: u64,
     /// Per-mille chance that an attempt hangs past its timeout (only with a timeout).

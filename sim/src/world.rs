@@ -114,7 +114,7 @@ pub fn draw_backoff(world: &mut World, initial_ms: u64, cap_ms: u64) -> Backoff 
 }
 
 /// The failure classes a scenario injects, in the order of its fault weights.
-const FAILURE_CLASSES: [FailureClass; 7] = [
+const FAILURE_CLASSES: [FailureClass; 8] = [
     FailureClass::Retryable,
     FailureClass::Timeout,
     FailureClass::Panicked,
@@ -122,12 +122,17 @@ const FAILURE_CLASSES: [FailureClass; 7] = [
     FailureClass::Canceled,
     FailureClass::RetryAfter,
     FailureClass::DoNotRetry,
+    FailureClass::Throttled,
 ];
+
+/// The relative weight of each failure class a scenario injects (retryable, timeout, panicked,
+/// fatal, canceled, `Retry-After`, `DoNotRetry`, throttled), in that order.
+pub type FaultWeights = [u64; 8];
 
 /// Draws relative weights for the failure classes of [`draw_failure`]: each 0–10, the
 /// transient class 5 more (mostly transient failures).
-pub fn draw_fault_weights(world: &mut World) -> [u64; 7] {
-    let mut weights = [0u64; 7];
+pub fn draw_fault_weights(world: &mut World) -> FaultWeights {
+    let mut weights = [0u64; 8];
     for w in &mut weights {
         *w = world.between(0, 10);
     }
@@ -138,7 +143,12 @@ pub fn draw_fault_weights(world: &mut World) -> [u64; 7] {
 /// Draws a failure kind by `weights` (see [`draw_fault_weights`]). A `Retry-After` hint is up
 /// to `hint_ns` long, as a delay or as an instant (possibly in the past); its delay from `now`
 /// is returned too, in ns, as the machine must read it.
-pub fn draw_failure(world: &mut World, weights: &[u64; 7], hint_ns: u64, now: Instant) -> (FailureKind, Option<u64>) {
+pub fn draw_failure(
+    world: &mut World,
+    weights: &FaultWeights,
+    hint_ns: u64,
+    now: Instant,
+) -> (FailureKind, Option<u64>) {
     let total: u64 = weights.iter().sum();
     let mut ticket = world.between(0, total.max(1) - 1);
     let mut class = FailureClass::Retryable;
@@ -155,6 +165,7 @@ pub fn draw_failure(world: &mut World, weights: &[u64; 7], hint_ns: u64, now: In
         FailureClass::Fatal => (FailureKind::Fatal, None),
         FailureClass::Canceled => (FailureKind::Canceled, None),
         FailureClass::DoNotRetry => (FailureKind::Hinted(Hint::DoNotRetry), None),
+        FailureClass::Throttled => (FailureKind::Throttled, None),
         FailureClass::RetryAfter => {
             let d = world.between(0, hint_ns);
             if world.chance(500) {

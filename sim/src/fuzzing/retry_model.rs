@@ -173,6 +173,7 @@ pub(crate) enum KindIn {
     /// A hint at `now − span` (in the past: "now").
     AtEarlier(Span),
     DoNotRetry,
+    Throttled,
 }
 
 impl KindIn {
@@ -187,6 +188,7 @@ impl KindIn {
             KindIn::AtLater(d) => FailureKind::Hinted(Hint::At(now.saturating_add(d.get()))),
             KindIn::AtEarlier(d) => FailureKind::Hinted(Hint::At(now.saturating_sub(d.get()))),
             KindIn::DoNotRetry => FailureKind::Hinted(Hint::DoNotRetry),
+            KindIn::Throttled => FailureKind::Throttled,
         }
     }
 }
