@@ -12,7 +12,7 @@
 //! | retryable, streak past the limit (a hint or not) | stop | `Exhausted` | `Failed` / `TimedOut` | tripped (`Streak`) |
 //! | a hint past `max_hint` | stop, with the hinted instant | `Deferred` | `Deferred` | tripped (`Deferred`) |
 //! | a hint within `max_hint` | wait exactly the hint (never less) | sleep | backoff | window |
-//! | any other retryable failure | wait the next delay of the schedule | sleep | backoff | window |
+//! | any other retryable failure | wait the next delay of the schedule (a `Throttled` one, of the throttling schedule if the policy has one) | sleep | backoff | window |
 
 use core::time::Duration;
 
@@ -51,6 +51,9 @@ pub(crate) fn max_hint_or_any<'de, D: serde::Deserializer<'de>>(deserializer: D)
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct FailureRules {
     pub(crate) backoff: Backoff,
+    /// The schedule of [`FailureKind::Throttled`] failures, when it differs (the AWS SDKs back
+    /// off throttling from a longer base); `None`: `backoff`. Both count the same streak.
+    pub(crate) throttling_backoff: Option<Backoff>,
     /// Failures of one streak that are followed by another try; `u64::MAX`: every one (the
     /// streak, a `u32`, never reaches it).
     pub(crate) retries_allowed: u64,
@@ -65,6 +68,7 @@ impl FailureRules {
     pub(crate) const fn new(backoff: Backoff, retries_allowed: u64) -> Self {
         FailureRules {
             backoff,
+            throttling_backoff: None,
             retries_allowed,
             max_hint_ns: DEFAULT_MAX_HINT.as_secs() * 1_000_000_000,
             restart_after_hint: false,
@@ -78,7 +82,13 @@ impl FailureRules {
         max_hint: Duration,
         restart_after_hint: bool,
     ) -> Result<Self, PolicyError> {
-        Ok(FailureRules { backoff, retries_allowed, max_hint_ns: max_hint_ns(max_hint)?, restart_after_hint })
+        Ok(FailureRules {
+            backoff,
+            throttling_backoff: None,
+            retries_allowed,
+            max_hint_ns: max_hint_ns(max_hint)?,
+            restart_after_hint,
+        })
     }
 
     /// The hint limit as configured: [`Duration::MAX`] for "any hint".
@@ -155,7 +165,13 @@ impl BackoffState {
             return Decision::Stop(Stop::Limit);
         }
         match hinted_ns {
-            None => Decision::Wait { delay_ns: self.next_delay_ns(&rules.backoff, rng), hinted: false },
+            None => {
+                let backoff = match (kind, &rules.throttling_backoff) {
+                    (FailureKind::Throttled, Some(throttling)) => throttling,
+                    _ => &rules.backoff,
+                };
+                Decision::Wait { delay_ns: self.next_delay_ns(backoff, rng), hinted: false }
+            }
             Some(delay_ns) if delay_ns > rules.max_hint_ns => {
                 self.record_final();
                 Decision::Stop(Stop::Deferred { retry_at: now.saturating_add_nanos(delay_ns) })

@@ -167,21 +167,22 @@ pub fn durable_step_with_max_attempts(max_attempts: u32) -> RetryPolicy {
 }
 
 /// The AWS SDKs' standard retry mode (the JavaScript SDK v3's `StandardRetryStrategy`,
-/// `DEFAULT_MAX_ATTEMPTS = 3`, `DEFAULT_RETRY_DELAY_BASE = 100` ms, `MAXIMUM_RETRY_DELAY = 20`
-/// s): 3 attempts in all; before retry `i` (from 0) a delay drawn uniformly from
-/// `[0, min(100 ms × 2^i, 20 s)]` (full jitter). Pair it with the retry quota,
+/// `DEFAULT_MAX_ATTEMPTS = 3`, `DEFAULT_RETRY_DELAY_BASE = 100` ms,
+/// `THROTTLING_RETRY_DELAY_BASE = 500` ms, `MAXIMUM_RETRY_DELAY = 20` s): 3 attempts in all;
+/// before retry `i` (from 0) a delay drawn uniformly from `[0, min(base × 2^i, 20 s)]` (full
+/// jitter), where the base is 500 ms after a [`Throttled`](crate::FailureKind::Throttled)
+/// failure and 100 ms after any other. Pair it with the retry quota,
 /// [`TokenBucketPolicy::aws`](crate::TokenBucketPolicy::aws), gating each retry.
 ///
-/// What differs: the SDK backs off throttling errors from a 500 ms base
-/// (`THROTTLING_RETRY_DELAY_BASE`); this preset has one schedule for every class. The SDK floors
-/// each delay to a millisecond; the core draws whole nanoseconds. A `Retry-After` hint is
-/// honoured up to the core's `max_hint` (B6).
+/// What differs: the SDK floors each delay to a millisecond; the core draws whole
+/// nanoseconds. A `Retry-After` hint is honoured up to the core's `max_hint` (B6).
 pub fn aws_standard_retry() -> RetryPolicy {
-    RetryPolicy::preset(
-        Backoff::exponential_unchecked(100_000_000, 2.0, 20_000_000_000, Jitter::Full),
-        Some(3),
-        saturating_nanos(DEFAULT_MAX_HINT),
-    )
+    let full_jitter = |base_ns| Backoff::exponential_unchecked(base_ns, 2.0, 20_000_000_000, Jitter::Full);
+    RetryPolicy::builder(full_jitter(100_000_000))
+        .max_attempts(3)
+        .throttling_backoff(full_jitter(500_000_000))
+        .build()
+        .unwrap_or_else(|_| unreachable!("the AWS SDKs' standard mode is a valid policy"))
 }
 
 /// resilience4j's default circuit breaker (`CircuitBreakerConfig.ofDefaults()`): it opens when

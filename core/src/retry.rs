@@ -90,6 +90,12 @@ pub struct RetryPolicyBuilder {
     /// such a policy is refused.
     #[cfg_attr(feature = "serde", serde(default))]
     pub unbounded: bool,
+    /// The delays after a [`Throttled`](crate::FailureKind::Throttled) failure, when they
+    /// differ from `backoff`'s (the AWS SDKs back off throttling from 500 ms instead of
+    /// 100 ms). Both schedules are counted along the same streak: the n-th failure waits the
+    /// n-th delay of the schedule of its class. `None` by default: `backoff` for every class.
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub throttling_backoff: Option<Backoff>,
 }
 
 impl RetryPolicyBuilder {
@@ -127,6 +133,13 @@ impl RetryPolicyBuilder {
     /// Whether the schedule restarts from its first delay after a hinted delay.
     pub const fn restart_after_hint(mut self, restart: bool) -> Self {
         self.restart_after_hint = restart;
+        self
+    }
+
+    /// Backs off [`Throttled`](crate::FailureKind::Throttled) failures on `backoff` instead of
+    /// the policy's schedule (see the field).
+    pub const fn throttling_backoff(mut self, backoff: Backoff) -> Self {
+        self.throttling_backoff = Some(backoff);
         self
     }
 
@@ -184,8 +197,10 @@ impl RetryPolicyBuilder {
             return Err(PolicyError::Unbounded);
         }
         let retries_allowed = max_attempts.map_or(u64::MAX, |n| u64::from(n) - 1);
+        let mut rules = FailureRules::build(self.backoff, retries_allowed, self.max_hint, self.restart_after_hint)?;
+        rules.throttling_backoff = self.throttling_backoff;
         Ok(RetryPolicy {
-            rules: FailureRules::build(self.backoff, retries_allowed, self.max_hint, self.restart_after_hint)?,
+            rules,
             total_ns,
             attempt_timeout_ns: positive(
                 self.attempt_timeout,
@@ -228,6 +243,7 @@ impl From<RetryPolicy> for RetryPolicyBuilder {
             max_hint: policy.max_hint(),
             restart_after_hint: policy.rules.restart_after_hint,
             unbounded: policy.is_unbounded(),
+            throttling_backoff: policy.rules.throttling_backoff,
         }
     }
 }
@@ -246,6 +262,7 @@ impl RetryPolicy {
             max_hint: DEFAULT_MAX_HINT,
             restart_after_hint: false,
             unbounded: false,
+            throttling_backoff: None,
         }
     }
 
@@ -258,7 +275,13 @@ impl RetryPolicy {
             None => u64::MAX,
         };
         RetryPolicy {
-            rules: FailureRules { backoff, retries_allowed, max_hint_ns, restart_after_hint: false },
+            rules: FailureRules {
+                backoff,
+                throttling_backoff: None,
+                retries_allowed,
+                max_hint_ns,
+                restart_after_hint: false,
+            },
             total_ns: u64::MAX,
             attempt_timeout_ns: u64::MAX,
             max_attempts,
@@ -268,6 +291,12 @@ impl RetryPolicy {
     /// The backoff schedule.
     pub const fn backoff(&self) -> &Backoff {
         &self.rules.backoff
+    }
+
+    /// The schedule of [`Throttled`](crate::FailureKind::Throttled) failures, if it differs from
+    /// [`backoff`](Self::backoff).
+    pub const fn throttling_backoff(&self) -> Option<&Backoff> {
+        self.rules.throttling_backoff.as_ref()
     }
 
     /// The attempt limit, the first attempt included; `None` for no limit.

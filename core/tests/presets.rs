@@ -171,9 +171,14 @@ fn p_the_aws_standard_retry_makes_3_attempts_with_full_jitter_from_100ms_capped_
     let policy = presets::aws_standard_retry();
     assert_eq!(policy.max_attempts(), Some(3));
     let backoff = policy.backoff();
-    let same = Backoff::exponential(Duration::from_millis(100), 2.0).max_delay(secs(20)).jitter(Jitter::Full).build();
-    assert_eq!(*backoff, same.unwrap());
+    let full_jitter = |base| Backoff::exponential(base, 2.0).max_delay(secs(20)).jitter(Jitter::Full).build().unwrap();
+    assert_eq!(*backoff, full_jitter(Duration::from_millis(100)));
     assert_eq!(backoff.jitter_kind(), Jitter::Full);
+    // THROTTLING_RETRY_DELAY_BASE: throttled failures back off from 500 ms.
+    let throttling = policy.throttling_backoff().expect("a throttling schedule");
+    assert_eq!(*throttling, full_jitter(Duration::from_millis(500)));
+    let throttled: Vec<Duration> = (1..=7).map(|n| throttling.envelope(n)).collect();
+    assert_eq!(throttled, [500, 1_000, 2_000, 4_000, 8_000, 16_000, 20_000].map(Duration::from_millis));
     // `min(DEFAULT_RETRY_DELAY_BASE × 2^i, MAXIMUM_RETRY_DELAY)` for retry i = 0, 1, …: the
     // core's envelope counts failures from 1.
     let ms = Duration::from_millis;
@@ -185,6 +190,8 @@ fn p_the_aws_standard_retry_makes_3_attempts_with_full_jitter_from_100ms_capped_
     assert_eq!(slept.len(), 2);
     assert!(slept[0] <= ms(100) && slept[1] <= ms(200), "{slept:?}");
     assert!(matches!(outcome, Outcome::Exhausted { .. }));
+    let (slept, _) = delays(&policy, Failure::throttled, 10);
+    assert!(slept[0] <= ms(500) && slept[1] <= ms(1_000), "{slept:?}");
     // With the retry quota: 500 tokens at RETRY_COST 5 pay for exactly 100 retries, at
     // TIMEOUT_RETRY_COST 10 for 50.
     let quota = TokenBucketPolicy::aws();

@@ -154,6 +154,32 @@ fn r2_a_throttled_failure_is_retried_by_the_schedule_and_counts_as_throttling() 
 }
 
 #[test]
+fn r2_a_throttled_failure_waits_on_the_throttling_schedule_along_the_same_streak() {
+    let exponential = |base| Backoff::exponential(ms(base), 2.0).build().unwrap();
+    let p =
+        RetryPolicy::builder(exponential(100)).max_attempts(5).throttling_backoff(exponential(1_000)).build().unwrap();
+    assert_eq!(p.throttling_backoff(), Some(&exponential(1_000)));
+    // Retryable, throttled, retryable, throttled: the n-th failure waits the n-th delay of its
+    // class's schedule.
+    let kinds = [FailureKind::Retryable, FailureKind::Throttled, FailureKind::Retryable, FailureKind::Throttled];
+    let (mut retry, mut r, mut now) = (Retry::<u64>::new(), rng(), at(0));
+    retry.handle_start(&p, now).unwrap();
+    let mut slept = Vec::new();
+    for (i, kind) in kinds.into_iter().enumerate() {
+        let attempt = i as u64 + 1;
+        assert!(matches!(retry.poll_action(), Some(RetryAction::Start { .. })));
+        retry.handle_failure(&p, now, attempt, Failure::new(kind, attempt), &mut r).unwrap();
+        let Some(RetryAction::Sleep { delay, until, .. }) = retry.poll_action() else { panic!("a sleep") };
+        slept.push(delay);
+        now = until;
+        retry.handle_timeout(&p, now, &mut r);
+    }
+    assert_eq!(slept, [ms(100), ms(2_000), ms(400), ms(8_000)]);
+    // Without one, a throttled failure waits on the policy's schedule.
+    assert_eq!(policy(|b| b.max_attempts(2)).throttling_backoff(), None);
+}
+
+#[test]
 fn r3_max_attempts_counts_the_first_attempt() {
     let (trace, _) = run_failing(&policy(|b| b.max_attempts(1)), Failure::retryable);
     assert_eq!(starts(&trace), vec![1]);

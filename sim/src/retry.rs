@@ -94,6 +94,9 @@ impl RetryScenario {
             policy = policy.max_hint(Duration::MAX);
         }
         policy = policy.restart_after_hint(world.chance(500));
+        if world.chance(300) {
+            policy = policy.throttling_backoff(draw_backoff(world, 200, 5_000));
+        }
         let policy = policy.build().expect("drawn policies are valid");
         let fault_weights = draw_fault_weights(world);
         let budget = world.chance(300).then(|| {
@@ -388,7 +391,8 @@ fn drain(
                     world.check("G7", until <= end, || format!("the sleep ends {until:?}, past the budget {end:?}"))?;
                 }
                 let delay_ns = delay.as_nanos() as u64;
-                let delay_ns = if bug == Some(RetryBug::DelayPastCap) && delay == policy.backoff().max_delay() {
+                let delay_ns = if bug == Some(RetryBug::DelayPastCap) && delay == schedule_of(policy, class).max_delay()
+                {
                     delay_ns + 1
                 } else {
                     delay_ns
@@ -441,7 +445,7 @@ fn drain(
                 // report already drawn, a hang cut at its deadline, one longest sleep (a hint is
                 // waited only up to max_hint), one attempt.
                 let longest_sleep =
-                    policy.backoff().max_delay().max(policy.max_hint().min(Duration::from_nanos(scenario.hint_ns)));
+                    longest_delay(policy).max(policy.max_hint().min(Duration::from_nanos(scenario.hint_ns)));
                 let attempt = Duration::from_nanos(scenario.attempt_ns);
                 let bound = scenario
                     .horizon
@@ -496,6 +500,20 @@ fn probe(
     }
 }
 
+/// The schedule a failure of `class` waits on: the policy's throttling schedule for a
+/// throttled failure if it has one, its backoff otherwise.
+fn schedule_of(policy: &RetryPolicy, class: FailureClass) -> &persevere::Backoff {
+    match policy.throttling_backoff() {
+        Some(throttling) if class == FailureClass::Throttled => throttling,
+        _ => policy.backoff(),
+    }
+}
+
+/// The longest scheduled delay of either schedule.
+fn longest_delay(policy: &RetryPolicy) -> Duration {
+    policy.backoff().max_delay().max(policy.throttling_backoff().map_or(Duration::ZERO, |b| b.max_delay()))
+}
+
 /// G1, B6: a scheduled delay respects its schedule's bounds; a hinted one is the hint, in full.
 fn check_delay(
     world: &mut World,
@@ -513,7 +531,8 @@ fn check_delay(
         model.schedule.hinted(policy.restarts_after_hint(), hinted);
         return Ok(());
     }
-    let (lo, hi) = model.schedule.next_bounds(policy.backoff());
+    let class = model.last.map_or(FailureClass::Retryable, |l| l.0);
+    let (lo, hi) = model.schedule.next_bounds(schedule_of(policy, class));
     world.check("G1", (lo..=hi).contains(&delay_ns), || {
         format!("delay {delay_ns} ns outside [{lo}, {hi}] ns at the schedule's place {}", model.schedule.place)
     })?;
@@ -560,7 +579,7 @@ fn check_outcome(
             world.check("B6", hint.is_none() || now > end, || {
                 "a hinted failure ended out of time, not deferred".into()
             })?;
-            let possible = now.saturating_add(policy.backoff().max_delay()) > end;
+            let possible = now.saturating_add(longest_delay(policy)) > end;
             world.check("G7", possible, || format!("out of time at {now:?} with the budget ending {end:?}"))
         }
         Outcome::Rejected { .. } => world.check("U4", model.refused, || "rejected without a refusal".into()),
