@@ -180,14 +180,14 @@ where
         if !retryable(status) {
             return None;
         }
-        let hinted = matches!(status, StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE);
-        let hint = hinted
+        let overloaded = matches!(status, StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE);
+        let hint = overloaded
             .then(|| response.headers().get(RETRY_AFTER)?.to_str().ok())
             .flatten()
             .and_then(|value| retry_after(value, SystemTime::now()));
         // An overloaded server that gave no (readable) hint is throttling: retried by the
         // schedule, and charged as throttling by a budget.
-        let unhinted = if hinted { FailureKind::Throttled } else { FailureKind::Retryable };
+        let unhinted = if overloaded { FailureKind::Throttled } else { FailureKind::Retryable };
         Some(hint.map_or(unhinted, FailureKind::Hinted))
     }
 }

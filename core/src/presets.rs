@@ -190,7 +190,9 @@ pub fn aws_standard_retry() -> RetryPolicy {
 /// `slidingWindowSize = 100` calls, judged once `minimumNumberOfCalls = 100` are in it) or when
 /// all of them were slow (`slowCallRateThreshold = 100`, `slowCallDurationThreshold = 60` s);
 /// it stays open 60 s (`waitDurationInOpenState`), then admits 10 probes
-/// (`permittedNumberOfCallsInHalfOpenState`).
+/// (`permittedNumberOfCallsInHalfOpenState`). resilience4j counts a call slow when it takes
+/// longer than the threshold, this breaker when it takes at least its threshold: the preset's
+/// threshold is 60 s and 1 ns, so a call of exactly 60 s is not slow in either.
 ///
 /// What differs, and why:
 /// - *Half-open.* resilience4j waits for its 10 probes and reopens if at least 50 % of them
@@ -208,7 +210,7 @@ pub fn resilience4j_breaker() -> BreakerPolicy {
     let open = Backoff::constant(minute).build().unwrap_or_else(|_| unreachable!("60 s is a valid delay"));
     BreakerPolicy::builder(open)
         .failure_rate(0.5)
-        .slow_call_rate(1.0, minute)
+        .slow_call_rate(1.0, minute + Duration::from_nanos(1))
         .count_window(100)
         .minimum_calls(100)
         .half_open_permits(10)

@@ -93,7 +93,9 @@ pub struct RetryPolicyBuilder {
     /// The delays after a [`Throttled`](crate::FailureKind::Throttled) failure, when they
     /// differ from `backoff`'s (the AWS SDKs back off throttling from 500 ms instead of
     /// 100 ms). Both schedules are counted along the same streak: the n-th failure waits the
-    /// n-th delay of the schedule of its class. `None` by default: `backoff` for every class.
+    /// n-th delay of the schedule of its class. (A decorrelated schedule draws from the last
+    /// delay waited, whichever schedule it came from.) `None` by default: `backoff` for every
+    /// class.
     #[cfg_attr(feature = "serde", serde(default))]
     pub throttling_backoff: Option<Backoff>,
 }

@@ -190,8 +190,12 @@ fn p_the_aws_standard_retry_makes_3_attempts_with_full_jitter_from_100ms_capped_
     assert_eq!(slept.len(), 2);
     assert!(slept[0] <= ms(100) && slept[1] <= ms(200), "{slept:?}");
     assert!(matches!(outcome, Outcome::Exhausted { .. }));
+    // Throttled failures draw exactly what a policy on the throttling schedule draws from the
+    // same random numbers.
     let (slept, _) = delays(&policy, Failure::throttled, 10);
-    assert!(slept[0] <= ms(500) && slept[1] <= ms(1_000), "{slept:?}");
+    let on_throttling = RetryPolicy::builder(*throttling).max_attempts(3).build().unwrap();
+    assert_eq!(slept, delays(&on_throttling, Failure::retryable, 10).0);
+    assert_ne!(slept, delays(&policy, Failure::retryable, 10).0);
     // With the retry quota: 500 tokens at RETRY_COST 5 pay for exactly 100 retries, at
     // TIMEOUT_RETRY_COST 10 for 50.
     let quota = TokenBucketPolicy::aws();
@@ -242,11 +246,13 @@ fn p_the_resilience4j_breaker_opens_at_half_of_100_calls_waits_60s_and_admits_10
         breaker.record(&policy, half_open + fast, probe, CallOutcome::Success, &mut rng).unwrap();
     }
     assert_eq!(breaker.status(), BreakerStatus::Closed, "10 successful probes close it");
-    // Slow calls (60 s or longer) open it only when all of the 100 are slow.
+    // Slow calls (longer than 60 s) open it only when all of the 100 are slow; a call of
+    // exactly 60 s is not slow.
+    let slow = secs(60) + Duration::from_nanos(1);
     let mut breaker = Breaker::new(&policy, 3);
-    record(&mut breaker, &policy, t0, secs(59), &[false]);
-    record(&mut breaker, &policy, t0, secs(60), &[false; 99]);
-    assert_eq!(breaker.status(), BreakerStatus::Closed, "99 of 100 slow");
     record(&mut breaker, &policy, t0, secs(60), &[false]);
-    assert!(matches!(breaker.status(), BreakerStatus::Open { .. }), "the fast call left: 100 of 100 slow");
+    record(&mut breaker, &policy, t0, slow, &[false; 99]);
+    assert_eq!(breaker.status(), BreakerStatus::Closed, "99 of 100 slow");
+    record(&mut breaker, &policy, t0, slow, &[false]);
+    assert!(matches!(breaker.status(), BreakerStatus::Open { .. }), "the 60 s call left: 100 of 100 slow");
 }

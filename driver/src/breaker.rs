@@ -457,7 +457,7 @@ impl<Rt: Runtime> Breaker<Rt> {
     /// `status`, `isolate`, …) made the change, after the breaker's lock is released, one
     /// transition at a time. Two transitions made at nearly the same moment by two tasks may
     /// be heard in either order; [`BreakerTransition::generation`] orders them. A listener
-    /// must be quick, must not add a listener (that would deadlock), and may call the breaker.
+    /// must be quick; it may call the breaker and add listeners (no lock is held while it runs).
     /// A panic in a listener is caught and ignored. The closed path that takes no lock calls
     /// nothing: it makes no transition.
     ///

@@ -25,8 +25,19 @@ impl<T> Listeners<T> {
 
     /// Calls every listener with `event`. A listener's panic is its own: it is caught, and the
     /// call that made the change goes on. Call it without holding the driver's own lock.
+    ///
+    /// The listeners are called with no lock held (a copy of the list is taken first), so a
+    /// listener may make another transition (reset the flow that just tripped): it is heard
+    /// after this one. No listener, no copy.
     pub(crate) fn tell(&self, event: &T) {
-        for listener in lock(&self.list).iter() {
+        let listeners: Vec<Listener<T>> = {
+            let list = lock(&self.list);
+            if list.is_empty() {
+                return;
+            }
+            list.clone()
+        };
+        for listener in &listeners {
             let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| listener(event)));
         }
     }

@@ -372,6 +372,7 @@ where
                 stopped: false,
                 loop_done: false,
                 skipped_ticks: 0,
+                transitions: 0,
             }),
             wake: Nudge::default(),
             done: Event::new(),
@@ -436,6 +437,8 @@ struct State<Rt, Sp, K, E> {
     stopped: bool,
     loop_done: bool,
     skipped_ticks: u64,
+    /// Flow transitions told to listeners so far ([`FlowTransition::sequence`]).
+    transitions: u64,
 }
 
 /// A flow that tripped or was reset, as [`SchedulerHandle::on_transition`] listeners hear it.
@@ -447,6 +450,11 @@ pub struct FlowTransition<K> {
     pub change: FlowChange,
     /// When, on the scheduler's runtime clock.
     pub at: Instant,
+    /// The scheduler's count of transitions, this one included: it grows with every one, so
+    /// two made at nearly the same moment by two tasks (a run's end that trips a flow and a
+    /// `reset_flow` racing it), which listeners may hear in either order, can be put back in
+    /// the order they happened.
+    pub sequence: u64,
 }
 
 /// What changed in a [`FlowTransition`].
@@ -578,7 +586,8 @@ where
                 event!(info, flow = ?id, streak, reason = ?reason, "flow tripped");
                 #[cfg(feature = "metrics")]
                 metrics::counter!("persevere_flow_trips_total").increment(1);
-                tripped = Some(FlowChange::Tripped { streak, reason });
+                state.transitions += 1;
+                tripped = Some((FlowChange::Tripped { streak, reason }, state.transitions));
             }
         }
         state.in_flight -= 1;
@@ -586,8 +595,8 @@ where
         let wake = due.is_some_and(|due| due < state.sleeping_until);
         let idle = state.in_flight == 0 && state.loop_done;
         drop(guard);
-        if let Some(change) = tripped {
-            self.listeners.tell(&FlowTransition { flow: id.clone(), change, at: now });
+        if let Some((change, sequence)) = tripped {
+            self.listeners.tell(&FlowTransition { flow: id.clone(), change, at: now, sequence });
         }
         if wake {
             self.wake.nudge();
@@ -787,9 +796,10 @@ where
     /// reset (F8).
     ///
     /// Listeners are called in the order they were added, by the task whose run ended (or the
-    /// caller of `reset_flow`), after the scheduler's lock is released. A listener must be
-    /// quick and must not add a listener (that would deadlock); a panic in one is caught and
-    /// ignored.
+    /// caller of `reset_flow`), with no lock held: a listener may reset the flow that just
+    /// tripped. Two transitions made at nearly the same moment by two tasks may be heard in
+    /// either order; [`FlowTransition::sequence`] orders them. A listener must be quick; a
+    /// panic in one is caught and ignored.
     pub fn on_transition(&self, listener: impl Fn(&FlowTransition<K>) + Send + Sync + 'static) {
         self.shared.listeners.add(listener);
     }
@@ -805,10 +815,12 @@ where
         let mut state = lock(&self.shared.state);
         state.flows.reset_flow(now, id)?;
         event!(info, flow = ?id, "flow reset");
+        state.transitions += 1;
+        let sequence = state.transitions;
         let due = state.flows.get(id).and_then(Flow::poll_timeout);
         let wake = due.is_some_and(|due| due < state.sleeping_until);
         drop(state);
-        self.shared.listeners.tell(&FlowTransition { flow: id.clone(), change: FlowChange::Reset, at: now });
+        self.shared.listeners.tell(&FlowTransition { flow: id.clone(), change: FlowChange::Reset, at: now, sequence });
         if wake {
             self.shared.wake.nudge();
         }

@@ -482,12 +482,12 @@ where
     }
 
     /// Calls `listener` with every lifecycle event of every task from now on (S6), as it
-    /// happens: the same events as [`events`](Self::events), in the same order, and never
-    /// dropped (the channel drops what nobody reads once it is full; a listener hears all).
+    /// happens: the same events as [`events`](Self::events), in the same order for each task,
+    /// and never dropped (the channel drops what nobody reads once it is full; a listener hears
+    /// all). Events of different tasks may interleave differently in the two.
     ///
-    /// Listeners are called in the order they were added, by the task the event is about,
-    /// outside the supervisor's locks. A listener must be quick and must not add a listener
-    /// (that would deadlock); a panic in one is caught and ignored.
+    /// Listeners are called in the order they were added, by the task the event is about, with
+    /// no lock held. A listener must be quick; a panic in one is caught and ignored.
     pub fn on_event(&self, listener: impl Fn(&SupervisorEvent<K, E>) + Send + Sync + 'static) {
         self.inner.listeners.add(listener);
     }

@@ -421,3 +421,39 @@ fn u1_a_throttled_failure_is_charged_the_throttling_cost_without_a_hint() {
     assert_eq!(done.result.unwrap_err().class, Some(FailureClass::Throttled));
     assert_eq!(budget.balance_milli(), Some(93_000));
 }
+
+#[test]
+fn a_breaker_listener_may_make_the_next_transition_itself() {
+    use std::sync::{Arc, Mutex};
+
+    /// A clock that stands still, shareable between threads (the listener holds a breaker).
+    #[derive(Clone, Default)]
+    struct Still;
+    impl persevere_driver::Runtime for Still {
+        type Sleep = std::future::Ready<()>;
+        fn now(&self) -> Instant {
+            Instant::ZERO
+        }
+        fn sleep_until(&self, _: Instant) -> Self::Sleep {
+            std::future::ready(())
+        }
+    }
+
+    // A listener that resets the breaker whenever it is isolated: the reset is a transition
+    // heard by the same listeners, after the one being told (no lock is held while they run).
+    let breaker = Breaker::with_runtime(Still, policy(2));
+    let heard = Arc::new(Mutex::new(Vec::new()));
+    let (log, resetter) = (heard.clone(), breaker.clone());
+    breaker.on_transition(move |t| {
+        log.lock().unwrap().push((t.from, t.to));
+        if t.to == BreakerStatus::Isolated {
+            resetter.reset();
+        }
+    });
+    breaker.isolate();
+    assert_eq!(breaker.status(), BreakerStatus::Closed);
+    assert_eq!(
+        *heard.lock().unwrap(),
+        [(BreakerStatus::Closed, BreakerStatus::Isolated), (BreakerStatus::Isolated, BreakerStatus::Closed)]
+    );
+}

@@ -101,6 +101,8 @@ impl Sqlite {
     /// Task `id` and the clock, read in one statement (a report's read, in its own
     /// transaction).
     fn read_row(&mut self, id: i64) -> ReadWithClock {
+        // The read and the write are each their own transaction (the version guard joins them).
+        end_stray_transaction(&self.conn)?;
         let row = self
             .conn
             .prepare_cached(&format!("SELECT {COLUMNS}, {} FROM persevere_tasks WHERE id = ?1", clock!()))?
@@ -120,11 +122,7 @@ struct Tx<'c> {
 
 impl<'c> Tx<'c> {
     fn immediate(conn: &'c Connection) -> Result<Self, QueueError> {
-        if !conn.is_autocommit() {
-            // A transaction left open (a failed rollback, or one begun by hand through
-            // `connection()`): end it rather than fail every operation from now on.
-            conn.prepare_cached("ROLLBACK")?.execute([])?;
-        }
+        end_stray_transaction(conn)?;
         conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
         crash::statement();
         Ok(Tx { conn, open: true })
@@ -151,6 +149,16 @@ impl Drop for Tx<'_> {
             let _ = self.conn.prepare_cached("ROLLBACK").and_then(|mut rollback| rollback.execute([]));
         }
     }
+}
+
+/// Ends a transaction left open (a failed rollback, or one begun by hand through
+/// [`Sqlite::connection`]) rather than run the queue's statements inside it, where a later
+/// rollback would silently undo them.
+fn end_stray_transaction(conn: &Connection) -> Result<(), QueueError> {
+    if !conn.is_autocommit() {
+        conn.prepare_cached("ROLLBACK")?.execute([])?;
+    }
+    Ok(())
 }
 
 fn clock(conn: &Connection, skew: Duration) -> Result<i64, QueueError> {
@@ -190,6 +198,7 @@ impl Store for Sqlite {
 
     fn insert(&mut self, insert: &Insert) -> Result<(i64, bool), QueueError> {
         crash::begin("insert");
+        end_stray_transaction(&self.conn)?;
         // One statement, which reads the clock itself (`?8` is the test-only skew); its own
         // transaction, so the row appears whole or not at all.
         let inserted = self

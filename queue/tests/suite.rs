@@ -567,3 +567,20 @@ fn q1_a_report_that_keeps_losing_the_race_is_a_conflict_and_writes_nothing<D: Db
     assert_eq!(queue.store().visits, 16, "it read and decided 16 times");
     assert_eq!(queue.task(id).unwrap().status, Status::HandedOut, "no report was written");
 }
+
+/// A transaction left open on the SQLite connection (begun by hand through `connection()`) is
+/// ended before the queue's statements run, so none of them is undone by its later rollback.
+#[test]
+fn a_transaction_left_open_by_hand_does_not_swallow_an_enqueue_or_a_report() {
+    let db = common::sqlite("stray_transaction");
+    let mut queue = db.queue();
+    queue.store().connection().execute_batch("BEGIN").unwrap();
+    let id = queue.enqueue(NewTask::new("t", "p", policy(3))).unwrap().id;
+    let job = queue.claim("w", &["t"]).unwrap().unwrap();
+    queue.store().connection().execute_batch("BEGIN").unwrap();
+    assert_eq!(queue.complete(&job).unwrap(), Status::Completed);
+    queue.store().connection().execute_batch("BEGIN").unwrap();
+    drop(queue);
+    // Another connection sees both.
+    assert_eq!(db.queue().task(id).unwrap().status, Status::Completed);
+}

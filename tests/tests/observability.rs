@@ -121,7 +121,9 @@ fn o2_a_flow_reports_its_runs_its_trip_and_its_reset() {
         let handle = scheduler.start();
         let heard = Arc::new(Mutex::new(Vec::new()));
         let log = heard.clone();
-        handle.on_transition(move |t: &FlowTransition<&'static str>| log.lock().unwrap().push((t.flow, t.change)));
+        handle.on_transition(move |t: &FlowTransition<&'static str>| {
+            log.lock().unwrap().push((t.flow, t.change, t.sequence));
+        });
         handle.on_transition(|_| panic!("a listener's panic is its own"));
         let tripped = || handle.status(&"sync").unwrap().status.kind() == FlowStatusKind::Tripped;
         until::<Tokio>(Duration::from_secs(5), tripped).await;
@@ -130,7 +132,10 @@ fn o2_a_flow_reports_its_runs_its_trip_and_its_reset() {
         handle.wait().await;
         assert_eq!(
             *heard.lock().unwrap(),
-            [("sync", FlowChange::Tripped { streak: 2, reason: TripReason::Streak }), ("sync", FlowChange::Reset)]
+            [
+                ("sync", FlowChange::Tripped { streak: 2, reason: TripReason::Streak }, 1),
+                ("sync", FlowChange::Reset, 2)
+            ]
         );
     });
     assert_eq!(
