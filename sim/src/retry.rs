@@ -502,7 +502,7 @@ fn probe(
 
 /// The schedule a failure of `class` waits on: the policy's throttling schedule for a
 /// throttled failure if it has one, its backoff otherwise.
-fn schedule_of(policy: &RetryPolicy, class: FailureClass) -> &persevere::Backoff {
+pub(crate) fn schedule_of(policy: &RetryPolicy, class: FailureClass) -> &persevere::Backoff {
     match policy.throttling_backoff() {
         Some(throttling) if class == FailureClass::Throttled => throttling,
         _ => policy.backoff(),

@@ -477,11 +477,7 @@ impl<E: Clone> RetryModel<E> {
                     }
                     None => {
                         self.place = self.place.saturating_add(1);
-                        // A throttled failure waits on the throttling schedule, when there is one.
-                        let backoff = match policy.throttling_backoff() {
-                            Some(throttling) if kind == FailureKind::Throttled => throttling,
-                            _ => policy.backoff(),
-                        };
+                        let backoff = crate::retry::schedule_of(policy, kind.class());
                         let delay = backoff.delay(self.place, Duration::from_nanos(self.last_delay_ns), rng);
                         self.last_delay_ns = nanos_sat(delay);
                         let until = now.saturating_add(delay);
