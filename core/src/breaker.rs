@@ -113,6 +113,7 @@ pub struct BreakerPolicy {
     permits: u32,
     close_after: u32,
     probe_timeout_ns: u64,
+    half_open: HalfOpenRule,
     /// What a closed window must look like for this policy (see [`window_key`]): a state
     /// whose window has another key was made under another policy, and is rebuilt.
     window_key: u64,
@@ -120,6 +121,23 @@ pub struct BreakerPolicy {
     failure_rate: Option<f64>,
     slow_call_rate: Option<f64>,
     window_given: BreakerWindow,
+}
+
+/// How a half-open breaker decides between closing and reopening (K4).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub enum HalfOpenRule {
+    /// The first probe that fails (or is slow, when a slow-call rate is set, or whose lease
+    /// expires) reopens the breaker; `successes_to_close` successful probes close it. The
+    /// default: a dependency that is still down is shut off again at its first answer.
+    #[default]
+    FirstFailure,
+    /// resilience4j's rule: the breaker admits `half_open_permits` probes in all (a probe
+    /// recorded as [`CallOutcome::Ignored`] gives its place back), and once every one of
+    /// them has answered (an expired lease answers as a failure) it reopens if their failure
+    /// rate or slow-call rate reaches the policy's `failure_rate` or `slow_call_rate`, and
+    /// closes otherwise. Needs a rate rule; `successes_to_close` does not apply.
+    Rates,
 }
 
 /// The settings of a [`BreakerPolicy`] before validation.
@@ -150,6 +168,9 @@ pub struct BreakerPolicyBuilder {
     /// Each probe's lease: a probe whose result has not arrived this long after it was
     /// admitted counts as a failure (K4). 10 s by default.
     pub probe_timeout: Duration,
+    /// How half-open ends (K4): [`HalfOpenRule::FirstFailure`] by default.
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub half_open: HalfOpenRule,
 }
 
 impl BreakerPolicyBuilder {
@@ -208,6 +229,13 @@ impl BreakerPolicyBuilder {
         self
     }
 
+    /// Half-open ends as resilience4j's does ([`HalfOpenRule::Rates`]): after
+    /// `half_open_permits` probes have answered, by their failure and slow-call rates.
+    pub const fn half_open_by_rates(mut self) -> Self {
+        self.half_open = HalfOpenRule::Rates;
+        self
+    }
+
     /// Validates the settings.
     ///
     /// # Errors
@@ -215,7 +243,8 @@ impl BreakerPolicyBuilder {
     /// infinite, outside `[0, 1]` or zero, a slow-call rate has no (or a zero) threshold, the
     /// window is empty, too long or has too many buckets, `minimum_calls` is zero or larger
     /// than a count window, `half_open_permits` or `successes_to_close` is zero or
-    /// `half_open_permits` exceeds [`MAX_PERMITS`], or `probe_timeout` is zero or overflows.
+    /// `half_open_permits` exceeds [`MAX_PERMITS`], `probe_timeout` is zero or overflows, or
+    /// [`HalfOpenRule::Rates`] is chosen without a rate rule or with `successes_to_close`.
     pub fn build(self) -> Result<BreakerPolicy, PolicyError> {
         if self.consecutive_failures.is_none() && self.failure_rate.is_none() && self.slow_call_rate.is_none() {
             return Err(PolicyError::Zero {
@@ -330,6 +359,22 @@ impl BreakerPolicyBuilder {
             }
             Some(n) => n,
         };
+        if self.half_open == HalfOpenRule::Rates {
+            if self.failure_rate.is_none() && self.slow_call_rate.is_none() {
+                return Err(PolicyError::Conflict {
+                    setting: "half_open (Rates)",
+                    other: "no failure_rate or slow_call_rate",
+                    why: "the probes' rates are judged against the policy's rate rules; set one, or keep HalfOpenRule::FirstFailure",
+                });
+            }
+            if self.successes_to_close.is_some() {
+                return Err(PolicyError::Conflict {
+                    setting: "successes_to_close",
+                    other: "half_open (Rates)",
+                    why: "under the Rates rule the breaker decides after half_open_permits probes have answered; leave successes_to_close unset",
+                });
+            }
+        }
         let probe_timeout_ns =
             nanos_of(self.probe_timeout).ok_or(PolicyError::DurationOverflow { setting: "probe_timeout" })?;
         if probe_timeout_ns == 0 {
@@ -351,6 +396,7 @@ impl BreakerPolicyBuilder {
             permits: self.half_open_permits,
             close_after,
             probe_timeout_ns,
+            half_open: self.half_open,
             failure_rate: self.failure_rate,
             slow_call_rate: self.slow_call_rate,
             window_given: self.window,
@@ -398,8 +444,9 @@ impl From<BreakerPolicy> for BreakerPolicyBuilder {
             window: policy.window_given,
             minimum_calls: Some(policy.minimum_calls),
             half_open_permits: policy.permits,
-            successes_to_close: Some(policy.close_after),
+            successes_to_close: (policy.half_open == HalfOpenRule::FirstFailure).then_some(policy.close_after),
             probe_timeout: Duration::from_nanos(policy.probe_timeout_ns),
+            half_open: policy.half_open,
         }
     }
 }
@@ -419,6 +466,7 @@ impl BreakerPolicy {
             half_open_permits: 1,
             successes_to_close: None,
             probe_timeout: Duration::from_secs(10),
+            half_open: HalfOpenRule::FirstFailure,
         }
     }
 
@@ -432,9 +480,14 @@ impl BreakerPolicy {
         self.permits
     }
 
-    /// Successful probes that close the breaker.
+    /// Successful probes that close the breaker (under [`HalfOpenRule::FirstFailure`]).
     pub const fn successes_to_close(&self) -> u32 {
         self.close_after
+    }
+
+    /// How half-open ends.
+    pub const fn half_open_rule(&self) -> HalfOpenRule {
+        self.half_open
     }
 
     /// Each probe's lease.
@@ -561,6 +614,17 @@ pub enum BreakerError {
         /// The permit's id.
         id: u32,
     },
+    /// A transition by hand ([`Breaker::handle_open`], [`Breaker::handle_half_open`]) that
+    /// makes no sense from where the breaker is.
+    #[error("a breaker that is {from:?} cannot be moved to {to:?} by hand: {why}")]
+    IllegalTransition {
+        /// Where the breaker is.
+        from: BreakerState,
+        /// Where it was asked to go.
+        to: BreakerState,
+        /// Why not, and what to do instead.
+        why: &'static str,
+    },
 }
 
 /// Where a breaker is (K1); see [`Breaker::status`].
@@ -584,6 +648,41 @@ pub enum BreakerStatus {
     /// Forced closed by hand: every call is admitted and nothing is counted until
     /// [`Breaker::handle_reset`].
     Disabled,
+    /// Forced closed by hand, still counting: every call is admitted and counted in the window
+    /// ([`Breaker::window_counts`]), and no rule trips it, until [`Breaker::handle_reset`].
+    MetricsOnly,
+}
+
+impl BreakerStatus {
+    /// The kind of state, without its details.
+    pub const fn state(&self) -> BreakerState {
+        match self {
+            BreakerStatus::Closed => BreakerState::Closed,
+            BreakerStatus::Open { .. } => BreakerState::Open,
+            BreakerStatus::HalfOpen { .. } => BreakerState::HalfOpen,
+            BreakerStatus::Isolated => BreakerState::Isolated,
+            BreakerStatus::Disabled => BreakerState::Disabled,
+            BreakerStatus::MetricsOnly => BreakerState::MetricsOnly,
+        }
+    }
+}
+
+/// The kinds of [`BreakerStatus`], as named by [`BreakerError::IllegalTransition`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub enum BreakerState {
+    /// See [`BreakerStatus::Closed`].
+    Closed,
+    /// See [`BreakerStatus::Open`].
+    Open,
+    /// See [`BreakerStatus::HalfOpen`].
+    HalfOpen,
+    /// See [`BreakerStatus::Isolated`].
+    Isolated,
+    /// See [`BreakerStatus::Disabled`].
+    Disabled,
+    /// See [`BreakerStatus::MetricsOnly`].
+    MetricsOnly,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -776,11 +875,27 @@ struct Probes {
     busy: u16,
     ids: [u32; LEASES],
     deadlines: [Instant; LEASES],
+    /// Under [`HalfOpenRule::Rates`]: probes that answered (recorded, or expired as failures),
+    /// and how many of them failed and how many were slow.
+    #[cfg_attr(feature = "serde", serde(default))]
+    answered: u32,
+    #[cfg_attr(feature = "serde", serde(default))]
+    failed: u32,
+    #[cfg_attr(feature = "serde", serde(default))]
+    slow: u32,
 }
 
 impl Probes {
     const fn new() -> Self {
-        Probes { successes: 0, busy: 0, ids: [0; LEASES], deadlines: [Instant::ZERO; LEASES] }
+        Probes {
+            successes: 0,
+            busy: 0,
+            ids: [0; LEASES],
+            deadlines: [Instant::ZERO; LEASES],
+            answered: 0,
+            failed: 0,
+            slow: 0,
+        }
     }
 
     const fn held(&self) -> u32 {
@@ -793,7 +908,19 @@ impl Probes {
 
     /// The earliest deadline among held leases.
     fn earliest(&self) -> Option<Instant> {
-        (0..LEASES).filter(|&i| self.busy & (1 << i) != 0).map(|i| self.deadlines[i]).min()
+        self.earliest_slot().map(|(_, deadline)| deadline)
+    }
+
+    /// The held lease with the earliest deadline, and that deadline.
+    fn earliest_slot(&self) -> Option<(usize, Instant)> {
+        (0..LEASES).filter(|&i| self.busy & (1 << i) != 0).map(|i| (i, self.deadlines[i])).min_by_key(|&(_, d)| d)
+    }
+
+    /// Counts an answer under [`HalfOpenRule::Rates`].
+    fn answer(&mut self, failed: bool, slow: bool) {
+        self.answered = self.answered.saturating_add(1);
+        self.failed = self.failed.saturating_add(u32::from(failed));
+        self.slow = self.slow.saturating_add(u32::from(slow));
     }
 }
 
@@ -808,6 +935,7 @@ enum Phase {
     HalfOpen(Probes),
     Isolated,
     Disabled,
+    MetricsOnly(Window),
 }
 
 /// One dependency's circuit breaker (rules K1–K5).
@@ -958,14 +1086,20 @@ impl Breaker {
         now: Instant,
         rng: &mut R,
     ) -> Result<u32, Rejected> {
-        if let Phase::Disabled = self.phase {
+        if let Phase::Disabled | Phase::MetricsOnly(_) = self.phase {
             return Ok(self.issue(now).id);
         }
         let now = self.last_now.later(now);
         self.settle(policy, now, rng);
         match &mut self.phase {
             Phase::HalfOpen(probes) => {
-                if probes.held() >= policy.permits.min(MAX_PERMITS) {
+                let cap = policy.permits.min(MAX_PERMITS);
+                // Under the rates rule the probes that answered keep their places: `cap` in all.
+                let taken = match policy.half_open {
+                    HalfOpenRule::FirstFailure => probes.held(),
+                    HalfOpenRule::Rates => probes.held().saturating_add(probes.answered),
+                };
+                if taken >= cap && probes.busy != 0 {
                     let earliest = probes.earliest().unwrap_or(now);
                     return Err(Rejected { retry_after: Some(earliest.saturating_duration_since(now)) });
                 }
@@ -980,8 +1114,10 @@ impl Breaker {
             }
             Phase::Open { until } => Err(Rejected { retry_after: Some(until.saturating_duration_since(now)) }),
             Phase::Isolated => Err(Rejected { retry_after: None }),
-            // Unreachable: closed and disabled are admitted by `try_acquire` itself.
-            Phase::Closed(_) | Phase::Disabled => Err(Rejected { retry_after: Some(Duration::ZERO) }),
+            // Unreachable: closed, disabled and metrics-only are admitted above.
+            Phase::Closed(_) | Phase::Disabled | Phase::MetricsOnly(_) => {
+                Err(Rejected { retry_after: Some(Duration::ZERO) })
+            }
         }
     }
 
@@ -1079,6 +1215,17 @@ impl Breaker {
     ) -> Result<(), BreakerError> {
         match &mut self.phase {
             Phase::Disabled => settle_closed_permit(self.next_id, &mut self.settled, id),
+            Phase::MetricsOnly(window) => {
+                settle_closed_permit(self.next_id, &mut self.settled, id)?;
+                if outcome != CallOutcome::Ignored {
+                    if window.key != policy.window_key {
+                        window.rebuild(policy);
+                    }
+                    // Counted, never tripping.
+                    let _ = window.push(policy, now, outcome == CallOutcome::Failure, elapsed_ns >= policy.slow_ns);
+                }
+                Ok(())
+            }
             Phase::HalfOpen(probes) => {
                 let Some(slot) = probes.slot_of(id) else {
                     return Err(BreakerError::NotOutstanding { id });
@@ -1094,18 +1241,23 @@ impl Breaker {
                 }
                 let Phase::HalfOpen(probes) = &mut self.phase else { return Ok(()) };
                 probes.busy &= !(1 << slot);
+                let slow = policy.slow_ppm != NEVER && elapsed_ns >= policy.slow_ns;
                 let failed = match outcome {
                     CallOutcome::Ignored => return Ok(()),
                     CallOutcome::Failure => true,
-                    CallOutcome::Success => policy.slow_ppm != NEVER && elapsed_ns >= policy.slow_ns,
+                    CallOutcome::Success => false,
                 };
-                if failed {
-                    self.open(policy, now, rng);
-                } else {
-                    probes.successes = probes.successes.saturating_add(1);
-                    if probes.successes >= policy.close_after {
-                        self.openings.reset();
-                        self.enter(Phase::Closed(Window::new(policy)));
+                match policy.half_open {
+                    HalfOpenRule::FirstFailure if failed || slow => self.open(policy, now, rng),
+                    HalfOpenRule::FirstFailure => {
+                        probes.successes = probes.successes.saturating_add(1);
+                        if probes.successes >= policy.close_after {
+                            self.close(policy);
+                        }
+                    }
+                    HalfOpenRule::Rates => {
+                        probes.answer(failed, slow);
+                        self.judge(policy, now, rng);
                     }
                 }
                 Ok(())
@@ -1142,6 +1294,92 @@ impl Breaker {
         }
     }
 
+    /// Opens the breaker by hand, as a trip rule would: for the next open duration of the
+    /// backoff (counted as an opening, K3), after which it turns half-open on its own.
+    /// Outstanding permits become stale. The work due at `now` is done first (as by
+    /// [`handle_timeout`](Self::handle_timeout)), so the transition starts from the state the
+    /// breaker is in at `now`.
+    ///
+    /// # Errors
+    /// [`BreakerError::IllegalTransition`] when it is open already, or metrics-only (a state
+    /// that never trips: leave it with [`handle_reset`](Self::handle_reset) first); nothing
+    /// changes, not even the work due.
+    pub fn handle_open<R: Rng + ?Sized>(
+        &mut self,
+        policy: &BreakerPolicy,
+        now: Instant,
+        rng: &mut R,
+    ) -> Result<(), BreakerError> {
+        let (mut next, now) = self.settled_copy(policy, now, rng);
+        let why = match next.phase {
+            Phase::Open { .. } => "it is open already; `handle_half_open` ends the open period early",
+            Phase::MetricsOnly(_) => {
+                "a metrics-only breaker never trips; leave it with `handle_reset` (closed) or `handle_isolate` (forced open)"
+            }
+            _ => {
+                next.open(policy, now, rng);
+                *self = next;
+                return Ok(());
+            }
+        };
+        Err(next.illegal(BreakerState::Open, why))
+    }
+
+    /// Turns the breaker half-open by hand: the open period (or the isolation) ends now, and
+    /// probes are admitted as if it had ended on its own (K4). Outstanding permits become
+    /// stale. The work due at `now` is done first, as by [`handle_open`](Self::handle_open).
+    ///
+    /// # Errors
+    /// [`BreakerError::IllegalTransition`] unless the breaker is open or isolated: a closed,
+    /// disabled or metrics-only breaker admits every call, so there is nothing to probe, and a
+    /// half-open one is half-open already; nothing changes.
+    pub fn handle_half_open<R: Rng + ?Sized>(
+        &mut self,
+        policy: &BreakerPolicy,
+        now: Instant,
+        rng: &mut R,
+    ) -> Result<(), BreakerError> {
+        let (mut next, now) = self.settled_copy(policy, now, rng);
+        let why = match next.phase {
+            Phase::Open { .. } | Phase::Isolated => {
+                next.last_now = now;
+                next.enter(Phase::HalfOpen(Probes::new()));
+                *self = next;
+                return Ok(());
+            }
+            Phase::HalfOpen(_) => "it is half-open already",
+            Phase::Closed(_) | Phase::Disabled | Phase::MetricsOnly(_) => {
+                "it admits every call, so there is nothing to probe; `handle_open` opens it"
+            }
+        };
+        Err(next.illegal(BreakerState::HalfOpen, why))
+    }
+
+    /// This breaker as it is at `now` once the work due is done, leaving `self` as it is (a
+    /// transition by hand that is refused changes nothing), and `now` clamped.
+    fn settled_copy<R: Rng + ?Sized>(&self, policy: &BreakerPolicy, now: Instant, rng: &mut R) -> (Breaker, Instant) {
+        let now = self.last_now.later(now);
+        let mut next = *self;
+        next.settle(policy, now, rng);
+        next.last_now = now;
+        (next, now)
+    }
+
+    /// The refusal of a transition by hand to `to`.
+    #[cold]
+    fn illegal(&self, to: BreakerState, why: &'static str) -> BreakerError {
+        BreakerError::IllegalTransition { from: self.status().state(), to, why }
+    }
+
+    /// Forces the breaker closed by hand but keeps counting (resilience4j's `METRICS_ONLY`):
+    /// every call is admitted and counted in a fresh window ([`window_counts`](Self::window_counts)),
+    /// and no rule trips it, until [`handle_reset`](Self::handle_reset). Outstanding permits
+    /// become stale.
+    pub fn handle_metrics_only(&mut self, policy: &BreakerPolicy, now: Instant) {
+        self.last_now = self.last_now.later(now);
+        self.enter(Phase::MetricsOnly(Window::new(policy)));
+    }
+
     /// Forces the breaker open by hand (K1): every call is rejected until
     /// [`handle_reset`](Self::handle_reset). Outstanding permits become stale.
     pub fn handle_isolate(&mut self, policy: &BreakerPolicy, now: Instant) {
@@ -1158,12 +1396,36 @@ impl Breaker {
         self.enter(Phase::Disabled);
     }
 
-    /// Returns the breaker to automatic operation: closed, with an empty window and the open
-    /// durations starting over. Outstanding permits become stale.
+    /// Closes the breaker by hand, from any state, and returns it to automatic operation:
+    /// closed, with an empty window and the open durations starting over. Outstanding permits
+    /// become stale.
     pub fn handle_reset(&mut self, policy: &BreakerPolicy, now: Instant) {
         self.last_now = self.last_now.later(now);
+        self.close(policy);
+    }
+
+    /// Closes, with an empty window and the open durations starting over.
+    fn close(&mut self, policy: &BreakerPolicy) {
         self.openings.reset();
         self.enter(Phase::Closed(Window::new(policy)));
+    }
+
+    /// Under [`HalfOpenRule::Rates`], once every probe has answered: reopens (from `at`) if
+    /// their failure or slow-call rate reaches the policy's, closes otherwise.
+    fn judge<R: Rng + ?Sized>(&mut self, policy: &BreakerPolicy, at: Instant, rng: &mut R) {
+        let Phase::HalfOpen(probes) = &self.phase else { return };
+        if policy.half_open != HalfOpenRule::Rates || probes.answered < policy.permits.min(MAX_PERMITS) {
+            return;
+        }
+        let answered = u64::from(probes.answered);
+        if u64::from(probes.failed) * PPM >= policy.failure_ppm * answered
+            || u64::from(probes.slow) * PPM >= policy.slow_ppm * answered
+        {
+            self.open(policy, at, rng);
+        } else {
+            self.last_now = self.last_now.later(at);
+            self.close(policy);
+        }
     }
 
     /// When [`handle_timeout`](Self::handle_timeout) is next due: the end of the open period,
@@ -1172,7 +1434,7 @@ impl Breaker {
         match &self.phase {
             Phase::Open { until } => Some(*until),
             Phase::HalfOpen(probes) => probes.earliest(),
-            Phase::Closed(_) | Phase::Isolated | Phase::Disabled => None,
+            Phase::Closed(_) | Phase::Isolated | Phase::Disabled | Phase::MetricsOnly(_) => None,
         }
     }
 
@@ -1184,6 +1446,7 @@ impl Breaker {
             Phase::HalfOpen(probes) => BreakerStatus::HalfOpen { permits: probes.held() },
             Phase::Isolated => BreakerStatus::Isolated,
             Phase::Disabled => BreakerStatus::Disabled,
+            Phase::MetricsOnly(_) => BreakerStatus::MetricsOnly,
         }
     }
 
@@ -1202,10 +1465,10 @@ impl Breaker {
         self.generation
     }
 
-    /// Consecutive failures counted while closed (zero in any other state).
+    /// Consecutive failures counted while closed or metrics-only (zero in any other state).
     pub const fn consecutive_failures(&self) -> u32 {
         match &self.phase {
-            Phase::Closed(window) => window.consecutive,
+            Phase::Closed(window) | Phase::MetricsOnly(window) => window.consecutive,
             _ => 0,
         }
     }
@@ -1238,7 +1501,9 @@ impl Breaker {
     /// ```
     pub const fn outstanding_permits(&self) -> u32 {
         match &self.phase {
-            Phase::Closed(_) | Phase::Disabled => closed_permits_out(self.next_id, self.settled),
+            Phase::Closed(_) | Phase::Disabled | Phase::MetricsOnly(_) => {
+                closed_permits_out(self.next_id, self.settled)
+            }
             Phase::HalfOpen(probes) => probes.held(),
             Phase::Open { .. } | Phase::Isolated => 0,
         }
@@ -1249,12 +1514,12 @@ impl Breaker {
         self.openings.failures()
     }
 
-    /// Closed: the calls, failures and slow calls in the window, and the consecutive failures.
-    /// A policy without a rate rule (consecutive failures only) keeps no window: its calls,
-    /// failures and slow calls stay 0.
+    /// Closed or metrics-only: the calls, failures and slow calls in the window, and the
+    /// consecutive failures. A policy without a rate rule (consecutive failures only) keeps no
+    /// window: its calls, failures and slow calls stay 0.
     pub fn window_counts(&self) -> Option<WindowCounts> {
         match &self.phase {
-            Phase::Closed(w) => Some(WindowCounts {
+            Phase::Closed(w) | Phase::MetricsOnly(w) => Some(WindowCounts {
                 calls: w.calls,
                 failures: w.failures,
                 slow: w.slow,
@@ -1265,13 +1530,25 @@ impl Breaker {
     }
 
     /// Half-open: expires every lease whose deadline is at or before `now`, as a failure at
-    /// its deadline (the earliest one reopens the breaker).
+    /// its deadline, in deadline order. Under [`HalfOpenRule::FirstFailure`] the earliest one
+    /// reopens the breaker; under [`HalfOpenRule::Rates`] each is an answer, and the one that
+    /// completes the probes decides at its deadline (as does a breaker that already holds all
+    /// its answers, say under a policy with fewer permits than the one it was made under).
     fn expire<R: Rng + ?Sized>(&mut self, policy: &BreakerPolicy, now: Instant, rng: &mut R) {
-        if let Phase::HalfOpen(probes) = &self.phase
-            && let Some(earliest) = probes.earliest()
-            && earliest <= now
-        {
-            self.open(policy, earliest, rng);
+        let mut expired = false;
+        while let Phase::HalfOpen(probes) = &mut self.phase {
+            let Some((slot, deadline)) = probes.earliest_slot().filter(|&(_, d)| d <= now) else { break };
+            expired = true;
+            if policy.half_open == HalfOpenRule::FirstFailure {
+                self.open(policy, deadline, rng);
+                break;
+            }
+            probes.busy &= !(1 << slot);
+            probes.answer(true, false);
+            self.judge(policy, deadline, rng);
+        }
+        self.judge(policy, now, rng);
+        if expired {
             self.last_now = self.last_now.later(now);
         }
     }
@@ -1315,8 +1592,12 @@ impl Breaker {
                         return Err("two probe leases hold the same id");
                     }
                 }
+                if probes.failed > probes.answered || probes.slow > probes.answered {
+                    return Err("more probes failed or were slow than answered");
+                }
                 Ok(())
             }
+            Phase::MetricsOnly(window) => window.validate(),
             Phase::Open { .. } | Phase::Isolated | Phase::Disabled => Ok(()),
         }
     }

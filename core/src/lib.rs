@@ -172,8 +172,8 @@ mod time;
 
 pub use backoff::{Backoff, BackoffBuilder, BackoffState, Jitter, Schedule};
 pub use breaker::{
-    Breaker, BreakerError, BreakerPolicy, BreakerPolicyBuilder, BreakerStatus, BreakerWindow, CallOutcome, MAX_PERMITS,
-    MAX_WINDOW_BUCKETS, MAX_WINDOW_CALLS, Permit, Rejected, WindowCounts,
+    Breaker, BreakerError, BreakerPolicy, BreakerPolicyBuilder, BreakerState, BreakerStatus, BreakerWindow,
+    CallOutcome, HalfOpenRule, MAX_PERMITS, MAX_WINDOW_BUCKETS, MAX_WINDOW_CALLS, Permit, Rejected, WindowCounts,
 };
 pub use budget::{
     BudgetRefused, Grant, MAX_BUDGET_BUCKETS, MAX_RATIO, RatioBudget, RatioBudgetPolicy, RatioBudgetPolicyBuilder,

@@ -194,11 +194,12 @@ pub fn aws_standard_retry() -> RetryPolicy {
 /// longer than the threshold, this breaker when it takes at least its threshold: the preset's
 /// threshold is 60 s and 1 ns, so a call of exactly 60 s is not slow in either.
 ///
+/// Half-open is decided as resilience4j decides it ([`HalfOpenRule::Rates`](crate::HalfOpenRule::Rates)):
+/// after the 10 probes have answered, it reopens if at least 50 % of them failed or all of
+/// them were slow, and closes otherwise (this breaker's default reopens at the first failed
+/// probe instead).
+///
 /// What differs, and why:
-/// - *Half-open.* resilience4j waits for its 10 probes and reopens if at least 50 % of them
-///   failed (or were slow); this breaker reopens at the first failed probe and closes after 10
-///   successful ones (K4). A dependency that fails half the probes stays shut either way; one
-///   that fails a few of them is reopened here sooner.
 /// - *A probe that never answers.* resilience4j waits for it for ever by default
 ///   (`maxWaitDurationInHalfOpenState = 0`), so a hung probe holds the breaker half-open; here a
 ///   probe's lease ends after 60 s (the slow-call threshold) and counts as a failure.
@@ -214,6 +215,7 @@ pub fn resilience4j_breaker() -> BreakerPolicy {
         .count_window(100)
         .minimum_calls(100)
         .half_open_permits(10)
+        .half_open_by_rates()
         .probe_timeout(minute)
         .build()
         .unwrap_or_else(|_| unreachable!("resilience4j's defaults are a valid policy"))

@@ -5,7 +5,7 @@ use core::time::Duration;
 
 use persevere::{
     Backoff, Breaker, BreakerError, BreakerPolicy, BreakerPolicyBuilder, BreakerStatus, BreakerWindow, CallOutcome,
-    Instant, Jitter, Permit, PolicyError, Rejected,
+    HalfOpenRule, Instant, Jitter, Permit, PolicyError, Rejected,
 };
 use proptest::prelude::*;
 use rand_chacha::ChaCha8Rng;
@@ -778,6 +778,9 @@ enum Op {
     Isolate,
     Disable,
     Reset,
+    Open,
+    HalfOpen,
+    MetricsOnly,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -789,19 +792,22 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Isolate),
         1 => Just(Op::Disable),
         1 => Just(Op::Reset),
+        1 => Just(Op::Open),
+        1 => Just(Op::HalfOpen),
+        1 => Just(Op::MetricsOnly),
     ]
 }
 
 fn any_policy() -> impl Strategy<Value = BreakerPolicy> {
-    (1u32..5, 1u32..5, 1u32..4, 1u64..2_000, prop::bool::ANY, 1u32..20).prop_map(
-        |(consecutive, permits, close, lease_ms, timed, n)| {
+    (1u32..5, 1u32..5, 1u32..4, 1u64..2_000, prop::bool::ANY, 1u32..20, prop::bool::ANY).prop_map(
+        |(consecutive, permits, close, lease_ms, timed, n, by_rates)| {
             let b = BreakerPolicy::builder(open_backoff())
                 .consecutive_failures(consecutive)
                 .failure_rate(0.5)
                 .slow_call_rate(0.8, ms(200))
                 .half_open_permits(permits)
-                .successes_to_close(close)
                 .probe_timeout(ms(lease_ms));
+            let b = if by_rates { b.half_open_by_rates() } else { b.successes_to_close(close) };
             let b = if timed { b.time_window(Duration::from_secs(5), 5) } else { b.count_window(n) };
             b.minimum_calls(n.min(5)).build().unwrap()
         },
@@ -878,6 +884,19 @@ proptest! {
                 Op::Isolate => b.handle_isolate(&p, now),
                 Op::Disable => b.handle_disable(&p, now),
                 Op::Reset => b.handle_reset(&p, now),
+                Op::Open | Op::HalfOpen => {
+                    let before = b;
+                    let done = if matches!(op, Op::Open) {
+                        b.handle_open(&p, now, &mut r)
+                    } else {
+                        b.handle_half_open(&p, now, &mut r)
+                    };
+                    if done.is_err() {
+                        told = false;
+                        prop_assert_eq!(b, before, "G12: a refused transition changes nothing");
+                    }
+                }
+                Op::MetricsOnly => b.handle_metrics_only(&p, now),
             }
             if let BreakerStatus::HalfOpen { permits } = b.status() {
                 prop_assert!(permits <= p.half_open_permits(), "{} probes out", permits);
@@ -888,13 +907,24 @@ proptest! {
                     prop_assert!(deadline > now, "half-open past a lease deadline without a decision");
                 }
             }
-            // Liveness: following poll_timeout always leaves half-open with leases out.
+            // Liveness: following poll_timeout always leaves half-open with leases out: at the
+            // first deadline under the first-failure rule, by the last one under the rates rule
+            // (which then has either decided or frees every place for new probes).
             if matches!(b.status(), BreakerStatus::HalfOpen { permits } if permits > 0) {
                 let mut probe = b;
-                let deadline = probe.poll_timeout().expect("a held lease is timed");
-                probe.handle_timeout(&p, deadline, &mut r);
-                let reopened = matches!(probe.status(), BreakerStatus::Open { .. });
-                prop_assert!(reopened, "handle_timeout at the lease deadline must reopen");
+                let mut deadlines = 0;
+                while let BreakerStatus::HalfOpen { permits: 1.. } = probe.status() {
+                    let deadline = probe.poll_timeout().expect("a held lease is timed");
+                    probe.handle_timeout(&p, deadline, &mut r);
+                    deadlines += 1;
+                    prop_assert!(deadlines <= persevere::MAX_PERMITS, "half-open with leases past every deadline");
+                }
+                if p.half_open_rule() == HalfOpenRule::FirstFailure {
+                    let reopened = matches!(probe.status(), BreakerStatus::Open { .. });
+                    prop_assert!(reopened && deadlines == 1, "handle_timeout at the lease deadline must reopen");
+                } else if let BreakerStatus::HalfOpen { .. } = probe.status() {
+                    prop_assert!(probe.try_acquire(&p, probe.now(), &mut r).is_ok(), "rates: no place left and no lease");
+                }
             }
         }
     }

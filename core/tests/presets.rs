@@ -246,6 +246,21 @@ fn p_the_resilience4j_breaker_opens_at_half_of_100_calls_waits_60s_and_admits_10
         breaker.record(&policy, half_open + fast, probe, CallOutcome::Success, &mut rng).unwrap();
     }
     assert_eq!(breaker.status(), BreakerStatus::Closed, "10 successful probes close it");
+    // Half-open decides by the rates over the 10 probes: 4 failed (40 %) close it, 5 failed
+    // (50 %, "equal or greater") reopen it; no decision before the 10th answer.
+    for (failed, reopens) in [(4, false), (5, true)] {
+        let mut breaker = Breaker::new(&policy, 4);
+        record(&mut breaker, &policy, t0, fast, &[true; 100]);
+        let probes: Vec<_> =
+            (0..10).map(|_| breaker.try_acquire(&policy, half_open, &mut rng).expect("a probe")).collect();
+        for (i, probe) in probes.into_iter().enumerate() {
+            assert!(matches!(breaker.status(), BreakerStatus::HalfOpen { .. }), "undecided after {i} answers");
+            let outcome = if i < failed { CallOutcome::Failure } else { CallOutcome::Success };
+            breaker.record(&policy, half_open + fast, probe, outcome, &mut rng).unwrap();
+        }
+        assert_eq!(matches!(breaker.status(), BreakerStatus::Open { .. }), reopens, "{failed} of 10 probes failed");
+        assert_eq!(breaker.status() == BreakerStatus::Closed, !reopens);
+    }
     // Slow calls (longer than 60 s) open it only when all of the 100 are slow; a call of
     // exactly 60 s is not slow.
     let slow = secs(60) + Duration::from_nanos(1);

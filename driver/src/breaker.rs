@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use pin_project_lite::pin_project;
 
-use persevere::{BreakerPolicy, BreakerStatus, CallOutcome, FailureClass, Instant, Permit, SplitMix64};
+use persevere::{
+    BreakerError, BreakerPolicy, BreakerStatus, CallOutcome, FailureClass, Instant, Permit, SplitMix64, WindowCounts,
+};
 
 use crate::classify::RetryGate;
 use crate::listeners::Listeners;
@@ -334,6 +336,7 @@ impl<Rt: Runtime> Shared<Rt> {
                 BreakerStatus::HalfOpen { .. } => "half_open",
                 BreakerStatus::Isolated => "isolated",
                 BreakerStatus::Disabled => "disabled",
+                BreakerStatus::MetricsOnly => "metrics_only",
             };
             metrics::counter!("persevere_breaker_transitions_total", "to" => to).increment(1);
         }
@@ -491,6 +494,36 @@ impl<Rt: Runtime> Breaker<Rt> {
         self.shared.listeners.add(listener);
     }
 
+    /// Opens the breaker by hand, as a trip rule would: for the next open duration, after
+    /// which it turns half-open on its own.
+    ///
+    /// # Errors
+    /// [`BreakerError::IllegalTransition`] when it is open already or metrics-only; nothing
+    /// changes.
+    pub fn open(&self) -> Result<(), BreakerError> {
+        self.shared.update(|breaker, policy, now, rng| breaker.handle_open(policy, now, rng))
+    }
+
+    /// Turns an open or isolated breaker half-open by hand: probes are admitted at once.
+    ///
+    /// # Errors
+    /// [`BreakerError::IllegalTransition`] from any other state; nothing changes.
+    pub fn half_open(&self) -> Result<(), BreakerError> {
+        self.shared.update(|breaker, policy, now, rng| breaker.handle_half_open(policy, now, rng))
+    }
+
+    /// Forces the breaker closed but counting (resilience4j's `METRICS_ONLY`): every call is
+    /// admitted and counted, nothing trips it, until [`reset`](Self::reset).
+    pub fn metrics_only(&self) {
+        self.shared.update(|breaker, policy, now, _| breaker.handle_metrics_only(policy, now));
+    }
+
+    /// Closed or metrics-only: the calls, failures and slow calls in the window, and the
+    /// consecutive failures (see [`persevere::Breaker::window_counts`]).
+    pub fn window_counts(&self) -> Option<WindowCounts> {
+        self.shared.lock().breaker.window_counts()
+    }
+
     /// Forces the breaker open until [`reset`](Self::reset).
     pub fn isolate(&self) {
         self.shared.update(|breaker, policy, now, _| breaker.handle_isolate(policy, now));
@@ -501,7 +534,8 @@ impl<Rt: Runtime> Breaker<Rt> {
         self.shared.update(|breaker, policy, now, _| breaker.handle_disable(policy, now));
     }
 
-    /// Returns to automatic operation, closed, with empty counts.
+    /// Closes the breaker by hand, from any state, and returns it to automatic operation, with
+    /// empty counts.
     pub fn reset(&self) {
         self.shared.update(|breaker, policy, now, _| breaker.handle_reset(policy, now));
     }

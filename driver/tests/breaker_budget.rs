@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use futures_lite::future::block_on;
 use persevere::{
-    Backoff, BreakerPolicy, BreakerStatus, CallOutcome, FailureClass, Instant, OutcomeKind, RatioBudgetPolicy,
-    RetryPolicy, TokenBucketPolicy,
+    Backoff, BreakerError, BreakerPolicy, BreakerState, BreakerStatus, CallOutcome, FailureClass, Instant, OutcomeKind,
+    RatioBudgetPolicy, RetryPolicy, TokenBucketPolicy,
 };
 use persevere_driver::{Breaker, Budget, CallError, RetryGate, retry};
 
@@ -157,6 +157,42 @@ fn k1_isolate_disable_and_reset_by_hand() {
     assert_eq!(breaker.status(), BreakerStatus::Disabled, "disabled counts nothing");
     breaker.reset();
     assert_eq!(breaker.status(), BreakerStatus::Closed);
+}
+
+#[test]
+fn k1_open_half_open_and_metrics_only_by_hand_with_refusals() {
+    let breaker = Breaker::with_runtime(Virtual::default(), policy(3));
+    let heard = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = heard.clone();
+    breaker.on_transition(move |t| log.lock().unwrap().push(t.to.state()));
+    let refused = breaker.half_open().unwrap_err();
+    assert!(
+        matches!(
+            refused,
+            BreakerError::IllegalTransition { from: BreakerState::Closed, to: BreakerState::HalfOpen, .. }
+        ),
+        "{refused}"
+    );
+    breaker.open().unwrap();
+    assert!(matches!(
+        block_on(breaker.call(async { Ok::<_, ()>(()) })),
+        Err(CallError::Rejected { retry_after: Some(_) })
+    ));
+    assert!(matches!(breaker.open(), Err(BreakerError::IllegalTransition { from: BreakerState::Open, .. })));
+    breaker.half_open().unwrap();
+    assert_eq!(block_on(breaker.call(async { Ok::<_, ()>(()) })), Ok(()), "a probe goes through at once");
+    assert_eq!(breaker.status(), BreakerStatus::Closed, "and closes it");
+
+    breaker.metrics_only();
+    for _ in 0..5 {
+        let _ = block_on(breaker.call(async { Err::<(), _>(()) }));
+    }
+    assert_eq!(breaker.status(), BreakerStatus::MetricsOnly, "counted, never tripped");
+    assert_eq!(breaker.window_counts().map(|c| c.consecutive_failures), Some(5));
+    assert!(matches!(breaker.open(), Err(BreakerError::IllegalTransition { from: BreakerState::MetricsOnly, .. })));
+    breaker.reset();
+    use BreakerState::*;
+    assert_eq!(*heard.lock().unwrap(), [Open, HalfOpen, Closed, MetricsOnly, Closed], "refusals are not transitions");
 }
 
 #[test]

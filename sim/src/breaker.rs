@@ -552,7 +552,7 @@ fn acquire(
                 BreakerStatus::Isolated => {
                     world.check("K1", rejected.retry_after.is_none(), || "an isolated breaker names a time".into())?;
                 }
-                BreakerStatus::Closed | BreakerStatus::Disabled => {
+                BreakerStatus::Closed | BreakerStatus::Disabled | BreakerStatus::MetricsOnly => {
                     return Err(world.violation("K1", format!("a call rejected while {before:?}")));
                 }
                 BreakerStatus::HalfOpen { .. } => {
@@ -736,6 +736,7 @@ fn check_transition(
             BreakerStatus::HalfOpen { permits } => ("breaker half-open", u64::from(permits)),
             BreakerStatus::Isolated => ("breaker isolated", 0),
             BreakerStatus::Disabled => ("breaker disabled", 0),
+            BreakerStatus::MetricsOnly => ("breaker metrics-only", 0),
         };
         world.record(u32::MAX, label, detail, u64::from(breaker.generation()));
         model.generation = breaker.generation();
