@@ -186,6 +186,12 @@ pub struct TokenBucketPolicyBuilder {
     /// Whether a refused retry is still charged (clamped at zero), as gRPC counts every
     /// failure. `false`: a refusal changes nothing.
     pub charge_refused: bool,
+    /// Whether the failure that ends an operation with no retry asked for (its attempts used
+    /// up, or a hint past the limit) is charged too (clamped at zero), as gRPC charges every
+    /// failed attempt; see [`TokenBucket::record_final_failure`]. `false`: only retries are
+    /// charged.
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub charge_final_failure: bool,
 }
 
 impl TokenBucketPolicyBuilder {
@@ -218,6 +224,12 @@ impl TokenBucketPolicyBuilder {
     /// Whether refused retries are charged too.
     pub const fn charge_refused(mut self, charge: bool) -> Self {
         self.charge_refused = charge;
+        self
+    }
+
+    /// Whether the failure that ends an operation without a retry is charged too.
+    pub const fn charge_final_failure(mut self, charge: bool) -> Self {
+        self.charge_final_failure = charge;
         self
     }
 
@@ -284,6 +296,7 @@ impl TokenBucketPolicy {
             refund_retry_cost: false,
             threshold_milli: None,
             charge_refused: false,
+            charge_final_failure: false,
         }
     }
 
@@ -295,8 +308,10 @@ impl TokenBucketPolicy {
     /// (`max_tokens` in `1..=1000`, `token_ratio > 0`, with at most three decimals; further
     /// decimals are ignored, as gRPC does).
     ///
-    /// One difference: gRPC charges every failed attempt, this bucket only the failures the
-    /// driver asks to retry (the last attempt of an exhausted operation is not charged).
+    /// Every failed attempt is charged, as in gRPC, when the driver tells the bucket of the
+    /// failure that ends an operation ([`TokenBucket::record_final_failure`]; the driver's
+    /// `Budget` does): the retries it asks for, granted or refused, and the last attempt of an
+    /// operation whose attempts are used up.
     ///
     /// # Errors
     /// [`PolicyError`] when `max_tokens` is outside `1..=1000`, or `token_ratio` is not finite,
@@ -347,6 +362,7 @@ impl TokenBucketPolicy {
             refund_retry_cost: false,
             threshold_milli: Some(max_milli / 2),
             charge_refused: true,
+            charge_final_failure: true,
         }
         .build()
     }
@@ -367,6 +383,7 @@ impl TokenBucketPolicy {
                 refund_retry_cost: true,
                 threshold_milli: None,
                 charge_refused: false,
+                charge_final_failure: false,
             },
         }
     }
@@ -474,6 +491,18 @@ impl TokenBucket {
                 self.balance_milli = after.unwrap_or(0);
             }
             Err(BudgetRefused)
+        }
+    }
+
+    /// An operation ended on a failure of `class` without asking for a retry (its attempts
+    /// used up, or a hint past its limit): under a policy that charges final failures (gRPC's
+    /// "every failed attempt"), its cost is taken, clamped at zero; otherwise nothing changes.
+    /// A failure that is not worth retrying (fatal) is not a budget matter: don't record it.
+    #[inline]
+    pub fn record_final_failure(&mut self, policy: &TokenBucketPolicy, class: RetryClass) {
+        if policy.settings.charge_final_failure {
+            let cost = policy.cost_milli(class);
+            self.balance_milli = self.balance_milli.min(policy.settings.capacity_milli).saturating_sub(cost);
         }
     }
 

@@ -474,11 +474,22 @@ fn u4_a_shared_ratio_budget_ends_operations_with_rejected_beyond_its_ratio() {
 enum BucketOp {
     Retry(u8),
     Success { with_grant: bool },
+    FinalFailure(u8),
 }
 
 fn bucket_policy() -> impl Strategy<Value = TokenBucketPolicy> {
-    (1u32..50, 1u64..5_000, 1u64..5_000, 1u64..5_000, 0u64..3_000, any::<bool>(), any::<bool>(), 0u32..100)
-        .prop_filter_map("valid", |(cap, a, b, c, refund, refund_retry, charge, threshold_pct)| {
+    (
+        1u32..50,
+        1u64..5_000,
+        1u64..5_000,
+        1u64..5_000,
+        0u64..3_000,
+        any::<bool>(),
+        any::<bool>(),
+        0u32..100,
+        any::<bool>(),
+    )
+        .prop_filter_map("valid", |(cap, a, b, c, refund, refund_retry, charge, threshold_pct, charge_final)| {
             let capacity = u64::from(cap) * 1_000;
             let threshold = (threshold_pct > 20).then(|| capacity * u64::from(threshold_pct - 20) / 100);
             persevere::TokenBucketPolicyBuilder {
@@ -490,6 +501,7 @@ fn bucket_policy() -> impl Strategy<Value = TokenBucketPolicy> {
                 refund_retry_cost: refund_retry,
                 threshold_milli: threshold,
                 charge_refused: charge,
+                charge_final_failure: charge_final,
             }
             .build()
             .ok()
@@ -509,6 +521,7 @@ proptest! {
             prop_oneof![
                 3 => (0u8..3).prop_map(BucketOp::Retry),
                 1 => any::<bool>().prop_map(|with_grant| BucketOp::Success { with_grant }),
+                1 => (0u8..3).prop_map(BucketOp::FinalFailure),
             ],
             1..300,
         ),
@@ -555,6 +568,16 @@ proptest! {
                     let added = (model + refund).min(i128::from(s.capacity_milli)) - model;
                     credited += added;
                     model += added;
+                }
+                BucketOp::FinalFailure(k) => {
+                    let class = [RetryClass::Throttling, RetryClass::Transient, RetryClass::Timeout][k as usize];
+                    let before = b;
+                    b.record_final_failure(&p, class);
+                    if s.charge_final_failure {
+                        model = (model - i128::from(p.cost_milli(class))).max(0);
+                    } else {
+                        prop_assert_eq!(b, before, "a final failure is not charged unless the policy says so");
+                    }
                 }
             }
             prop_assert_eq!(i128::from(b.balance_milli()), model);

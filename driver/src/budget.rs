@@ -23,7 +23,9 @@ enum Kind {
 /// - A token bucket ([`Budget::tokens`], e.g. [`TokenBucketPolicy::aws`]) charges each retry
 ///   by its failure class and earns tokens back on successes: the per-success refund, or, for
 ///   a successful retry under a policy that refunds retry costs (AWS), what that retry cost
-///   (its [`BudgetTicket`] carries the grant from the retry to its success).
+///   (its [`BudgetTicket`] carries the grant from the retry to its success). Under a policy
+///   that charges final failures ([`TokenBucketPolicy::grpc`]) the failure that ends an
+///   operation is charged too, so every failed attempt costs, as in gRPC.
 /// - A ratio budget ([`Budget::ratio`], e.g. [`RatioBudgetPolicy::finagle`]) counts each
 ///   operation as a request and grants retries up to the ratio over its window; counting a
 ///   request reads the runtime's clock, so this kind costs one clock read per operation.
@@ -142,6 +144,14 @@ impl<Rt: Runtime> RetryGate for Budget<Rt> {
     fn on_success(&self, ticket: Option<BudgetTicket>) {
         if let Kind::Tokens { policy, bucket } = &self.shared.1 {
             lock(bucket).record_success(policy, ticket.and_then(|t| t.grant));
+        }
+    }
+
+    fn on_final_failure(&self, _: Option<Instant>, class: FailureClass) {
+        if let Kind::Tokens { policy, bucket } = &self.shared.1
+            && policy.settings().charge_final_failure
+        {
+            lock(bucket).record_final_failure(policy, RetryClass::from(class));
         }
     }
 }

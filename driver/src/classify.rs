@@ -113,9 +113,10 @@ impl<E, F: FnMut(&RetryEvent<'_, E>)> Notify<E> for F {
 ///
 /// `retry` calls [`on_request`](RetryGate::on_request) once per operation,
 /// [`allow_retry`](RetryGate::allow_retry) whenever the machine wants to retry (a refusal ends
-/// the operation with `Rejected`), and [`on_success`](RetryGate::on_success) when an attempt
-/// succeeds, with the [`Ticket`](RetryGate::Ticket) of the retry that made that attempt. `()`
-/// allows everything.
+/// the operation with `Rejected`), [`on_success`](RetryGate::on_success) when an attempt
+/// succeeds, with the [`Ticket`](RetryGate::Ticket) of the retry that made that attempt, and
+/// [`on_final_failure`](RetryGate::on_final_failure) when a failure ends the operation without
+/// a retry being asked for. `()` allows everything.
 ///
 /// # Tickets
 /// A granted retry is a ticket, kept by the operation until its next attempt ends: handed back
@@ -175,6 +176,17 @@ pub trait RetryGate {
     fn on_success(&self, ticket: Option<Self::Ticket>) {
         drop(ticket);
     }
+
+    /// A failure of `class` ended the operation and no retry was asked for: its attempts were
+    /// used up ([`Exhausted`](persevere::OutcomeKind::Exhausted)), its hint asked for longer
+    /// than the policy waits ([`Deferred`](persevere::OutcomeKind::Deferred)), or the other
+    /// side said not to retry ([`FailureClass::DoNotRetry`]). Not called for a failure that is
+    /// not worth retrying (fatal, canceled), nor when a retry was refused (`allow_retry` heard
+    /// that one). A token bucket that charges every failed attempt, as gRPC's does, charges
+    /// this one here.
+    fn on_final_failure(&self, now: Option<Instant>, class: FailureClass) {
+        let _ = (now, class);
+    }
 }
 
 impl RetryGate for () {
@@ -205,6 +217,10 @@ macro_rules! tuple_gate {
                     None => { $(self.$index.on_success(None);)+ }
                 }
             }
+
+            fn on_final_failure(&self, now: Option<Instant>, class: FailureClass) {
+                $(self.$index.on_final_failure(now, class);)+
+            }
         }
     };
 }
@@ -227,6 +243,10 @@ impl<G: RetryGate + ?Sized> RetryGate for &G {
     fn on_success(&self, ticket: Option<G::Ticket>) {
         (**self).on_success(ticket)
     }
+
+    fn on_final_failure(&self, now: Option<Instant>, class: FailureClass) {
+        (**self).on_final_failure(now, class)
+    }
 }
 
 impl<G: RetryGate + ?Sized> RetryGate for std::sync::Arc<G> {
@@ -242,5 +262,9 @@ impl<G: RetryGate + ?Sized> RetryGate for std::sync::Arc<G> {
 
     fn on_success(&self, ticket: Option<G::Ticket>) {
         (**self).on_success(ticket)
+    }
+
+    fn on_final_failure(&self, now: Option<Instant>, class: FailureClass) {
+        (**self).on_final_failure(now, class)
     }
 }

@@ -753,6 +753,11 @@ where
                             .increment(1)
                     );
                     let (kind, class) = (outcome.kind(), outcome.last_failure().map(|f| f.class));
+                    if let Some(class) = class
+                        && ends_on_a_failure_not_retried(kind, class)
+                    {
+                        gate.on_final_failure(timed.then(|| retry.now()), class);
+                    }
                     let retry_after_ns =
                         outcome.retry_at().map(|at| at.as_nanos().saturating_sub(retry.now().as_nanos()));
                     let error = outcome.into_last_failure().and_then(|f| f.error).flatten();
@@ -806,6 +811,16 @@ where
             retry.now().saturating_add(slept).later(due)
         };
         retry.handle_timeout(policy, now, rng);
+    }
+}
+
+/// Whether an operation that finished as `kind` after a failure of `class` ended on a failure
+/// whose retry was not asked for (see [`RetryGate::on_final_failure`]).
+fn ends_on_a_failure_not_retried(kind: OutcomeKind, class: FailureClass) -> bool {
+    match kind {
+        OutcomeKind::Exhausted | OutcomeKind::Deferred => true,
+        OutcomeKind::Fatal => class == FailureClass::DoNotRetry,
+        _ => false,
     }
 }
 

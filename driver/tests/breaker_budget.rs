@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use futures_lite::future::block_on;
 use persevere::{
-    Backoff, BreakerError, BreakerPolicy, BreakerState, BreakerStatus, CallOutcome, FailureClass, Instant, OutcomeKind,
-    RatioBudgetPolicy, RetryPolicy, TokenBucketPolicy,
+    Backoff, BreakerError, BreakerPolicy, BreakerState, BreakerStatus, CallOutcome, FailureClass, FailureKind, Hint,
+    Instant, OutcomeKind, RatioBudgetPolicy, RetryPolicy, TokenBucketPolicy,
 };
 use persevere_driver::{Breaker, Budget, CallError, RetryGate, retry};
 
@@ -412,6 +412,37 @@ fn breaker_listeners_hear_each_transition_once_in_order() {
     assert_eq!(heard[1].at, Instant::from_millis(100));
     assert!(heard.windows(2).all(|w| w[0].generation < w[1].generation), "{heard:?}");
     assert_eq!(*second.lock().unwrap(), 7);
+}
+
+#[test]
+fn u1_grpc_every_failed_attempt_is_charged_also_the_last_one() {
+    let rt = Virtual::default();
+    let budget = Budget::tokens(rt.clone(), TokenBucketPolicy::grpc(10, 0.5).unwrap());
+    let p = RetryPolicy::builder(Backoff::constant(ms(1)).build().unwrap()).max_attempts(3).build().unwrap();
+    // Three failed attempts cost three tokens: the two retried and the last, as gRPC's
+    // RecordFailure runs before it checks the attempts left.
+    let done = block_on(retry(&rt, &p, || async { Err::<(), _>("unavailable") }).gate(&budget));
+    assert_eq!(done.result.unwrap_err().outcome, OutcomeKind::Exhausted);
+    assert_eq!(budget.balance_milli(), Some(7_000));
+    // A fatal failure is not a retryable status: not charged. A hint that says not to retry is.
+    let fatal =
+        block_on(retry(&rt, &p, || async { Err::<(), _>("invalid") }).classify(|_| FailureKind::Fatal).gate(&budget));
+    assert_eq!(fatal.result.unwrap_err().outcome, OutcomeKind::Fatal);
+    assert_eq!(budget.balance_milli(), Some(7_000));
+    let pushback = block_on(
+        retry(&rt, &p, || async { Err::<(), _>("pushback") })
+            .classify(|_| FailureKind::Hinted(Hint::DoNotRetry))
+            .gate(&budget),
+    );
+    assert_eq!(pushback.result.unwrap_err().class, Some(FailureClass::DoNotRetry));
+    assert_eq!(budget.balance_milli(), Some(6_000));
+    // A success adds token_ratio.
+    assert!(block_on(retry(&rt, &p, || async { Ok::<_, ()>(()) }).gate(&budget)).result.is_ok());
+    assert_eq!(budget.balance_milli(), Some(6_500));
+    // A policy that does not charge final failures (AWS) is left alone by the last attempt.
+    let aws = Budget::tokens(rt.clone(), TokenBucketPolicy::aws());
+    let _ = block_on(retry(&rt, &p, || async { Err::<(), _>("down") }).gate(&aws));
+    assert_eq!(aws.balance_milli(), Some(490_000), "two retries at 5 tokens, the last failure free");
 }
 
 #[test]

@@ -111,6 +111,8 @@ fn build_bucket(input: &BucketIn) -> Option<TokenBucketPolicy> {
                 refund_retry_cost,
                 threshold_milli: threshold.map(Milli::get),
                 charge_refused,
+                // Tied to `charge_refused` (gRPC's pair), so the corpus decodes as before.
+                charge_final_failure: charge_refused,
             };
             let policy = verdict("token bucket", builder.build(), &bucket_reasons(&builder))?;
             ensure!(SETUP, *policy.settings() == builder, "U1", "settings {:?}, given {builder:?}", policy.settings());
@@ -157,6 +159,7 @@ fn build_bucket(input: &BucketIn) -> Option<TokenBucketPolicy> {
                 refund_retry_cost: false,
                 threshold_milli: Some(max / 2),
                 charge_refused: true,
+                charge_final_failure: true,
             };
             ensure!(
                 SETUP,
