@@ -638,7 +638,8 @@ pub enum BreakerStatus {
         /// When it turns half-open.
         until: Instant,
     },
-    /// Probes are admitted, at most the policy's `half_open_permits` at once.
+    /// Probes are admitted, at most the policy's `half_open_permits` at once (in all, under
+    /// [`HalfOpenRule::Rates`]).
     HalfOpen {
         /// Probes in flight.
         permits: u32,
@@ -911,6 +912,11 @@ impl Probes {
         self.earliest_slot().map(|(_, deadline)| deadline)
     }
 
+    /// The latest deadline among held leases.
+    fn latest(&self) -> Option<Instant> {
+        (0..LEASES).filter(|&i| self.busy & (1 << i) != 0).map(|i| self.deadlines[i]).max()
+    }
+
     /// The held lease with the earliest deadline, and that deadline.
     fn earliest_slot(&self) -> Option<(usize, Instant)> {
         (0..LEASES).filter(|&i| self.busy & (1 << i) != 0).map(|i| (i, self.deadlines[i])).min_by_key(|&(_, d)| d)
@@ -952,12 +958,15 @@ enum Phase {
 ///
 /// The breaker has no action queue: its decisions are the results of `try_acquire`, and its
 /// state is [`status`](Self::status). Transitions happen only inside `try_acquire`, `record`,
-/// `handle_timeout` and the manual `handle_isolate` / `handle_disable` / `handle_reset`.
+/// `handle_timeout` and the manual `handle_open` / `handle_half_open` / `handle_isolate` /
+/// `handle_disable` / `handle_metrics_only` / `handle_reset`.
 ///
 /// **States** (K1): `Closed` → (a trip rule holds, K2) → `Open { until }` → (at `until`) →
 /// `HalfOpen` → (`successes_to_close` successful probes) → `Closed`, or (one failed or expired
-/// probe) → `Open` again, for the next, longer open duration of the backoff (K3). `Isolated`
-/// and `Disabled` are set and left by hand.
+/// probe) → `Open` again, for the next, longer open duration of the backoff (K3); under
+/// [`HalfOpenRule::Rates`], half-open instead waits for `half_open_permits` answers and decides
+/// by their rates. `Isolated`, `Disabled` and `MetricsOnly` are set and left by hand, and a
+/// breaker can be opened or turned half-open by hand (`handle_open`, `handle_half_open`).
 ///
 /// **Time.** Every input takes `now`; a `now` earlier than the latest accepted one is read as
 /// that latest one. A probe lease that expired is counted as a failure at its deadline, also
@@ -1100,8 +1109,14 @@ impl Breaker {
                     HalfOpenRule::Rates => probes.held().saturating_add(probes.answered),
                 };
                 if taken >= cap && probes.busy != 0 {
-                    let earliest = probes.earliest().unwrap_or(now);
-                    return Err(Rejected { retry_after: Some(earliest.saturating_duration_since(now)) });
+                    // A place frees when a lease ends (first failure); under the rates rule the
+                    // breaker decides, at the latest, when the last lease ends.
+                    let next = match policy.half_open {
+                        HalfOpenRule::FirstFailure => probes.earliest(),
+                        HalfOpenRule::Rates => probes.latest(),
+                    };
+                    let next = next.unwrap_or(now);
+                    return Err(Rejected { retry_after: Some(next.saturating_duration_since(now)) });
                 }
                 let slot = (!probes.busy).trailing_zeros() as usize % LEASES;
                 let id = self.next_id | PROBE_BIT;
@@ -1231,8 +1246,9 @@ impl Breaker {
                     return Err(BreakerError::NotOutstanding { id });
                 };
                 let now = self.last_now.later(now);
-                // A lease that ended before its result came is the failure it already was; the
-                // breaker has moved on and this permit's result no longer counts.
+                // A lease that ended before its result came is the failure it already was; this
+                // permit's result no longer counts, whether the expiry moved the breaker on
+                // (first failure) or only counted the lease as an answer (rates).
                 let generation = self.generation;
                 self.settle(policy, now, rng);
                 self.last_now = now;
@@ -1240,6 +1256,9 @@ impl Breaker {
                     return Ok(());
                 }
                 let Phase::HalfOpen(probes) = &mut self.phase else { return Ok(()) };
+                if probes.slot_of(id) != Some(slot) {
+                    return Ok(());
+                }
                 probes.busy &= !(1 << slot);
                 let slow = policy.slow_ppm != NEVER && elapsed_ns >= policy.slow_ns;
                 let failed = match outcome {
@@ -1303,7 +1322,8 @@ impl Breaker {
     /// # Errors
     /// [`BreakerError::IllegalTransition`] when it is open already, or metrics-only (a state
     /// that never trips: leave it with [`handle_reset`](Self::handle_reset) first); nothing
-    /// changes, not even the work due.
+    /// changes, not even the work due (though `rng` may have been drawn from, when that work
+    /// would have reopened the breaker).
     pub fn handle_open<R: Rng + ?Sized>(
         &mut self,
         policy: &BreakerPolicy,

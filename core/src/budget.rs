@@ -187,7 +187,7 @@ pub struct TokenBucketPolicyBuilder {
     /// failure. `false`: a refusal changes nothing.
     pub charge_refused: bool,
     /// Whether the failure that ends an operation with no retry asked for (its attempts used
-    /// up, or a hint past the limit) is charged too (clamped at zero), as gRPC charges every
+    /// up, its total budget, a hint past the limit, or a hint not to retry) is charged too (clamped at zero), as gRPC charges every
     /// failed attempt; see [`TokenBucket::record_final_failure`]. `false`: only retries are
     /// charged.
     #[cfg_attr(feature = "serde", serde(default))]
@@ -434,7 +434,9 @@ pub struct BudgetRefused;
 /// A token bucket retry budget (U1): one shared balance, in milli-tokens.
 ///
 /// Verbs: [`try_acquire`](Self::try_acquire) when an operation wants to retry,
-/// [`record_success`](Self::record_success) when an operation succeeds. No clock: this kind of
+/// [`record_success`](Self::record_success) when an operation succeeds,
+/// [`record_final_failure`](Self::record_final_failure) when one ends on a failure it did not
+/// ask to retry. No clock: this kind of
 /// budget refills by successes only. A bucket driven under a policy with a smaller capacity
 /// than the one it was filled under (a persisted bucket, a replaced policy) is read as full at
 /// the new capacity: it never grants more than the policy it is driven under holds.
@@ -495,9 +497,10 @@ impl TokenBucket {
     }
 
     /// An operation ended on a failure of `class` without asking for a retry (its attempts
-    /// used up, or a hint past its limit): under a policy that charges final failures (gRPC's
-    /// "every failed attempt"), its cost is taken, clamped at zero; otherwise nothing changes.
-    /// A failure that is not worth retrying (fatal) is not a budget matter: don't record it.
+    /// used up, its total budget, a hint past its limit, or the other side's hint not to
+    /// retry): under a policy that charges final failures (gRPC's "every failed attempt"), its
+    /// cost is taken, clamped at zero; otherwise nothing changes. A failure of your own making
+    /// that is not worth retrying (fatal, canceled) is not a budget matter: don't record it.
     #[inline]
     pub fn record_final_failure(&mut self, policy: &TokenBucketPolicy, class: RetryClass) {
         if policy.settings.charge_final_failure {

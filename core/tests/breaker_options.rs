@@ -98,7 +98,8 @@ fn k4_by_rates_probes_are_admitted_ten_in_all_and_an_ignored_one_gives_its_place
     b.record(&p, at(1_300), permits[1], CallOutcome::Ignored, &mut rng()).unwrap();
     let replacement = b.try_acquire(&p, at(1_300), &mut rng()).unwrap();
     assert!(replacement.is_probe());
-    assert_eq!(b.try_acquire(&p, at(1_300), &mut rng()), Err(Rejected { retry_after: Some(ms(9_700)) }));
+    // Full again; the decision comes at the latest when the last lease (the replacement's) ends.
+    assert_eq!(b.try_acquire(&p, at(1_300), &mut rng()), Err(Rejected { retry_after: Some(ms(10_000)) }));
     for permit in permits[2..].iter().chain([&replacement]) {
         b.record(&p, at(1_400), *permit, CallOutcome::Success, &mut rng()).unwrap();
     }
@@ -133,6 +134,26 @@ fn k4_by_rates_an_expired_lease_answers_as_a_failure_at_its_deadline() {
     assert_eq!(b.status(), BreakerStatus::HalfOpen { permits: 1 }, "one answer of two");
     b.record(&p, at(1_600), late, CallOutcome::Success, &mut rng()).unwrap();
     assert_eq!(b.status(), BreakerStatus::Open { until: at(3_600) }, "1 failed of 2 is 50 %");
+}
+
+/// Found in review: a result recorded at or after its own lease deadline was counted twice
+/// under the rates rule (once as the expiry's failure, once as itself), deciding with a probe
+/// still out.
+#[test]
+fn k4_by_rates_a_result_that_comes_after_its_lease_ended_is_not_counted_again() {
+    let p = policy(|b| {
+        b.failure_rate(0.5).count_window(4).half_open_permits(2).half_open_by_rates().probe_timeout(ms(500))
+    });
+    let mut b = opened(&p);
+    let late = b.try_acquire(&p, at(1_000), &mut rng()).unwrap();
+    let other = b.try_acquire(&p, at(1_200), &mut rng()).unwrap();
+    // At 1 500 ms the first lease has ended: one answer, a failure; its result no longer counts.
+    b.record(&p, at(1_500), late, CallOutcome::Success, &mut rng()).unwrap();
+    assert_eq!(b.status(), BreakerStatus::HalfOpen { permits: 1 }, "one answer of two, the other probe still out");
+    // No place is free until the breaker decides: at the latest when the last lease ends.
+    assert_eq!(b.try_acquire(&p, at(1_500), &mut rng()), Err(Rejected { retry_after: Some(ms(200)) }));
+    b.record(&p, at(1_600), other, CallOutcome::Success, &mut rng()).unwrap();
+    assert_eq!(b.status(), BreakerStatus::Open { until: at(3_600) }, "1 failed of 2 reaches 50 %");
 }
 
 #[test]

@@ -71,7 +71,7 @@ struct Shared<Rt> {
 /// A change of a [`Breaker`]'s state, as its listeners ([`Breaker::on_transition`]) hear it
 /// and, with the `tracing` feature, as it is logged (target `persevere::breaker`).
 ///
-/// Only changes of kind count: closed, open, half-open, isolated, disabled. Probes going out
+/// Only changes of kind count: closed, open, half-open, isolated, disabled, metrics-only. Probes going out
 /// and coming back while half-open are not transitions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]

@@ -179,8 +179,10 @@ pub trait RetryGate {
 
     /// A failure of `class` ended the operation and no retry was asked for: its attempts were
     /// used up ([`Exhausted`](persevere::OutcomeKind::Exhausted)), its hint asked for longer
-    /// than the policy waits ([`Deferred`](persevere::OutcomeKind::Deferred)), or the other
-    /// side said not to retry ([`FailureClass::DoNotRetry`]). Not called for a failure that is
+    /// than the policy waits ([`Deferred`](persevere::OutcomeKind::Deferred)), its retry would
+    /// have run past the total budget ([`OutOfTime`](persevere::OutcomeKind::OutOfTime); not
+    /// when the budget ran out during a granted retry's wait), or the other side said not to
+    /// retry ([`FailureClass::DoNotRetry`]). Not called for a failure that is
     /// not worth retrying (fatal, canceled), nor when a retry was refused (`allow_retry` heard
     /// that one). A token bucket that charges every failed attempt, as gRPC's does, charges
     /// this one here.

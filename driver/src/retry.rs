@@ -745,7 +745,9 @@ where
                     *stage = Stage::Done;
                     running.set(None);
                     timer.set(None);
-                    *ticket = None;
+                    // A ticket still held: the last failure's retry was granted (and charged),
+                    // and the operation ended waiting for it (its total budget ran out).
+                    let retry_granted = ticket.take().is_some();
                     let _ = stats;
                     event!(outcome = ?outcome.kind(), attempts = stats.attempts, "operation finished");
                     metric!(
@@ -754,6 +756,7 @@ where
                     );
                     let (kind, class) = (outcome.kind(), outcome.last_failure().map(|f| f.class));
                     if let Some(class) = class
+                        && !retry_granted
                         && ends_on_a_failure_not_retried(kind, class)
                     {
                         gate.on_final_failure(timed.then(|| retry.now()), class);
@@ -814,11 +817,12 @@ where
     }
 }
 
-/// Whether an operation that finished as `kind` after a failure of `class` ended on a failure
-/// whose retry was not asked for (see [`RetryGate::on_final_failure`]).
+/// Whether an operation that finished as `kind` after a failure of `class`, with no retry
+/// granted since, ended on a failure whose retry was not asked for (see
+/// [`RetryGate::on_final_failure`]).
 fn ends_on_a_failure_not_retried(kind: OutcomeKind, class: FailureClass) -> bool {
     match kind {
-        OutcomeKind::Exhausted | OutcomeKind::Deferred => true,
+        OutcomeKind::Exhausted | OutcomeKind::Deferred | OutcomeKind::OutOfTime => true,
         OutcomeKind::Fatal => class == FailureClass::DoNotRetry,
         _ => false,
     }

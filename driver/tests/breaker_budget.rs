@@ -439,6 +439,13 @@ fn u1_grpc_every_failed_attempt_is_charged_also_the_last_one() {
     // A success adds token_ratio.
     assert!(block_on(retry(&rt, &p, || async { Ok::<_, ()>(()) }).gate(&budget)).result.is_ok());
     assert_eq!(budget.balance_milli(), Some(6_500));
+    // A failure whose retry would run past the total budget is charged: no retry was asked for.
+    let timed =
+        RetryPolicy::builder(Backoff::constant(ms(30)).build().unwrap()).max_attempts(5).total(ms(50)).build().unwrap();
+    let done = block_on(retry(&rt, &timed, || async { Err::<(), _>("unavailable") }).gate(&budget));
+    assert_eq!(done.result.unwrap_err().outcome, OutcomeKind::OutOfTime);
+    assert_eq!(done.stats.attempts, 2);
+    assert_eq!(budget.balance_milli(), Some(4_500), "two failed attempts, two tokens");
     // A policy that does not charge final failures (AWS) is left alone by the last attempt.
     let aws = Budget::tokens(rt.clone(), TokenBucketPolicy::aws());
     let _ = block_on(retry(&rt, &p, || async { Err::<(), _>("down") }).gate(&aws));

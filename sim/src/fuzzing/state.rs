@@ -441,7 +441,10 @@ pub fn breaker(data: &[u8]) {
                     Err(rejected) => {
                         ensure!(
                             ctx,
-                            !matches!(status, BreakerStatus::Closed | BreakerStatus::Disabled),
+                            !matches!(
+                                status,
+                                BreakerStatus::Closed | BreakerStatus::Disabled | BreakerStatus::MetricsOnly
+                            ),
                             "K5",
                             "rejected ({rejected:?}) while {status:?}"
                         );
