@@ -163,6 +163,7 @@ mod delivery;
 mod error;
 mod failure;
 mod flow;
+mod hedge;
 mod jitter_rng;
 pub mod presets;
 mod random;
@@ -195,6 +196,7 @@ pub use flow::{
     Flow, FlowAction, FlowError, FlowInfo, FlowPolicy, FlowPolicyBuilder, FlowSchedule, FlowStatus, FlowStatusKind,
     SkipReason, TripReason,
 };
+pub use hedge::{Hedge, HedgeAction, HedgeError, HedgePolicy, HedgePolicyBuilder, HedgeStats, MAX_HEDGED_ATTEMPTS};
 pub use jitter_rng::SplitMix64;
 pub use retry::{
     Outcome, OutcomeKind, Retry, RetryAction, RetryError, RetryPolicy, RetryPolicyBuilder, RetryStatus, Stats,
