@@ -31,14 +31,14 @@ use std::borrow::Borrow;
 use std::future::Future;
 use std::time::Duration;
 
-use persevere::{Instant, RetryPolicy};
+use persevere::{HedgePolicy, Instant, RetryPolicy};
 use persevere_driver::LazyEpoch;
 pub use persevere_driver::Runtime;
 #[cfg(feature = "http")]
 pub use persevere_driver::retry_after;
 pub use persevere_driver::{
     BreakerCall, BreakerTransition, BudgetTicket, ByResult, ByTrait, CallClassifier, CallError, Classifier, Classify,
-    GaveUp, Notify, Operation, Retried, RetryAll, RetryEvent, RetryGate, Stats,
+    GaveUp, Hedged, Notify, Operation, Retried, RetryAll, RetryEvent, RetryGate, Stats,
 };
 #[cfg(feature = "supervisor")]
 pub use persevere_driver::{
@@ -106,6 +106,22 @@ where
     Fut: Future<Output = Result<T, E>>,
 {
     persevere_driver::retry(TokioRuntime::new(), policy, op)
+}
+
+/// The future returned by [`hedge`] on this runtime.
+pub type HedgeFuture<P, Op, Fut, E, C = RetryAll, G = ()> =
+    persevere_driver::HedgeFuture<TokioRuntime, P, Op, Fut, E, C, G>;
+
+/// Hedges `op` under `policy` on tokio's timers: attempt 1 at once, another every `policy.delay()`
+/// while none has answered, the first success wins and the others are dropped (see
+/// [`persevere_driver::HedgeFuture`] for `.classify` and `.gate`).
+pub fn hedge<P, Op, Fut, T, E>(policy: P, op: Op) -> HedgeFuture<P, Op, Fut, E>
+where
+    P: Borrow<HedgePolicy>,
+    Op: Operation<Future = Fut>,
+    Fut: Future<Output = Result<T, E>>,
+{
+    persevere_driver::hedge(TokioRuntime::new(), policy, op)
 }
 
 /// A circuit breaker shared by many tasks (cheap to clone), on this runtime's clock.

@@ -9,6 +9,8 @@
 //! - [`retry`] / [`RetryFuture`]: drains the core's [`persevere::Retry`] machine, sleeps until
 //!   its timeouts (never for a zero delay), runs each attempt under its deadline, catches panics,
 //!   classifies errors ([`Classify`], closures) and feeds the result back;
+//! - [`hedge`] / [`HedgeFuture`]: drains the core's [`persevere::Hedge`] machine: several
+//!   attempts in flight, a new one every delay while none has answered, the first success wins;
 //! - [`Breaker`]: a shared circuit breaker over the core's [`persevere::Breaker`], with a
 //!   lock-free closed path;
 //! - [`Budget`]: a shared retry budget (token bucket or ratio) that [`retry`] consults;
@@ -34,6 +36,7 @@ pub mod blocking;
 mod breaker;
 mod budget;
 mod classify;
+mod hedge;
 #[cfg(any(feature = "supervisor", feature = "scheduler"))]
 mod job;
 mod listeners;
@@ -55,6 +58,7 @@ mod sync;
 pub use breaker::{Breaker, BreakerCall, BreakerTransition, ByResult, CallClassifier, CallError};
 pub use budget::{Budget, BudgetTicket};
 pub use classify::{ByTrait, Classifier, Classify, Notify, RetryAll, RetryEvent, RetryGate};
+pub use hedge::{HedgeFuture, Hedged, hedge};
 #[cfg(any(feature = "supervisor", feature = "scheduler"))]
 pub use job::JobError;
 pub use operation::Operation;

@@ -64,7 +64,12 @@ const NO_RETRY_AFTER: Duration = Duration::MAX;
 
 impl<E> GaveUp<E> {
     /// How it gave up; `retry_after_ns` is how long after the outcome the hint asked for.
-    fn new(outcome: OutcomeKind, class: Option<FailureClass>, error: Option<E>, retry_after_ns: Option<u64>) -> Self {
+    pub(crate) fn new(
+        outcome: OutcomeKind,
+        class: Option<FailureClass>,
+        error: Option<E>,
+        retry_after_ns: Option<u64>,
+    ) -> Self {
         let retry_after = retry_after_ns.map_or(NO_RETRY_AFTER, Duration::from_nanos);
         GaveUp { outcome, class, error, retry_after }
     }
@@ -820,7 +825,7 @@ where
 /// Whether an operation that finished as `kind` after a failure of `class`, with no retry
 /// granted since, ended on a failure whose retry was not asked for (see
 /// [`RetryGate::on_final_failure`]).
-fn ends_on_a_failure_not_retried(kind: OutcomeKind, class: FailureClass) -> bool {
+pub(crate) fn ends_on_a_failure_not_retried(kind: OutcomeKind, class: FailureClass) -> bool {
     match kind {
         OutcomeKind::Exhausted | OutcomeKind::Deferred | OutcomeKind::OutOfTime => true,
         OutcomeKind::Fatal => class == FailureClass::DoNotRetry,

@@ -1,0 +1,50 @@
+//! The hedging driver on a virtual clock: what a first attempt that answers at once costs, and
+//! panics as failures.
+
+use std::time::Duration;
+
+use futures_lite::future::block_on;
+use persevere::{FailureClass, HedgePolicy, OutcomeKind};
+use persevere_driver::hedge;
+
+mod common;
+use common::Virtual;
+
+#[test]
+fn x5_a_first_attempt_that_answers_at_once_reads_no_clock_and_makes_no_timer() {
+    let rt = Virtual::default();
+    let policy = HedgePolicy::builder(3, Duration::from_millis(100)).build().unwrap();
+    let done = block_on(hedge(rt.clone(), &policy, || async { Ok::<_, ()>(5) }));
+    assert_eq!(done.result, Ok(5));
+    assert_eq!((done.stats.started, done.stats.canceled, done.stats.winner), (1, 0, Some(1)));
+    assert_eq!(done.stats.elapsed, Duration::ZERO);
+    assert_eq!((rt.reads.get(), rt.sleeps.get()), (0, 0));
+}
+
+#[test]
+fn x3_a_panicking_attempt_is_a_non_fatal_failure_and_the_next_hedge_starts_at_once() {
+    let rt = Virtual::default();
+    let policy = HedgePolicy::builder(2, Duration::from_millis(100)).build().unwrap();
+    let mut calls = 0;
+    let done = block_on(hedge(rt.clone(), &policy, || {
+        calls += 1;
+        let first = calls == 1;
+        async move {
+            if first {
+                panic!("attempt 1 panics");
+            }
+            Ok::<_, &str>(calls)
+        }
+    }));
+    assert_eq!(done.result, Ok(2));
+    assert_eq!(rt.sleeps.get(), 0, "no wait for the delay after a failure");
+
+    // Both panic: exhausted, the class says so and there is no error value.
+    let done = block_on(hedge(rt.clone(), &policy, || async { panic!("always") as Result<(), ()> }));
+    let gave_up = done.result.unwrap_err();
+    assert_eq!(
+        (gave_up.outcome, gave_up.class, gave_up.error),
+        (OutcomeKind::Exhausted, Some(FailureClass::Panicked), None)
+    );
+    assert_eq!(done.stats.started, 2);
+}
