@@ -21,7 +21,7 @@ use crate::world::{Summary, Violation, World};
 /// The payload of the panics the simulator injects; the panic hook stays quiet about them.
 pub const INJECTED_PANIC: &str = "sim: injected panic";
 
-fn silence_injected_panics() {
+pub(crate) fn silence_injected_panics() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         let previous = std::panic::take_hook();

@@ -22,6 +22,7 @@
 //! | [`breaker`]       | `Breaker`                            | K1–K5, G8, G12, against a model with a plain list as its window  |
 //! | [`budget`]        | `TokenBucket`, `RatioBudget`         | U1–U3, G9, against exact models                                  |
 //! | [`delivery`]      | `Delivery`                           | D1–D9, G10–G12, against a model built on the retry model         |
+//! | [`hedge`]         | `Hedge`                              | X1–X5, G12: every output against a reference written from the rules |
 //! | [`retry_state`], [`supervision_state`], [`flow_state`], [`breaker_state`], [`budget_state`], [`delivery_state`], [`backoff_state`] | a *loaded* state of each | DESIGN §3: a state decoded from arbitrary bytes is refused or driven, under an arbitrary policy, without a panic or an overflow; it stays loadable after every operation; refused inputs change nothing (see [`state`]) |
 
 use core::fmt::Debug;
@@ -37,6 +38,7 @@ mod breaker_model;
 mod budget_model;
 mod delivery_model;
 mod flow_model;
+mod hedge_model;
 mod retry_model;
 pub mod state;
 mod supervision_model;
@@ -79,6 +81,11 @@ pub fn delivery(data: &[u8]) {
     delivery_model::run(data);
 }
 
+/// The hedging machine (X1–X5, G12), against a reference written from the rules.
+pub fn hedge(data: &[u8]) {
+    hedge_model::run(data);
+}
+
 /// A loaded [`persevere::Retry`] state driven under any policy (DESIGN §3).
 pub fn retry_state(data: &[u8]) {
     state::retry(data);
@@ -116,7 +123,7 @@ pub fn backoff_state(data: &[u8]) {
 }
 
 /// The fuzz targets, by name, in report order.
-pub const TARGETS: [&str; 14] = [
+pub const TARGETS: [&str; 15] = [
     "backoff",
     "retry",
     "supervision",
@@ -124,6 +131,7 @@ pub const TARGETS: [&str; 14] = [
     "breaker",
     "budget",
     "delivery",
+    "hedge",
     "backoff_state",
     "retry_state",
     "supervision_state",
@@ -143,6 +151,7 @@ pub fn run(name: &str, data: &[u8]) -> bool {
         "breaker" => breaker(data),
         "budget" => budget(data),
         "delivery" => delivery(data),
+        "hedge" => hedge(data),
         "backoff_state" => backoff_state(data),
         "retry_state" => retry_state(data),
         "supervision_state" => supervision_state(data),
@@ -166,6 +175,7 @@ pub fn describe(name: &str, data: &[u8]) -> Option<String> {
         "breaker" => breaker_model::describe(data),
         "budget" => budget_model::describe(data),
         "delivery" => delivery_model::describe(data),
+        "hedge" => hedge_model::describe(data),
         name if name.ends_with("_state") => format!("{} bytes of encoded state, policy and operations", data.len()),
         _ => return None,
     })

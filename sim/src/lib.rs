@@ -14,7 +14,8 @@
 //! - `supervision` — supervised tasks of every restart mode (S1–S6);
 //! - `flow` — recurring every and cron flows in one [`persevere::Flows`] registry (F1–F10);
 //! - `breaker` — a [`persevere::Breaker`] and a shared retry budget under many callers (K, U);
-//! - `delivery` — a [`persevere::Deliveries`] table and unreliable workers (D1–D10).
+//! - `delivery` — a [`persevere::Deliveries`] table and unreliable workers (D1–D10);
+//! - `hedge` — the real `persevere_driver::hedge` driver on virtual time (X1–X5).
 //!
 //! Each family draws its scenario from the seed, drives the real machines, checks every step
 //! against a reference model, and has a `…Bug` enum of injected defects that prove its checks
@@ -28,6 +29,7 @@ pub mod driven;
 pub mod executor;
 pub mod flow;
 pub mod fuzzing;
+pub mod hedge;
 pub mod outage;
 pub mod plot;
 pub mod retry;
@@ -51,12 +53,21 @@ pub enum Machine {
     Breaker,
     /// A delivery table handing tasks to unreliable workers.
     Delivery,
+    /// The real hedging driver on virtual time.
+    Hedge,
 }
 
 impl Machine {
     /// Every family, in report order.
-    pub const ALL: [Machine; 6] =
-        [Machine::Retry, Machine::Driven, Machine::Supervision, Machine::Flow, Machine::Breaker, Machine::Delivery];
+    pub const ALL: [Machine; 7] = [
+        Machine::Retry,
+        Machine::Driven,
+        Machine::Supervision,
+        Machine::Flow,
+        Machine::Breaker,
+        Machine::Delivery,
+        Machine::Hedge,
+    ];
 
     /// The family's name, as used on the command line.
     pub fn name(self) -> &'static str {
@@ -67,6 +78,7 @@ impl Machine {
             Machine::Flow => "flow",
             Machine::Breaker => "breaker",
             Machine::Delivery => "delivery",
+            Machine::Hedge => "hedge",
         }
     }
 
@@ -84,6 +96,7 @@ impl Machine {
             Machine::Flow => flow::run(seed, None),
             Machine::Breaker => breaker::run(seed, None),
             Machine::Delivery => delivery::run(seed, None),
+            Machine::Hedge => hedge::run(seed),
         }
     }
 }

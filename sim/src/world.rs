@@ -12,13 +12,13 @@ use rand_core::{Rng, SeedableRng};
 pub const RECENT: usize = 48;
 
 /// Checks are counted per guarantee: `G0`–`G13`, then one slot for the machine rules
-/// (`R`, `S`, `F`, `K`, `U`, `D`) that the families also check.
+/// (`R`, `S`, `F`, `K`, `U`, `D`, `X`) that the families also check.
 pub const RULES: usize = 15;
 
 /// The name of slot `i` of [`Summary::by_rule`].
 pub fn rule_name(i: usize) -> &'static str {
     const NAMES: [&str; RULES] =
-        ["G0", "G1", "G2", "G3", "G4", "G5", "G6", "G7", "G8", "G9", "G10", "G11", "G12", "G13", "R/S/F/K/U/D"];
+        ["G0", "G1", "G2", "G3", "G4", "G5", "G6", "G7", "G8", "G9", "G10", "G11", "G12", "G13", "R/S/F/K/U/D/X"];
     NAMES.get(i).copied().unwrap_or("?")
 }
 

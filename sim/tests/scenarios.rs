@@ -47,6 +47,12 @@ fn delivery_scenarios_hold_every_guarantee() {
 }
 
 #[test]
+fn hedge_scenarios_hold_every_guarantee() {
+    let totals = suite(Machine::Hedge, 0, runs(5_000)).unwrap_or_else(|v| panic!("{v}"));
+    assert!(totals.checks > totals.scenarios * 4, "{totals:?}");
+}
+
+#[test]
 fn driven_scenarios_hold_every_guarantee() {
     let totals = suite(Machine::Driven, 0, runs(5_000)).unwrap_or_else(|v| panic!("{v}"));
     assert!(totals.checks > 0);
