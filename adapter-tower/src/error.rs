@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use persevere::{FailureClass, FailureKind, OutcomeKind, Stats};
+use persevere::{FailureClass, FailureKind, HedgeStats, OutcomeKind, Stats};
 use persevere_driver::GaveUp;
 
 use crate::classify::SentOnce;
@@ -23,9 +23,10 @@ pub(crate) struct Failed<Res, E> {
     pub(crate) last: Last<Res, E>,
 }
 
-/// Why a call through the [`RetryLayer`](crate::RetryLayer) did not return a response it
-/// could call a success: how the retry ended, the last attempt's response or error, and what
-/// the call took.
+/// Why a call through the [`RetryLayer`](crate::RetryLayer) (or the
+/// [`HedgeLayer`](crate::HedgeLayer)) did not return a response it could call a success: how the
+/// retry ended, the last attempt's response or error, and what the call took (for a hedged
+/// call, `attempts` counts the attempts started and nothing is slept).
 ///
 /// Match on [`outcome`](Self::outcome): `Rejected` when a gate (a budget or a breaker) refused
 /// a retry, `Deferred` when the other side asked to be retried later than the policy waits
@@ -53,6 +54,13 @@ impl<Res, E> RetryError<Res, E> {
             stats,
             sent_once,
         }
+    }
+
+    /// The hedged call gave up as `gave_up` says, after `stats`: its attempts are those started,
+    /// and its elapsed time is the hedging loop's.
+    pub(crate) fn hedged(gave_up: GaveUp<Failed<Res, E>>, stats: HedgeStats, sent_once: Option<SentOnce>) -> Self {
+        let stats = Stats { attempts: stats.started, slept: Duration::ZERO, elapsed: Some(stats.elapsed) };
+        RetryError::gave_up(gave_up, stats, sent_once)
     }
 
     /// The inner service was not ready: `error` is its `poll_ready` error, and nothing was sent.

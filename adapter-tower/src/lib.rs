@@ -7,6 +7,9 @@
 //!   [`ResponseClassifier`] sees each request (may it be sent again?) and each whole result, so
 //!   a 503 response is retried like a connection error (T2); [`Http`] is the HTTP one. A
 //!   budget or a breaker given to [`gate`](RetryLayer::gate) may veto a retry (T3).
+//! - [`HedgeLayer`]: each call is hedged under a [`HedgePolicy`](persevere::HedgePolicy): sent
+//!   again to a clone of the service when it has not answered within a delay, the first
+//!   success wins and the others are dropped (X1–X5); the gate is asked before each hedge.
 //! - [`BreakerLayer`]: every call goes through a shared `Breaker`; while it is open, calls fail
 //!   at once with its `retry_after` (T3).
 //!
@@ -56,6 +59,7 @@ mod breaker;
 mod call;
 mod classify;
 mod error;
+mod hedge;
 #[cfg(feature = "http")]
 mod http;
 mod policy;
@@ -64,6 +68,7 @@ mod retry;
 pub use breaker::{BreakerFuture, BreakerLayer, BreakerService};
 pub use classify::{ClassifyFn, ResponseClassifier, RetryErrors, SentOnce, classify_fn};
 pub use error::{Last, RetryError};
+pub use hedge::{HedgeLayer, HedgeResponseFuture, HedgeService};
 #[cfg(feature = "http")]
 pub use http::{ByStatus, Http, IDEMPOTENCY_KEY, ReplayBody};
 pub use persevere_driver::{Breaker, BreakerTransition, CallError, RetryGate, Runtime};

@@ -245,7 +245,7 @@ where
 }
 
 /// How an attempt that ended before the loop took over ended.
-enum Ended<Res, E> {
+pub(crate) enum Ended<Res, E> {
     Failed(Failed<Res, E>),
     /// It panicked; the panic is raised again inside the loop, which counts it as `Panicked`.
     Panicked(Box<dyn Any + Send>),
@@ -254,11 +254,11 @@ enum Ended<Res, E> {
 pin_project! {
     /// An attempt's future, and what classifies its result (`last`: the request cannot be sent
     /// again, so a failure is final).
-    struct Judged<F, C> {
+    pub(crate) struct Judged<F, C> {
         #[pin]
-        future: F,
-        classifier: C,
-        last: bool,
+        pub(crate) future: F,
+        pub(crate) classifier: C,
+        pub(crate) last: bool,
     }
 }
 
@@ -291,7 +291,7 @@ pin_project! {
     /// of a clone of the service, asked whether it is ready first), or attempt 1 that ended
     /// before the loop took over.
     #[project = AttemptProjection]
-    enum Attempt<S, Req, C>
+    pub(crate) enum Attempt<S, Req, C>
     where
         S: Service<Req>,
     {
@@ -323,7 +323,7 @@ where
 }
 
 /// The driving loop's classifier: the kind the attempt already decided.
-struct ByKind;
+pub(crate) struct ByKind;
 
 impl<Res, E> Classifier<Failed<Res, E>> for ByKind {
     #[inline]

@@ -18,9 +18,9 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use persevere::{Backoff, BreakerPolicy, FailureClass, OutcomeKind, RatioBudgetPolicy, RetryPolicy};
+use persevere::{Backoff, BreakerPolicy, FailureClass, HedgePolicy, OutcomeKind, RatioBudgetPolicy, RetryPolicy};
 use persevere_tokio::{Breaker, Budget, TokioRuntime};
-use persevere_tower::{BreakerLayer, ByStatus, CallError, Http, IDEMPOTENCY_KEY, RetryLayer, SentOnce};
+use persevere_tower::{BreakerLayer, ByStatus, CallError, HedgeLayer, Http, IDEMPOTENCY_KEY, RetryLayer, SentOnce};
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpListener;
 use tower::{Service, ServiceBuilder, ServiceExt};
@@ -488,4 +488,44 @@ async fn t2_every_attempt_sends_the_whole_request_again() {
     assert_eq!(bodies.len(), 2);
     assert_eq!(bodies[0], bodies[1]);
     assert_eq!(bodies[0].2, "reason=expired");
+}
+
+#[tokio::test]
+async fn x2_a_slow_response_is_hedged_on_a_second_connection_and_not_waited_for() {
+    let server = Server::start([Reply::Slow(Duration::from_secs(5)), status(200)]).await;
+    let hedging = HedgePolicy::builder(3, Duration::from_millis(100)).build().unwrap();
+    let service = ServiceBuilder::new().layer(HedgeLayer::new(hedging).classify(Http::new())).service(client());
+    assert_send_static(&service.clone().oneshot(get(&server.url("/"))));
+    let started = Instant::now();
+    let response = service.oneshot(get(&server.url("/slow"))).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let took = started.elapsed();
+    assert!(took >= Duration::from_millis(100) && took < Duration::from_secs(2), "answered after {took:?}");
+    let seen = server.seen();
+    // The probe of `assert_send_static` was never polled: two requests, about 100 ms apart (the
+    // delay runs from the first attempt's first pending poll, a little before the server reads it).
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert!(server.gaps()[0] >= Duration::from_millis(80), "{:?}", server.gaps());
+}
+
+#[tokio::test]
+async fn x3_a_503_is_a_non_fatal_failure_that_starts_the_next_hedge_at_once_and_a_post_is_never_hedged() {
+    let server = Server::start([status(503), status(200)]).await;
+    let hedging = HedgePolicy::builder(2, Duration::from_secs(10)).build().unwrap();
+    let service = ServiceBuilder::new().layer(HedgeLayer::new(hedging).classify(Http::new())).service(client());
+    let started = Instant::now();
+    assert_eq!(service.clone().oneshot(get(&server.url("/"))).await.unwrap().status(), StatusCode::OK);
+    assert!(started.elapsed() < Duration::from_secs(5), "the 503 did not wait out the 10 s delay");
+    assert_eq!(server.seen().len(), 2);
+
+    // A POST cannot be sent twice: one attempt, and the error says why.
+    let server = Server::start([Reply::Slow(Duration::from_millis(300)), status(200)]).await;
+    let service = ServiceBuilder::new()
+        .layer(
+            HedgeLayer::new(HedgePolicy::builder(3, Duration::from_millis(20)).build().unwrap()).classify(Http::new()),
+        )
+        .service(client());
+    let response = service.oneshot(post(&server.url("/orders"))).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(server.seen().len(), 1, "never hedged");
 }
