@@ -159,6 +159,9 @@ where
         // each asked whether it is ready first.
         let first =
             Judged { future: self.inner.call(request), classifier: classifier.clone(), last: template.is_none() };
+        // The gate hears of the call as it starts (a concurrency budget counts it in flight
+        // from here), and the loop, if it takes over, keeps what it returned.
+        let request = Some(self.layer.gate.on_request(None));
         let rest = Rest {
             service: self.inner.clone(),
             template,
@@ -166,6 +169,7 @@ where
             runtime: self.layer.runtime.clone(),
             policy: self.layer.policy.clone(),
             gate: self.layer.gate.clone(),
+            request,
             sent_once,
         };
         let state = if Borrow::<RetryPolicy>::borrow(&self.layer.policy).needs_clock() {
@@ -180,7 +184,7 @@ where
 }
 
 /// What a call needs beyond its first attempt, kept until that attempt fails.
-struct Rest<S, Req, Rt, C, G> {
+struct Rest<S, Req, Rt, C, G: RetryGate> {
     /// A clone of the inner service, for the retries.
     service: S,
     /// The copy retries are made from; `None` if the request cannot be sent again.
@@ -189,6 +193,8 @@ struct Rest<S, Req, Rt, C, G> {
     runtime: Rt,
     policy: SharedPolicy,
     gate: G,
+    /// What the gate keeps for this call until it ends.
+    request: Option<G::Request>,
     sent_once: Option<SentOnce>,
 }
 
@@ -201,9 +207,13 @@ where
 {
     /// The driving loop for this call, whose attempt 1 is `first` (running, or already ended).
     fn into_loop(self, first: Attempt<S, Req, C>) -> Loop<S, Req, Rt, C, G> {
-        let Rest { service, template, classifier, runtime, policy, gate, sent_once: _ } = self;
+        let Rest { service, template, classifier, runtime, policy, gate, request, sent_once: _ } = self;
         let attempts = Attempts { service, first: Some(first), template, classifier };
-        Box::pin(persevere_driver::retry(runtime, policy, attempts).classify_with(ByKind).gate(gate))
+        let retry = persevere_driver::retry(runtime, policy, attempts).classify_with(ByKind).gate(gate);
+        Box::pin(match request {
+            Some(request) => retry.requested(request),
+            None => retry,
+        })
     }
 }
 
@@ -424,8 +434,8 @@ where
                     match catch_unwind(AssertUnwindSafe(|| attempt.poll_judged::<Req, _, _>(cx))) {
                         Ok(Poll::Pending) => return Poll::Pending,
                         Ok(Poll::Ready(Ok(response))) => {
-                            if let Some(rest) = rest {
-                                rest.gate.on_request(None);
+                            // The call ends here: the gate's request with it.
+                            if let Some(rest) = rest.take() {
                                 rest.gate.on_success(None);
                             }
                             return Poll::Ready(Ok(response));

@@ -20,6 +20,7 @@ struct Recorder(Arc<Mutex<Vec<&'static str>>>);
 
 impl RetryGate for Recorder {
     type Ticket = &'static str;
+    type Request = ();
     fn on_request(&self, _: Option<Instant>) {
         self.0.lock().unwrap().push("request");
     }
@@ -128,4 +129,22 @@ fn t1_a_call_that_succeeds_at_once_allocates_nothing_and_a_retried_call_allocate
         }
         assert_eq!(alloc_counter::allocations() - before, 100, "one allocation per retried call");
     });
+}
+
+#[tokio::test(start_paused = true)]
+async fn u2_an_envoy_budget_counts_a_call_in_flight_from_its_start_until_it_ends() {
+    use persevere::ConcurrencyBudgetPolicy;
+    use persevere_tokio::{Budget, TokioRuntime};
+
+    let budget = Budget::concurrency(TokioRuntime::new(), ConcurrencyBudgetPolicy::envoy());
+    let slow = service_fn(|request: u32| async move {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        Ok::<_, u32>(request)
+    });
+    let service = RetryLayer::new(policy(None)).gate(budget.clone()).layer(slow);
+    let call = tokio::spawn(service.oneshot(7));
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(budget.in_flight().map(|c| c.requests()), Some(1), "counted while its first attempt runs");
+    assert_eq!(call.await.unwrap().unwrap(), 7);
+    assert_eq!(budget.in_flight().map(|c| (c.requests(), c.retries())), Some((0, 0)));
 }

@@ -156,6 +156,7 @@ mod attempt;
 mod backoff;
 mod breaker;
 mod budget;
+mod concurrency_budget;
 mod decision;
 #[cfg(feature = "alloc")]
 mod deliveries;
@@ -179,6 +180,9 @@ pub use breaker::{
 pub use budget::{
     BudgetRefused, Grant, MAX_BUDGET_BUCKETS, MAX_RATIO, RatioBudget, RatioBudgetPolicy, RatioBudgetPolicyBuilder,
     RetryClass, TokenBucket, TokenBucketPolicy, TokenBucketPolicyBuilder,
+};
+pub use concurrency_budget::{
+    ConcurrencyBudget, ConcurrencyBudgetPolicy, ConcurrencyBudgetPolicyBuilder, ConcurrencyError,
 };
 pub use decision::DEFAULT_MAX_HINT;
 #[cfg(feature = "alloc")]

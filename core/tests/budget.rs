@@ -728,3 +728,86 @@ fn u2_finagle_percent_can_retry_above_one_grants_that_many_retries_per_request()
     assert_eq!(most.allowance(u64::from(u32::MAX)), 1_000 * u64::from(u32::MAX));
     assert_eq!((0..2_000).filter(|_| budget.try_acquire(&most, now).is_ok()).count(), 1_000);
 }
+
+#[test]
+fn u2_the_envoy_retry_budget_allows_a_share_of_the_requests_in_flight_and_never_fewer_than_its_floor() {
+    use persevere::{ConcurrencyBudget, ConcurrencyBudgetPolicy, ConcurrencyError};
+
+    let envoy = ConcurrencyBudgetPolicy::envoy();
+    assert_eq!(Ok(envoy), ConcurrencyBudgetPolicy::builder(20.0).min_retry_concurrency(3).build(), "the defaults");
+    assert_eq!((envoy.budget_percent(), envoy.min_retry_concurrency()), (20.0, 3));
+    // Envoy's docs: "if there are 100 active requests and the budget_percent is set to 25,
+    // there may be 25 active retries".
+    let quarter = ConcurrencyBudgetPolicy::builder(25.0).build().unwrap();
+    assert_eq!(quarter.limit(100), 25);
+    // The floor: 10 requests at 20 % allow 2, but never fewer than 3.
+    assert_eq!([envoy.limit(0), envoy.limit(10), envoy.limit(19), envoy.limit(20), envoy.limit(100)], [3, 3, 3, 4, 20]);
+    // Exact, where a floating-point product is not: 33.3 % of 1 000 is 333.
+    assert_eq!(ConcurrencyBudgetPolicy::builder(33.3).build().unwrap().limit(1_000), 333);
+
+    let mut b = ConcurrencyBudget::new();
+    assert_eq!(b.try_acquire(&envoy), Ok(()), "the floor holds with no request");
+    for _ in 0..2 {
+        b.try_acquire(&envoy).unwrap();
+    }
+    assert_eq!(b.try_acquire(&envoy), Err(BudgetRefused), "the fourth retry in flight");
+    for _ in 0..20 {
+        b.record_request_start();
+    }
+    assert_eq!((b.requests(), b.limit(&envoy)), (20, 4));
+    assert_eq!(b.try_acquire(&envoy), Ok(()));
+    b.release_retry().unwrap();
+    // Misuse changes nothing.
+    let mut empty = ConcurrencyBudget::new();
+    assert_eq!(empty.record_request_end(), Err(ConcurrencyError::NoRequestInFlight));
+    assert_eq!(empty.release_retry(), Err(ConcurrencyError::NoRetryInFlight));
+    assert_eq!(empty, ConcurrencyBudget::new());
+
+    assert!(matches!(ConcurrencyBudgetPolicy::builder(f64::NAN).build(), Err(PolicyError::NotFinite { .. })));
+    assert!(matches!(ConcurrencyBudgetPolicy::builder(100.5).build(), Err(PolicyError::OutOfRange { .. })));
+    assert!(matches!(ConcurrencyBudgetPolicy::builder(-1.0).build(), Err(PolicyError::OutOfRange { .. })));
+    assert!(matches!(ConcurrencyBudgetPolicy::builder(0.0).build(), Err(PolicyError::Zero { .. })));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// U3 for the concurrency budget: a retry is granted exactly while the retries in flight
+    /// are fewer than max(floor, ⌊percent × requests / 100⌋), computed here in rationals;
+    /// misuse is refused and changes nothing.
+    #[test]
+    fn u3_the_concurrency_budget_grants_exactly_its_share_of_the_requests_in_flight(
+        tenths in 0u32..=1_000,
+        floor in 0u32..5,
+        ops in prop::collection::vec(0u8..4, 1..400),
+    ) {
+        use persevere::{ConcurrencyBudget, ConcurrencyBudgetPolicy};
+        prop_assume!(tenths > 0 || floor > 0);
+        let policy = ConcurrencyBudgetPolicy::builder(f64::from(tenths) / 10.0).min_retry_concurrency(floor).build().unwrap();
+        let mut b = ConcurrencyBudget::new();
+        let (mut requests, mut retries) = (0u64, 0u64);
+        for op in ops {
+            let before = b;
+            match op {
+                0 => { b.record_request_start(); requests += 1; }
+                1 => match b.record_request_end() {
+                    Ok(()) => requests -= 1,
+                    Err(_) => { prop_assert_eq!(requests, 0); prop_assert_eq!(b, before); }
+                },
+                2 => {
+                    // tenths of a percent of the requests: ⌊tenths × requests / 1 000⌋.
+                    let limit = (u64::from(tenths) * requests / 1_000).max(u64::from(floor));
+                    match b.try_acquire(&policy) {
+                        Ok(()) => { prop_assert!(retries < limit); retries += 1; }
+                        Err(_) => { prop_assert!(retries >= limit); prop_assert_eq!(b, before); }
+                    }
+                }
+                _ => match b.release_retry() {
+                    Ok(()) => retries -= 1,
+                    Err(_) => { prop_assert_eq!(retries, 0); prop_assert_eq!(b, before); }
+                },
+            }
+            prop_assert_eq!((b.requests(), b.retries()), (requests, retries));
+        }
+    }
+}

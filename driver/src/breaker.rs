@@ -545,6 +545,7 @@ impl<Rt: Runtime> Breaker<Rt> {
 /// adds load (U4).
 impl<Rt: Runtime> RetryGate for Breaker<Rt> {
     type Ticket = ();
+    type Request = ();
 
     fn allow_retry(&self, _: Option<Instant>, _: FailureClass) -> Option<()> {
         (!matches!(self.status(), BreakerStatus::Open { .. } | BreakerStatus::Isolated)).then_some(())

@@ -4,7 +4,8 @@ use std::fmt;
 use std::sync::Arc;
 
 use persevere::{
-    FailureClass, Grant, Instant, RatioBudget, RatioBudgetPolicy, RetryClass, TokenBucket, TokenBucketPolicy,
+    ConcurrencyBudget, ConcurrencyBudgetPolicy, FailureClass, Grant, Instant, RatioBudget, RatioBudgetPolicy,
+    RetryClass, TokenBucket, TokenBucketPolicy,
 };
 
 use crate::classify::RetryGate;
@@ -12,8 +13,19 @@ use crate::runtime::Runtime;
 use crate::sync::shared::{Mutex, lock};
 
 enum Kind {
-    Tokens { policy: TokenBucketPolicy, bucket: Mutex<TokenBucket> },
-    Ratio { policy: RatioBudgetPolicy, budget: Mutex<RatioBudget> },
+    Tokens {
+        policy: TokenBucketPolicy,
+        bucket: Mutex<TokenBucket>,
+    },
+    Ratio {
+        policy: RatioBudgetPolicy,
+        budget: Mutex<RatioBudget>,
+    },
+    /// Its own allocation, which the requests and tickets in flight share to end themselves.
+    Concurrency {
+        policy: ConcurrencyBudgetPolicy,
+        budget: Arc<Mutex<ConcurrencyBudget>>,
+    },
 }
 
 /// A retry budget shared by every operation that [`gate`](crate::RetryFuture::gate)s on it:
@@ -29,6 +41,11 @@ enum Kind {
 /// - A ratio budget ([`Budget::ratio`], e.g. [`RatioBudgetPolicy::finagle`]) counts each
 ///   operation as a request and grants retries up to the ratio over its window; counting a
 ///   request reads the runtime's clock, so this kind costs one clock read per operation.
+/// - A concurrency budget ([`Budget::concurrency`], e.g. [`ConcurrencyBudgetPolicy::envoy`])
+///   counts what is in flight: each operation from its start until it ends (its
+///   [`BudgetRequest`]), each retry from its grant until its attempt ends (its
+///   [`BudgetTicket`]), also when the operation's future is dropped; a retry is granted while
+///   the retries in flight are under the policy's share of the requests in flight.
 ///
 /// ```
 /// use persevere::TokenBucketPolicy;
@@ -65,6 +82,13 @@ impl<Rt> fmt::Debug for Budget<Rt> {
                 let b = lock(budget);
                 f.debug_struct("Budget").field("requests", &b.requests()).field("retries", &b.retries()).finish()
             }
+            Kind::Concurrency { budget, .. } => {
+                let b = lock(budget);
+                f.debug_struct("Budget")
+                    .field("requests_in_flight", &b.requests())
+                    .field("retries_in_flight", &b.retries())
+                    .finish()
+            }
         }
     }
 }
@@ -81,20 +105,37 @@ impl<Rt: Runtime> Budget<Rt> {
         Budget { shared: Arc::new((runtime, Kind::Ratio { policy, budget: Mutex::new(RatioBudget::new()) })) }
     }
 
-    /// A token bucket's balance, in milli-tokens; `None` for a ratio budget.
+    /// A budget on retries in flight (Envoy's), with nothing in flight.
+    pub fn concurrency(runtime: Rt, policy: ConcurrencyBudgetPolicy) -> Self {
+        let budget = Arc::new(Mutex::new(ConcurrencyBudget::new()));
+        Budget { shared: Arc::new((runtime, Kind::Concurrency { policy, budget })) }
+    }
+
+    /// A token bucket's balance, in milli-tokens; `None` for another kind.
     pub fn balance_milli(&self) -> Option<u64> {
         match &self.shared.1 {
             Kind::Tokens { bucket, .. } => Some(lock(bucket).balance_milli()),
-            Kind::Ratio { .. } => None,
+            Kind::Ratio { .. } | Kind::Concurrency { .. } => None,
+        }
+    }
+
+    /// A concurrency budget's requests and retries in flight now; `None` for another kind.
+    pub fn in_flight(&self) -> Option<ConcurrencyBudget> {
+        match &self.shared.1 {
+            Kind::Concurrency { budget, .. } => Some(*lock(budget)),
+            Kind::Tokens { .. } | Kind::Ratio { .. } => None,
         }
     }
 }
 
 /// A retry a [`Budget`] granted: a token bucket's [`Grant`], refunded if the retry succeeds
-/// and the policy refunds retry costs; nothing for a ratio budget.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// and the policy refunds retry costs; for a concurrency budget, the retry's place in flight,
+/// given back when the ticket is dropped (its attempt ended, or the operation was dropped);
+/// nothing for a ratio budget. Not `Clone`: a place is given back once.
+#[derive(Debug)]
 pub struct BudgetTicket {
     grant: Option<Grant>,
+    in_flight: Option<Arc<Mutex<ConcurrencyBudget>>>,
 }
 
 impl BudgetTicket {
@@ -104,14 +145,48 @@ impl BudgetTicket {
     }
 }
 
+impl Drop for BudgetTicket {
+    fn drop(&mut self) {
+        if let Some(budget) = self.in_flight.take() {
+            // Counted in flight when granted, so one is.
+            let _ = lock(&budget).release_retry();
+        }
+    }
+}
+
+/// An operation a concurrency [`Budget`] counts in flight, from its start until it ends: its
+/// end is counted when this is dropped. Empty for other kinds.
+#[derive(Debug, Default)]
+pub struct BudgetRequest {
+    in_flight: Option<Arc<Mutex<ConcurrencyBudget>>>,
+}
+
+impl Drop for BudgetRequest {
+    fn drop(&mut self) {
+        if let Some(budget) = self.in_flight.take() {
+            // Counted in flight when it started, so one is.
+            let _ = lock(&budget).record_request_end();
+        }
+    }
+}
+
 impl<Rt: Runtime> RetryGate for Budget<Rt> {
     type Ticket = BudgetTicket;
+    type Request = BudgetRequest;
 
-    fn on_request(&self, now: Option<Instant>) {
+    fn on_request(&self, now: Option<Instant>) -> BudgetRequest {
         let (runtime, kind) = &*self.shared;
-        if let Kind::Ratio { policy, budget } = kind {
-            let now = now.unwrap_or_else(|| runtime.now());
-            lock(budget).record_request(policy, now);
+        match kind {
+            Kind::Ratio { policy, budget } => {
+                let now = now.unwrap_or_else(|| runtime.now());
+                lock(budget).record_request(policy, now);
+                BudgetRequest::default()
+            }
+            Kind::Concurrency { budget, .. } => {
+                lock(budget).record_request_start();
+                BudgetRequest { in_flight: Some(budget.clone()) }
+            }
+            Kind::Tokens { .. } => BudgetRequest::default(),
         }
     }
 
@@ -121,17 +196,22 @@ impl<Rt: Runtime> RetryGate for Budget<Rt> {
             Kind::Tokens { policy, bucket } => lock(bucket)
                 .try_acquire(policy, RetryClass::from(class))
                 .ok()
-                .map(|grant| BudgetTicket { grant: Some(grant) }),
+                .map(|grant| BudgetTicket { grant: Some(grant), in_flight: None }),
             Kind::Ratio { policy, budget } => {
                 let now = now.unwrap_or_else(|| runtime.now());
-                lock(budget).try_acquire(policy, now).ok().map(|()| BudgetTicket { grant: None })
+                lock(budget).try_acquire(policy, now).ok().map(|()| BudgetTicket { grant: None, in_flight: None })
             }
+            Kind::Concurrency { policy, budget } => lock(budget)
+                .try_acquire(policy)
+                .ok()
+                .map(|()| BudgetTicket { grant: None, in_flight: Some(budget.clone()) }),
         };
         #[cfg(any(feature = "tracing", feature = "metrics"))]
         if granted.is_none() {
             let budget = match kind {
                 Kind::Tokens { .. } => "tokens",
                 Kind::Ratio { .. } => "ratio",
+                Kind::Concurrency { .. } => "concurrency",
             };
             #[cfg(feature = "tracing")]
             tracing::debug!(target: "persevere::budget", budget, class = ?class, "retry refused");
@@ -143,7 +223,7 @@ impl<Rt: Runtime> RetryGate for Budget<Rt> {
 
     fn on_success(&self, ticket: Option<BudgetTicket>) {
         if let Kind::Tokens { policy, bucket } = &self.shared.1 {
-            lock(bucket).record_success(policy, ticket.and_then(|t| t.grant));
+            lock(bucket).record_success(policy, ticket.as_ref().and_then(BudgetTicket::grant));
         }
     }
 

@@ -126,6 +126,12 @@ impl<E, F: FnMut(&RetryEvent<'_, E>)> Notify<E> for F {
 /// gate that counts retries in flight can release one in its ticket's `Drop`, which runs exactly
 /// once whatever happens. A gate that keeps nothing uses `()`.
 ///
+/// # Requests
+/// What [`on_request`](RetryGate::on_request) returns is kept by the operation until it ends:
+/// dropped when it succeeds or gives up, or when its future is dropped. A gate that counts the
+/// operations in flight (an Envoy-style [`Budget::concurrency`](crate::Budget::concurrency))
+/// ends one in its request's `Drop`. A gate that keeps nothing uses `()`.
+///
 /// # Several gates
 /// A tuple of up to four gates is a gate: every gate hears of each request and success, and a
 /// retry is allowed when every gate allows it (the ticket is the tuple of theirs). The gates
@@ -161,9 +167,16 @@ pub trait RetryGate {
     /// What a granted retry holds until its attempt ends (see [Tickets](RetryGate#tickets)).
     type Ticket;
 
+    /// What an operation holds from its start until it ends, whatever ends it (see
+    /// [Requests](RetryGate#requests)); `()` for a gate that does not count operations in
+    /// flight.
+    type Request: Default;
+
     /// An operation starts (its first attempt). `now` is `None` on the clock-free fast path.
-    fn on_request(&self, now: Option<Instant>) {
+    /// What it returns is kept until the operation ends.
+    fn on_request(&self, now: Option<Instant>) -> Self::Request {
         let _ = now;
+        Self::Request::default()
     }
 
     /// May a retry after a failure of `class` be scheduled? `Some(ticket)` if so. `now` is
@@ -193,6 +206,7 @@ pub trait RetryGate {
 
 impl RetryGate for () {
     type Ticket = ();
+    type Request = ();
 
     fn allow_retry(&self, _: Option<Instant>, _: FailureClass) -> Option<()> {
         Some(())
@@ -203,9 +217,10 @@ macro_rules! tuple_gate {
     ($($gate:ident . $index:tt),+) => {
         impl<$($gate: RetryGate),+> RetryGate for ($($gate,)+) {
             type Ticket = ($($gate::Ticket,)+);
+            type Request = ($($gate::Request,)+);
 
-            fn on_request(&self, now: Option<Instant>) {
-                $(self.$index.on_request(now);)+
+            fn on_request(&self, now: Option<Instant>) -> Self::Request {
+                ($(self.$index.on_request(now),)+)
             }
 
             fn allow_retry(&self, now: Option<Instant>, class: FailureClass) -> Option<Self::Ticket> {
@@ -233,8 +248,9 @@ tuple_gate!(A.0, B.1, C.2, D.3);
 
 impl<G: RetryGate + ?Sized> RetryGate for &G {
     type Ticket = G::Ticket;
+    type Request = G::Request;
 
-    fn on_request(&self, now: Option<Instant>) {
+    fn on_request(&self, now: Option<Instant>) -> G::Request {
         (**self).on_request(now)
     }
 
@@ -253,8 +269,9 @@ impl<G: RetryGate + ?Sized> RetryGate for &G {
 
 impl<G: RetryGate + ?Sized> RetryGate for std::sync::Arc<G> {
     type Ticket = G::Ticket;
+    type Request = G::Request;
 
-    fn on_request(&self, now: Option<Instant>) {
+    fn on_request(&self, now: Option<Instant>) -> G::Request {
         (**self).on_request(now)
     }
 

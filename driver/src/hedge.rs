@@ -52,6 +52,8 @@ pin_project! {
         op: Op,
         classifier: C,
         gate: G,
+        // What the gate keeps for this operation until it ends.
+        request: Option<G::Request>,
         machine: Hedge<Option<E>>,
         started: bool,
         done: bool,
@@ -101,6 +103,7 @@ where
         op,
         classifier: RetryAll,
         gate: (),
+        request: None,
         machine: Hedge::new(),
         started: false,
         done: false,
@@ -132,6 +135,7 @@ impl<Rt: Runtime, P, Op, Fut, E, C, G: RetryGate> HedgeFuture<Rt, P, Op, Fut, E,
             op: self.op,
             classifier,
             gate: self.gate,
+            request: self.request,
             machine: self.machine,
             started: false,
             done: false,
@@ -152,6 +156,7 @@ impl<Rt: Runtime, P, Op, Fut, E, C, G: RetryGate> HedgeFuture<Rt, P, Op, Fut, E,
             op: self.op,
             classifier: self.classifier,
             gate,
+            request: None,
             machine: self.machine,
             started: false,
             done: false,
@@ -209,7 +214,7 @@ where
         };
         if !*this.started {
             *this.started = true;
-            this.gate.on_request(None);
+            *this.request = Some(this.gate.on_request(None));
             // A fresh machine accepts its start.
             let _ = this.machine.handle_start(policy, Instant::ZERO);
         }
@@ -253,6 +258,7 @@ where
                     }
                     HedgeAction::Finish { outcome, stats } => {
                         *this.done = true;
+                        *this.request = None;
                         this.first.set(None);
                         this.hedges.clear();
                         this.timer.set(None);

@@ -56,7 +56,7 @@ mod supervisor;
 mod sync;
 
 pub use breaker::{Breaker, BreakerCall, BreakerTransition, ByResult, CallClassifier, CallError};
-pub use budget::{Budget, BudgetTicket};
+pub use budget::{Budget, BudgetRequest, BudgetTicket};
 pub use classify::{ByTrait, Classifier, Classify, Notify, RetryAll, RetryEvent, RetryGate};
 pub use hedge::{HedgeFuture, Hedged, hedge};
 #[cfg(any(feature = "supervisor", feature = "scheduler"))]

@@ -219,6 +219,10 @@ enum Stage {
     /// Not polled yet, and [`measure_elapsed`](RetryFuture::measure_elapsed) asked for the clock
     /// from the start (one stage rather than a flag beside it: the fast path tests one byte).
     FreshMeasured,
+    /// `Fresh`, with the gate's request already made ([`requested`](RetryFuture::requested)).
+    FreshRequested,
+    /// `FreshMeasured`, with the gate's request already made.
+    FreshMeasuredRequested,
     /// Polled: an attempt runs (the first, on the fast path, if there is no machine yet), or
     /// the machine is sleeping.
     Active,
@@ -256,6 +260,8 @@ pin_project! {
         gate: G,
         // The gate's grant of the retry that runs (or waits to), until that attempt ends.
         ticket: Option<G::Ticket>,
+        // What the gate keeps for this operation, from its start until it ends (`None` before).
+        request: G::Request,
         seed: Option<u64>,
         stage: Stage,
         // The machine, created at the first failure (or at the start when the clock is read
@@ -314,6 +320,7 @@ where
         notify: (),
         gate: (),
         ticket: None,
+        request: Default::default(),
         seed: None,
         stage: Stage::Fresh,
         machine: None,
@@ -325,9 +332,11 @@ where
 
 impl<Rt: Runtime, P, Op, Fut, E, C, N, G: RetryGate, S> RetryFuture<Rt, P, Op, Fut, E, C, N, G, S> {
     /// Replaces the hooks before the first poll.
+    /// The gate's request, if [`requested`](Self::requested) gave one, is kept when the gate is.
     fn map<C2, N2, G2: RetryGate, S2>(
         self,
         hooks: impl FnOnce(C, N, G, S) -> (C2, N2, G2, S2),
+        request: impl FnOnce(G::Request) -> G2::Request,
     ) -> RetryFuture<Rt, P, Op, Fut, E, C2, N2, G2, S2> {
         let (classifier, notify, gate, cancel) = hooks(self.classifier, self.notify, self.gate, self.cancel);
         RetryFuture {
@@ -338,6 +347,7 @@ impl<Rt: Runtime, P, Op, Fut, E, C, N, G: RetryGate, S> RetryFuture<Rt, P, Op, F
             notify,
             gate,
             ticket: None,
+            request: request(self.request),
             seed: self.seed,
             stage: self.stage,
             machine: self.machine,
@@ -359,7 +369,7 @@ impl<Rt: Runtime, P, Op, Fut, E, C, N, G: RetryGate, S> RetryFuture<Rt, P, Op, F
     /// Classifies errors with any [`Classifier`] (a type of your own, [`RetryAll`](crate::RetryAll),
     /// [`ByTrait`]).
     pub fn classify_with<C2: Classifier<E>>(self, classifier: C2) -> RetryFuture<Rt, P, Op, Fut, E, C2, N, G, S> {
-        self.map(|_, n, g, s| (classifier, n, g, s))
+        self.map(|_, n, g, s| (classifier, n, g, s), |r| r)
     }
 
     /// Classifies errors with their [`Classify`] implementation.
@@ -381,20 +391,27 @@ impl<Rt: Runtime, P, Op, Fut, E, C, N, G: RetryGate, S> RetryFuture<Rt, P, Op, F
 
     /// Calls any [`Notify`] implementation before each retry.
     pub fn notify_with<N2: Notify<E>>(self, notify: N2) -> RetryFuture<Rt, P, Op, Fut, E, C, N2, G, S> {
-        self.map(|c, _, g, s| (c, notify, g, s))
+        self.map(|c, _, g, s| (c, notify, g, s), |r| r)
     }
 
     /// Asks `gate` (a retry budget, a breaker, or a tuple of gates such as `(breaker, budget)`,
     /// asked in order) before each retry; a refusal ends the operation with
     /// [`OutcomeKind::Rejected`].
     pub fn gate<G2: RetryGate>(self, gate: G2) -> RetryFuture<Rt, P, Op, Fut, E, C, N, G2, S> {
-        self.map(|c, n, _, s| (c, n, gate, s))
+        // A request kept for the gate replaced ends here: the new gate was never asked.
+        let mut replaced = self.map(|c, n, _, s| (c, n, gate, s), |_| G2::Request::default());
+        replaced.stage = match replaced.stage {
+            Stage::FreshRequested => Stage::Fresh,
+            Stage::FreshMeasuredRequested => Stage::FreshMeasured,
+            stage => stage,
+        };
+        replaced
     }
 
     /// Cancels the operation when `signal` completes: the running attempt or sleep is dropped
     /// and the result is [`OutcomeKind::Canceled`], with the statistics so far.
     pub fn cancel_on<S2: Future<Output = ()>>(self, signal: S2) -> RetryFuture<Rt, P, Op, Fut, E, C, N, G, S2> {
-        self.map(|c, n, g, _| (c, n, g, signal))
+        self.map(|c, n, g, _| (c, n, g, signal), |r| r)
     }
 
     /// Seeds the jitter RNG, for reproducible delays (by default the runtime's
@@ -404,12 +421,27 @@ impl<Rt: Runtime, P, Op, Fut, E, C, N, G: RetryGate, S> RetryFuture<Rt, P, Op, F
         self
     }
 
+    /// The operation already started with the gate, which kept `request` for it (a layer that
+    /// calls the gate itself before handing the operation to this loop): the loop keeps it until
+    /// the operation ends and does not call [`RetryGate::on_request`] again.
+    pub fn requested(mut self, request: G::Request) -> Self {
+        self.request = request;
+        self.stage = match self.stage {
+            Stage::Fresh => Stage::FreshRequested,
+            Stage::FreshMeasured => Stage::FreshMeasuredRequested,
+            stage => stage,
+        };
+        self
+    }
+
     /// Reads the clock at the first attempt's start so that [`Stats::elapsed`] is always known
     /// (costs one clock read on the success path).
     pub fn measure_elapsed(mut self) -> Self {
-        if self.stage == Stage::Fresh {
-            self.stage = Stage::FreshMeasured;
-        }
+        self.stage = match self.stage {
+            Stage::Fresh => Stage::FreshMeasured,
+            Stage::FreshRequested => Stage::FreshMeasuredRequested,
+            stage => stage,
+        };
         self
     }
 }
@@ -475,12 +507,14 @@ where
         // The hot path, kept small enough to inline: a first attempt on a policy that needs no
         // clock, polled to success, with no machine. Everything else is `drive`.
         match *this.stage {
-            Stage::Fresh => {
+            Stage::Fresh | Stage::FreshRequested => {
                 let policy: &RetryPolicy = (*this.policy).borrow();
                 if policy.needs_clock() {
                     return self.slow_path(cx, None);
                 }
-                this.gate.on_request(None);
+                if *this.stage == Stage::Fresh {
+                    *this.request = this.gate.on_request(None);
+                }
                 event!(attempt = 1u64, "attempt starting");
                 metric!(metrics::counter!("persevere_attempts_total").increment(1));
                 *this.stage = Stage::Active;
@@ -501,6 +535,7 @@ where
             Ok(Poll::Ready(Ok(value))) => {
                 this.running.set(None);
                 this.gate.on_success(None);
+                *this.request = G::Request::default();
                 *this.stage = Stage::Done;
                 event!(attempts = 1u64, "operation succeeded");
                 metric!(metrics::counter!("persevere_operations_total", "outcome" => "succeeded").increment(1));
@@ -574,6 +609,7 @@ where
             notify: &mut *this.notify,
             gate: &*this.gate,
             ticket: &mut *this.ticket,
+            request: &mut *this.request,
         };
         run(
             (*this.policy).borrow(),
@@ -598,6 +634,7 @@ struct Hooks<'a, Op, C, N, G: RetryGate> {
     notify: &'a mut N,
     gate: &'a G,
     ticket: &'a mut Option<G::Ticket>,
+    request: &'a mut G::Request,
 }
 
 /// [`RetryFuture::drive`]'s body, with the policy, the machine and each part of the future as
@@ -633,15 +670,18 @@ where
     G: RetryGate,
     S: Future<Output = ()>,
 {
-    let Hooks { op, classifier, notify, gate, ticket } = hooks;
+    let Hooks { op, classifier, notify, gate, ticket, request } = hooks;
     if *stage == Stage::Done {
         panic!("`RetryFuture` polled after it completed");
     }
     if slot.is_none() {
-        if matches!(*stage, Stage::Fresh | Stage::FreshMeasured) {
+        if matches!(*stage, Stage::Fresh | Stage::FreshMeasured | Stage::FreshRequested | Stage::FreshMeasuredRequested)
+        {
             // The clock is read from the start: a budget, a deadline, or `measure_elapsed`.
             let now = rt.now();
-            gate.on_request(Some(now));
+            if matches!(*stage, Stage::Fresh | Stage::FreshMeasured) {
+                *request = gate.on_request(Some(now));
+            }
             *stage = Stage::Active;
             *slot = Some(Machine::started(policy, now, true));
         } else {
@@ -753,6 +793,7 @@ where
                     // A ticket still held: the last failure's retry was granted (and charged),
                     // and the operation ended waiting for it (its total budget ran out).
                     let retry_granted = ticket.take().is_some();
+                    *request = G::Request::default();
                     let _ = stats;
                     event!(outcome = ?outcome.kind(), attempts = stats.attempts, "operation finished");
                     metric!(
@@ -785,6 +826,7 @@ where
                     running.set(None);
                     timer.set(None);
                     gate.on_success(ticket.take());
+                    *request = G::Request::default();
                     *stage = Stage::Done;
                     let attempt = retry.attempt();
                     // The attempt is the running one and the machine is drained.

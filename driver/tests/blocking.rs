@@ -70,6 +70,7 @@ struct Closed;
 
 impl RetryGate for Closed {
     type Ticket = ();
+    type Request = ();
     fn allow_retry(&self, _: Option<Instant>, _: FailureClass) -> Option<()> {
         None
     }

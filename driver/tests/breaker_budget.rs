@@ -327,6 +327,7 @@ fn u4_gates_are_asked_in_order_and_each_hears_every_request_and_success() {
     struct Log<'a>(&'static str, bool, &'a RefCell<Vec<String>>);
     impl RetryGate for Log<'_> {
         type Ticket = ();
+        type Request = ();
         fn on_request(&self, _: Option<Instant>) {
             self.2.borrow_mut().push(format!("{}:request", self.0));
         }

@@ -168,6 +168,7 @@ struct Refuse(Cell<u32>);
 
 impl RetryGate for Refuse {
     type Ticket = ();
+    type Request = ();
     fn allow_retry(&self, _: Option<Instant>, _: FailureClass) -> Option<()> {
         self.0.set(self.0.get() + 1);
         (self.0.get() < 2).then_some(())
@@ -194,6 +195,7 @@ impl Drop for Slot {
 
 impl RetryGate for InFlight {
     type Ticket = Slot;
+    type Request = ();
     fn allow_retry(&self, _: Option<Instant>, _: FailureClass) -> Option<Slot> {
         self.granted.set(self.granted.get() + 1);
         self.in_flight.set(self.in_flight.get() + 1);
@@ -413,4 +415,48 @@ fn r1_a_named_operation_is_asked_for_one_attempt_at_a_time_and_its_panics_are_ca
     assert_eq!(done.stats.attempts, 4);
     assert_eq!(done.result.unwrap_err().outcome, OutcomeKind::Exhausted);
     assert_eq!(classes, [FailureClass::Retryable, FailureClass::Panicked, FailureClass::Retryable]);
+}
+
+#[test]
+fn u2_an_envoy_budget_counts_operations_and_retries_in_flight_and_each_ends_once_however_it_ends() {
+    use persevere::ConcurrencyBudgetPolicy;
+    use persevere_driver::Budget;
+
+    // No share of the requests, a floor of one retry in flight.
+    let budget =
+        Budget::concurrency(Asleep, ConcurrencyBudgetPolicy::builder(0.0).min_retry_concurrency(1).build().unwrap());
+    let p = policy(Backoff::constant(ms(1)).build().unwrap(), 3);
+    let waker = std::task::Waker::noop();
+    let counts = |b: &Budget<Asleep>| b.in_flight().map(|c| (c.requests(), c.retries())).unwrap();
+    // A waits for its retry (sleeps never end here): one request, one retry in flight.
+    let mut a = Box::pin(retry(Asleep, &p, || async { Err::<(), _>("no") }).gate(&budget));
+    assert!(a.as_mut().poll(&mut Context::from_waker(waker)).is_pending());
+    assert_eq!(counts(&budget), (1, 1));
+    // B's retry is refused (one in flight already): B ends rejected, and its request with it.
+    let mut b = Box::pin(retry(Asleep, &p, || async { Err::<(), _>("no") }).gate(&budget));
+    let Poll::Ready(done) = b.as_mut().poll(&mut Context::from_waker(waker)) else { panic!("rejected at once") };
+    assert_eq!(done.result.unwrap_err().outcome, OutcomeKind::Rejected);
+    assert_eq!(counts(&budget), (1, 1), "B ended before its future was dropped");
+    drop(b);
+    // A success on the first attempt: counted while it ran, ended when it returned.
+    let done = block_on(retry(Asleep, &p, || async { Ok::<_, ()>(()) }).gate(&budget));
+    assert!(done.result.is_ok());
+    assert_eq!(counts(&budget), (1, 1));
+    // A dropped while it waits: its request and its retry end with it.
+    drop(a);
+    assert_eq!(counts(&budget), (0, 0));
+    // A retry that succeeds gives its place back when its attempt ends.
+    let rt = Virtual::default();
+    let budget = Budget::concurrency(rt.clone(), ConcurrencyBudgetPolicy::envoy());
+    let mut calls = 0;
+    let done = block_on(
+        retry(&rt, &p, || {
+            calls += 1;
+            let fail = calls < 3;
+            async move { if fail { Err("no") } else { Ok(()) } }
+        })
+        .gate(&budget),
+    );
+    assert_eq!((done.result, done.stats.attempts), (Ok(()), 3));
+    assert_eq!(budget.in_flight().map(|c| (c.requests(), c.retries())), Some((0, 0)));
 }

@@ -18,6 +18,7 @@ struct Refuse;
 
 impl RetryGate for Refuse {
     type Ticket = ();
+    type Request = ();
     fn allow_retry(&self, _: Option<Instant>, _: FailureClass) -> Option<()> {
         None
     }
