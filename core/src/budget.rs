@@ -525,6 +525,18 @@ impl TokenBucket {
     pub const fn balance_milli(&self) -> u64 {
         self.balance_milli
     }
+
+    /// The bucket's policy is replaced by `to` (gRPC: a new `retryThrottling` in the service
+    /// config): the balance keeps its share of the capacity, `balance × to's capacity / from's
+    /// capacity`, rounded down, so a bucket that was throttling on the old scale still does on
+    /// the new one. gRPC computes the share in floating point and truncates; here it is exact
+    /// (U3), which can be one milli-token higher where the floating-point share falls just short.
+    pub fn rescale(&mut self, from: &TokenBucketPolicy, to: &TokenBucketPolicy) {
+        let balance = u128::from(self.balance_milli.min(from.settings.capacity_milli));
+        let scaled = balance * u128::from(to.settings.capacity_milli) / u128::from(from.settings.capacity_milli);
+        // At most `to`'s capacity, which is a u64.
+        self.balance_milli = scaled as u64;
+    }
 }
 
 /// The configuration of a [`RatioBudget`] (U2): retries ≤ `ratio` × requests over a sliding

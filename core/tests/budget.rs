@@ -811,3 +811,29 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn u1_grpc_rescales_a_bucket_when_its_policy_is_replaced() {
+    // gRPC's service config changes from 10 tokens to 100 while the bucket holds 6 of 10: it
+    // keeps its share, 60 of 100, so it throttles (60 > 50, one failure from 59) as before.
+    let old = TokenBucketPolicy::grpc(10, 0.1).unwrap();
+    let new = TokenBucketPolicy::grpc(100, 0.1).unwrap();
+    let mut b = TokenBucket::new(&old);
+    for _ in 0..4 {
+        let _ = b.try_acquire(&old, RetryClass::Transient).unwrap();
+    }
+    assert_eq!(b.balance_milli(), 6_000);
+    b.rescale(&old, &new);
+    assert_eq!(b.balance_milli(), 60_000);
+    // A share that does not divide evenly is rounded down: 2 of 3 tokens is two thirds of
+    // 1 000 tokens, 666 666 milli-tokens.
+    let mut b = TokenBucket::new(&TokenBucketPolicy::grpc(3, 0.1).unwrap());
+    let _ = b.try_acquire(&TokenBucketPolicy::grpc(3, 0.1).unwrap(), RetryClass::Transient).unwrap();
+    assert_eq!(b.balance_milli(), 2_000);
+    b.rescale(&TokenBucketPolicy::grpc(3, 0.1).unwrap(), &TokenBucketPolicy::grpc(1_000, 0.1).unwrap());
+    assert_eq!(b.balance_milli(), 666_666);
+    // A balance kept under a larger capacity than `from` says is read as full at `from`'s.
+    let mut full = TokenBucket::new(&new);
+    full.rescale(&old, &old);
+    assert_eq!(full.balance_milli(), 10_000);
+}

@@ -105,6 +105,23 @@ impl<Rt: Runtime> Budget<Rt> {
         Budget { shared: Arc::new((runtime, Kind::Ratio { policy, budget: Mutex::new(RatioBudget::new()) })) }
     }
 
+    /// A token-bucket budget under `policy` that takes over from `previous`, whose policy it
+    /// replaces (gRPC, when the service config changes): its balance is `previous`'s share of
+    /// its capacity at the new one ([`TokenBucket::rescale`]); full if `previous` is not a token
+    /// bucket. Operations gated on `previous` keep using it; gate new ones on this one.
+    pub fn tokens_replacing(previous: &Budget<Rt>, policy: TokenBucketPolicy) -> Self
+    where
+        Rt: Clone,
+    {
+        let (runtime, kind) = &*previous.shared;
+        let mut bucket = TokenBucket::new(&policy);
+        if let Kind::Tokens { policy: from, bucket: old } = kind {
+            bucket = *lock(old);
+            bucket.rescale(from, &policy);
+        }
+        Budget { shared: Arc::new((runtime.clone(), Kind::Tokens { policy, bucket: Mutex::new(bucket) })) }
+    }
+
     /// A budget on retries in flight (Envoy's), with nothing in flight.
     pub fn concurrency(runtime: Rt, policy: ConcurrencyBudgetPolicy) -> Self {
         let budget = Arc::new(Mutex::new(ConcurrencyBudget::new()));

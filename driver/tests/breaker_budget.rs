@@ -454,6 +454,20 @@ fn u1_grpc_every_failed_attempt_is_charged_also_the_last_one() {
 }
 
 #[test]
+fn u1_grpc_a_budget_whose_policy_is_replaced_keeps_its_share_of_tokens() {
+    let rt = Virtual::default();
+    let budget = Budget::tokens(rt.clone(), TokenBucketPolicy::grpc(10, 0.5).unwrap());
+    let p = RetryPolicy::builder(Backoff::constant(ms(1)).build().unwrap()).max_attempts(3).build().unwrap();
+    let _ = block_on(retry(&rt, &p, || async { Err::<(), _>("unavailable") }).gate(&budget));
+    assert_eq!(budget.balance_milli(), Some(7_000));
+    let replaced = Budget::tokens_replacing(&budget, TokenBucketPolicy::grpc(100, 0.5).unwrap());
+    assert_eq!(replaced.balance_milli(), Some(70_000), "7 of 10 is 70 of 100");
+    let fresh =
+        Budget::tokens_replacing(&Budget::ratio(rt.clone(), RatioBudgetPolicy::finagle()), TokenBucketPolicy::aws());
+    assert_eq!(fresh.balance_milli(), Some(500_000), "not a token bucket before: full");
+}
+
+#[test]
 fn u1_aws_a_successful_retry_gets_its_cost_back_and_a_first_success_one_token() {
     let rt = Virtual::default();
     let budget = Budget::tokens(rt.clone(), TokenBucketPolicy::aws());
