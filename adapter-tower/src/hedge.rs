@@ -202,8 +202,10 @@ where
             return first;
         }
         let Some(template) = &self.template else {
-            // The last copy was sent: a further hedge cannot be made, and fails as a panic
-            // would (non-fatal: the attempts that run carry on).
+            // The last copy was sent (the classifier copied the request once and then refused
+            // to): a further hedge cannot be made, and fails as a panic would (non-fatal: the
+            // attempts that run carry on). It was counted as started, and the gate was asked
+            // for it; a classifier that can copy a request once can, in practice, copy it again.
             return Attempt::Ended {
                 ended: Some(Ended::Panicked(Box::new("the request could not be copied for another hedge"))),
             };

@@ -114,8 +114,8 @@ impl<S, Rt: Clone, C: Clone, G: Clone> Layer<S> for RetryLayer<Rt, C, G> {
 }
 
 /// A service whose calls are retried: made by [`RetryLayer`]. `Clone` when the inner service
-/// is; its futures are `Send` and `'static` when the inner service's, the request and the
-/// runtime's are.
+/// is; its futures are `Send` and `'static` when the inner service's, the request, the
+/// runtime's and the gate's (with its `Ticket` and `Request`) are.
 pub struct Retry<S, Rt, C = RetryErrors, G = ()> {
     inner: S,
     layer: RetryLayer<Rt, C, G>,

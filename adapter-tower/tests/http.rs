@@ -518,7 +518,7 @@ async fn x3_a_503_is_a_non_fatal_failure_that_starts_the_next_hedge_at_once_and_
     assert!(started.elapsed() < Duration::from_secs(5), "the 503 did not wait out the 10 s delay");
     assert_eq!(server.seen().len(), 2);
 
-    // A POST cannot be sent twice: one attempt, and the error says why.
+    // A POST cannot be sent twice: one attempt, never hedged, however slow.
     let server = Server::start([Reply::Slow(Duration::from_millis(300)), status(200)]).await;
     let service = ServiceBuilder::new()
         .layer(

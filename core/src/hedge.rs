@@ -294,7 +294,13 @@ pub struct Hedge<E> {
     in_flight: u32,
     /// When the next attempt starts; `None` when none will (all started, or stopped).
     next_at: Option<Instant>,
+    /// No attempt starts before this: the latest pushback honoured (B6).
+    not_before: Instant,
     stop: Option<Stop>,
+    /// The failure that stopped further starts (a pushback), for the outcome.
+    stop_failure: Option<LastFailure<E>>,
+    /// The attempts the latest input started: the only ones a budget may refuse.
+    fresh: u32,
     canceled: u32,
     winner: Option<u64>,
     last_failure: Option<LastFailure<E>>,
@@ -320,7 +326,10 @@ impl<E> Hedge<E> {
             started: 0,
             in_flight: 0,
             next_at: None,
+            not_before: Instant::ZERO,
             stop: None,
+            stop_failure: None,
+            fresh: 0,
             canceled: 0,
             winner: None,
             last_failure: None,
@@ -355,6 +364,7 @@ impl<E> Hedge<E> {
     pub fn handle_success(&mut self, policy: &HedgePolicy, now: Instant, attempt: u64) -> Result<(), HedgeError> {
         let _ = policy;
         self.check(attempt)?;
+        self.fresh = 0;
         self.now = self.now.later(now);
         self.in_flight &= !bit(attempt);
         self.winner = Some(attempt);
@@ -383,9 +393,21 @@ impl<E> Hedge<E> {
         }
         let now = self.now.later(now);
         self.now = now;
+        self.fresh = 0;
         self.in_flight &= !bit(attempt);
         let kind = failure.kind;
-        self.last_failure = Some(LastFailure { class: kind.class(), error: Some(failure.error) });
+        let failed = LastFailure { class: kind.class(), error: Some(failure.error) };
+        // A failure that stops further starts is kept for the outcome it leads to.
+        let stops = match kind {
+            FailureKind::Hinted(Hint::DoNotRetry) => true,
+            FailureKind::Hinted(hint) => Self::hinted_at(hint, now).as_nanos() - now.as_nanos() > policy.max_hint_ns,
+            _ => false,
+        };
+        if stops && self.stop.is_none() {
+            self.stop_failure = Some(failed);
+        } else {
+            self.last_failure = Some(failed);
+        }
         match kind {
             FailureKind::Fatal => {
                 let failure = self.take_last_failure();
@@ -399,21 +421,19 @@ impl<E> Hedge<E> {
             }
             FailureKind::Hinted(Hint::DoNotRetry) => self.stop(Stop::DoNotRetry),
             FailureKind::Hinted(hint) => {
-                let at = match hint {
-                    Hint::After(delay) => now.saturating_add(delay),
-                    Hint::At(at) => at.later(now),
-                    Hint::DoNotRetry => now,
-                };
-                if at.as_nanos().saturating_sub(now.as_nanos()) > policy.max_hint_ns {
+                let at = Self::hinted_at(hint, now);
+                if stops {
                     self.stop(Stop::Deferred(at));
-                } else if let Some(next) = self.next_at {
-                    // Never shortened: the next start waits for the pushback (B6).
-                    self.next_at = Some(next.later(at));
+                } else {
+                    // Never shortened, by the delay nor by a later failure: no attempt starts
+                    // before the pushback's instant (B6).
+                    self.not_before = self.not_before.later(at);
+                    self.next_at = self.next_at.map(|next| next.later(at));
                 }
             }
             _ => {
                 if policy.next_on_failure && self.next_at.is_some() {
-                    self.next_at = Some(now);
+                    self.next_at = Some(now.later(self.not_before));
                 }
             }
         }
@@ -422,21 +442,23 @@ impl<E> Hedge<E> {
         Ok(())
     }
 
-    /// The budget refused hedge `attempt`, the newest one started (X4): it and any later
+    /// The budget refused hedge `attempt`, started by the latest input (X4): it and any later
     /// attempt of the same drain never ran, and no further attempt starts; the attempts that
-    /// run go on. When none runs, the operation ends `Rejected`.
+    /// run go on. When none runs, the operation ends `Rejected`. Report it right after the
+    /// drain that named it, before any other input.
     ///
     /// # Errors
-    /// [`HedgeError::NothingToReject`] for attempt 1 or an attempt that is not in flight among
-    /// the newest, or as [`handle_success`](Self::handle_success); nothing changes.
+    /// [`HedgeError::NothingToReject`] for attempt 1, or an attempt the latest input did not
+    /// start, or as [`handle_success`](Self::handle_success); nothing changes.
     pub fn handle_rejected(&mut self, policy: &HedgePolicy, now: Instant, attempt: u64) -> Result<(), HedgeError> {
         let _ = policy;
         self.check(attempt)?;
-        // The refused attempt and every later one are the newest, all still in flight.
+        // The refused attempt and every later one were started by the latest input.
         let later = (attempt..=u64::from(self.started)).fold(0, |bits, a| bits | bit(a));
-        if attempt < 2 || self.in_flight & later != later {
+        if attempt < 2 || self.fresh & later != later {
             return Err(HedgeError::NothingToReject { attempt });
         }
+        self.fresh = 0;
         self.now = self.now.later(now);
         self.in_flight &= !later;
         self.started = attempt as u32 - 1;
@@ -445,12 +467,14 @@ impl<E> Hedge<E> {
         Ok(())
     }
 
-    /// Wakes the machine at `now`: the next hedge starts if its time has come (X1). Early,
-    /// repeated or undrained calls change nothing.
+    /// Wakes the machine at `now`: the next hedge starts if its time has come (X1). Early or
+    /// repeated calls start nothing (they only move the machine's `now` on); undrained ones, or
+    /// ones before the start or after the outcome, change nothing.
     pub fn handle_timeout(&mut self, policy: &HedgePolicy, now: Instant) {
         if self.started_at.is_none() || self.finished.is_some() || self.undrained() {
             return;
         }
+        self.fresh = 0;
         self.now = self.now.later(now);
         self.advance(policy);
     }
@@ -463,8 +487,9 @@ impl<E> Hedge<E> {
     pub fn handle_cancel(&mut self, policy: &HedgePolicy, now: Instant) -> Result<(), HedgeError> {
         let _ = policy;
         self.check_running()?;
+        self.fresh = 0;
         self.now = self.now.later(now);
-        let last_failure = self.last_failure.take();
+        let last_failure = self.last_failure.take().or_else(|| self.stop_failure.take());
         self.end(Outcome::Canceled { last_failure });
         Ok(())
     }
@@ -519,9 +544,19 @@ impl<E> Hedge<E> {
         self.finished
     }
 
-    /// The last failure reported.
+    /// The last failure reported, but for the one that stopped further starts (a pushback),
+    /// which is kept for the outcome.
     pub const fn last_failure(&self) -> Option<&LastFailure<E>> {
         self.last_failure.as_ref()
+    }
+
+    /// When a pushback asks for it: the instant it names.
+    fn hinted_at(hint: Hint, now: Instant) -> Instant {
+        match hint {
+            Hint::After(delay) => now.saturating_add(delay),
+            Hint::At(at) => at.later(now),
+            Hint::DoNotRetry => now,
+        }
     }
 
     /// Starts every attempt whose time has come: each `delay` after the previous one.
@@ -535,7 +570,9 @@ impl<E> Hedge<E> {
             let attempt = u64::from(self.started);
             self.in_flight |= bit(attempt);
             self.pending_start |= bit(attempt);
-            self.next_at = (self.started < policy.max_attempts).then(|| self.now.saturating_add_nanos(policy.delay_ns));
+            self.fresh |= bit(attempt);
+            self.next_at = (self.started < policy.max_attempts)
+                .then(|| self.now.saturating_add_nanos(policy.delay_ns).later(self.not_before));
         }
         if self.started >= policy.max_attempts {
             self.next_at = None;
@@ -553,12 +590,13 @@ impl<E> Hedge<E> {
         if self.in_flight != 0 || self.next_at.is_some() || self.finish.is_some() {
             return;
         }
-        let last_failure = self.take_last_failure();
-        let outcome = match self.stop {
-            None => Outcome::Exhausted { last_failure },
-            Some(Stop::DoNotRetry) => Outcome::Fatal { failure: last_failure },
-            Some(Stop::Deferred(retry_at)) => Outcome::Deferred { retry_at, last_failure },
-            Some(Stop::Rejected) => Outcome::Rejected { last_failure },
+        // A pushback that stopped the starts is the outcome's failure; otherwise the last one.
+        let stopped_by = self.stop_failure.take();
+        let outcome = match (self.stop, stopped_by) {
+            (Some(Stop::DoNotRetry), Some(failure)) => Outcome::Fatal { failure },
+            (Some(Stop::Deferred(retry_at)), Some(last_failure)) => Outcome::Deferred { retry_at, last_failure },
+            (Some(Stop::Rejected), _) => Outcome::Rejected { last_failure: self.take_last_failure() },
+            _ => Outcome::Exhausted { last_failure: self.take_last_failure() },
         };
         self.end(outcome);
     }

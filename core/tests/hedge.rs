@@ -180,6 +180,58 @@ fn x3_pushback_delays_the_next_hedge_never_shortening_it_and_stops_it_past_max_h
     assert_eq!((outcome, stats.winner), (Outcome::Succeeded, Some(2)));
 }
 
+/// Found in review: a plain failure after a pushback started the next hedge at once, cutting
+/// the pushback short; and the outcome of a stop named a later failure instead of the pushback.
+#[test]
+fn x3_a_pushback_holds_off_every_later_start_and_is_the_outcome_it_stops_with() {
+    let p = HedgePolicy::builder(3, ms(100)).max_hint(ms(1_000)).build().unwrap();
+    let mut h = Hedge::<&str>::new();
+    h.handle_start(&p, at(0)).unwrap();
+    assert_eq!(drain(&mut h), starts(&[1]));
+    h.handle_timeout(&p, at(100));
+    assert_eq!(drain(&mut h), starts(&[2]));
+    h.handle_failure(&p, at(120), 1, Failure::retry_after(ms(400), "later")).unwrap();
+    assert_eq!(drain(&mut h), starts(&[]));
+    // Attempt 2 fails plainly: the next hedge still waits for the pushback (520 ms).
+    h.handle_failure(&p, at(130), 2, Failure::retryable("reset")).unwrap();
+    assert_eq!(drain(&mut h), starts(&[]));
+    assert_eq!(h.poll_timeout(), Some(at(520)));
+    h.handle_timeout(&p, at(520));
+    assert_eq!(drain(&mut h), starts(&[3]));
+
+    // Told not to retry by attempt 1, then attempt 2 fails plainly: the outcome is the
+    // "do not retry" (Fatal), not the later failure.
+    let mut h = Hedge::<&str>::new();
+    h.handle_start(&p, at(0)).unwrap();
+    drain(&mut h);
+    h.handle_timeout(&p, at(100));
+    drain(&mut h);
+    h.handle_failure(&p, at(110), 1, Failure::do_not_retry("stop")).unwrap();
+    assert_eq!(drain(&mut h), starts(&[]));
+    h.handle_failure(&p, at(120), 2, Failure::retryable("reset")).unwrap();
+    let (outcome, _) = finish(&mut h);
+    assert_eq!(
+        outcome,
+        Outcome::Fatal { failure: LastFailure { class: FailureClass::DoNotRetry, error: Some("stop") } }
+    );
+}
+
+/// Found in review: a hedge running for a while could be "refused", dropped from the count
+/// with no cancel. Only the starts of the latest input may be refused.
+#[test]
+fn x4_only_a_hedge_the_latest_input_started_may_be_refused() {
+    let p = policy(3, 100);
+    let mut h = Hedge::<&str>::new();
+    h.handle_start(&p, at(0)).unwrap();
+    drain(&mut h);
+    h.handle_timeout(&p, at(100));
+    assert_eq!(drain(&mut h), starts(&[2]));
+    h.handle_timeout(&p, at(150));
+    let before = h.clone();
+    assert_eq!(h.handle_rejected(&p, at(150), 2), Err(HedgeError::NothingToReject { attempt: 2 }));
+    assert_eq!(h, before);
+}
+
 #[test]
 fn x4_a_refused_hedge_stops_further_hedges_but_not_those_in_flight() {
     let p = policy(4, 0);

@@ -40,7 +40,10 @@ pin_project! {
     ///   reported first. A panic while creating or polling an attempt is a
     ///   [`FailureKind::Panicked`] failure of that attempt.
     /// - A gate ([`RetryGate`]) is asked before each hedge, as it is before a retry (X4): a
-    ///   refusal starts no further hedge, and the attempts that run carry on.
+    ///   refusal starts no further hedge, and the attempts that run carry on. A token bucket is
+    ///   so charged for each hedge it grants, also when the operation then succeeds (gRPC checks
+    ///   its bucket before a hedge and charges failures instead); the operation's request is
+    ///   made at its first poll.
     #[must_use = "futures do nothing unless awaited"]
     pub struct HedgeFuture<Rt, P, Op, Fut, E, C = RetryAll, G = ()>
     where
@@ -219,10 +222,12 @@ where
             let _ = this.machine.handle_start(policy, Instant::ZERO);
         }
         let mut won: Option<T> = None;
+        // Attempts whose creation panicked: each is reported failed, one per pass, after the
+        // drain (and after a refusal, which must come right after the drain that named it).
+        let mut unborn: Vec<u64> = Vec::new();
         loop {
-            // Drain, acting on each action; attempts that could not be created fail after it.
+            // Drain, acting on each action.
             let mut refused = None;
-            let mut unborn: Vec<u64> = Vec::new();
             while let Some(action) = this.machine.poll_action() {
                 match action {
                     HedgeAction::Start { attempt } if refused.is_none() => {
@@ -238,14 +243,15 @@ where
                             refused = Some(attempt);
                             continue;
                         };
-                        let slot = match catch_unwind(AssertUnwindSafe(|| this.op.attempt())) {
-                            Ok(fut) => Some(Box::pin(fut)),
+                        match catch_unwind(AssertUnwindSafe(|| this.op.attempt())) {
+                            Ok(fut) => this.hedges.push((Some(Box::pin(fut)), Some(ticket))),
                             Err(_) => {
+                                // Never ran: its place is given back at once.
+                                drop(ticket);
                                 unborn.push(attempt);
-                                None
+                                this.hedges.push((None, None));
                             }
-                        };
-                        this.hedges.push((slot, Some(ticket)));
+                        }
                     }
                     // A later start of a drain whose hedge the gate refused: never started.
                     HedgeAction::Start { .. } => {}
@@ -297,7 +303,9 @@ where
                 let _ = this.machine.handle_rejected(policy, now(origin), attempt);
                 continue;
             }
-            if let Some(&attempt) = unborn.first() {
+            if !unborn.is_empty() {
+                let attempt = unborn.remove(0);
+                // It is in flight in the machine, which is drained.
                 let _ = this.machine.handle_failure(policy, now(origin), attempt, Failure::panicked(None));
                 continue;
             }
@@ -334,9 +342,10 @@ where
                 }
                 None => {}
             }
-            // Nothing answered: wait for the next hedge's time, if there is one.
-            let Some(due) = this.machine.poll_timeout() else { return Poll::Pending };
+            // Nothing answered: the clock starts now if it has not (one read, only for an
+            // operation that waits), then wait for the next hedge's time, if there is one.
             let origin_at = *origin.get_or_insert_with(|| rt.now());
+            let Some(due) = this.machine.poll_timeout() else { return Poll::Pending };
             if *this.timer_at != Some(due) {
                 this.timer.set(Some(rt.sleep_until(origin_at.saturating_add(Duration::from_nanos(due.as_nanos())))));
                 *this.timer_at = Some(due);

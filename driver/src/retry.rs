@@ -260,7 +260,8 @@ pin_project! {
         gate: G,
         // The gate's grant of the retry that runs (or waits to), until that attempt ends.
         ticket: Option<G::Ticket>,
-        // What the gate keeps for this operation, from its start until it ends (`None` before).
+        // What the gate keeps for this operation, from its start until it ends (its default
+        // before the start and after the end).
         request: G::Request,
         seed: Option<u64>,
         stage: Stage,

@@ -438,7 +438,7 @@ fn u2_an_envoy_budget_counts_operations_and_retries_in_flight_and_each_ends_once
     assert_eq!(done.result.unwrap_err().outcome, OutcomeKind::Rejected);
     assert_eq!(counts(&budget), (1, 1), "B ended before its future was dropped");
     drop(b);
-    // A success on the first attempt: counted while it ran, ended when it returned.
+    // A success on the first attempt: its request ended when it returned.
     let done = block_on(retry(Asleep, &p, || async { Ok::<_, ()>(()) }).gate(&budget));
     assert!(done.result.is_ok());
     assert_eq!(counts(&budget), (1, 1));

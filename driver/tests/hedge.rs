@@ -48,3 +48,28 @@ fn x3_a_panicking_attempt_is_a_non_fatal_failure_and_the_next_hedge_starts_at_on
     );
     assert_eq!(done.stats.started, 2);
 }
+
+/// Found in review: with two attempts whose creation panicked in one drain, only the first was
+/// reported; the second stayed in flight with no future, and the hedge never finished.
+#[test]
+fn x5_every_attempt_whose_creation_panics_is_reported_and_the_hedge_finishes() {
+    use std::task::{Context, Poll};
+
+    let rt = Virtual::default();
+    let policy = HedgePolicy::builder(3, Duration::ZERO).build().unwrap();
+    let mut calls = 0;
+    let mut future = Box::pin(hedge(rt.clone(), &policy, || {
+        calls += 1;
+        assert!(calls > 2, "creating attempt {calls} panics");
+        async { Err::<(), _>("no") }
+    }));
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    let done = (0..10).find_map(|_| match future.as_mut().poll(&mut cx) {
+        Poll::Ready(done) => Some(done),
+        Poll::Pending => None,
+    });
+    let done = done.expect("the hedge finishes");
+    let gave_up = done.result.unwrap_err();
+    assert_eq!((gave_up.outcome, gave_up.error), (OutcomeKind::Exhausted, Some("no")));
+    assert_eq!(done.stats.started, 3);
+}

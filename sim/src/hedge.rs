@@ -27,18 +27,22 @@ struct Seen {
     successes: Vec<(u64, u64)>,
     /// The first fatal failure's virtual ns, if one answered.
     first_fatal: Option<u64>,
+    /// Attempts that hang (never answer) and still run.
+    hanging: u64,
 }
 
 /// Counts an attempt as running until it answers or is dropped.
 struct Guard {
     seen: Rc<RefCell<Seen>>,
     answered: bool,
+    hangs: bool,
 }
 
 impl Drop for Guard {
     fn drop(&mut self) {
         let mut seen = self.seen.borrow_mut();
         seen.running -= 1;
+        seen.hanging -= u64::from(self.hangs);
         if !self.answered {
             seen.dropped += 1;
         }
@@ -75,16 +79,24 @@ pub fn run(seed: u64) -> Result<Summary, Violation> {
                 let panics = fails && w.chance(50);
                 let code = w.between(0, 6) as u8;
                 let hint_ms = w.between(0, 1_500);
+                let unborn = w.chance(30);
                 let attempt = {
                     let mut s = seen.borrow_mut();
                     s.created += 1;
+                    if unborn {
+                        drop(s);
+                        drop(w);
+                        // Creating the attempt panics: the driver counts it a panicked failure.
+                        std::panic::panic_any(INJECTED_PANIC);
+                    }
                     s.running += 1;
+                    s.hanging += u64::from(hangs);
                     s.most_running = s.most_running.max(s.running);
                     s.created
                 };
                 w.record(op, "attempt", attempt, took.as_nanos() as u64);
                 drop(w);
-                let guard = Guard { seen: seen.clone(), answered: false };
+                let guard = Guard { seen: seen.clone(), answered: false, hangs };
                 let sleep = rt.sleep(rt.peek().saturating_add(took));
                 let rt = rt.clone();
                 async move {
@@ -118,12 +130,25 @@ pub fn run(seed: u64) -> Result<Summary, Violation> {
             _ => FailureKind::Retryable,
         };
         let future = hedge(&rt, &policy, attempt).classify(classify);
-        let done = if gated { block_on(&rt, future.gate(&budget), 100_000) } else { block_on(&rt, future, 100_000) };
+        // Run with the future kept alive past `block_on`, so that a stall can be told from the
+        // attempts still holding it (which dropping the future would end).
+        let (done, hanging) = if gated {
+            let mut future = Box::pin(future.gate(&budget));
+            let done = block_on(&rt, future.as_mut(), 100_000);
+            (done, seen.borrow().hanging)
+        } else {
+            let mut future = Box::pin(future);
+            let done = block_on(&rt, future.as_mut(), 100_000);
+            (done, seen.borrow().hanging)
+        };
         let mut w = world.borrow_mut();
         let Some(done) = done else {
-            // Every attempt may hang; that is the caller's to bound (a timeout around the future).
-            w.record(op, "hung", 0, 0);
-            w.check("X1", seen.borrow().created <= u64::from(max), || "more attempts than allowed".into())?;
+            // Attempts may hang, which is the caller's to bound (a timeout around the future);
+            // but the hedge may only stop making progress while one of them still runs.
+            let s = seen.borrow();
+            w.record(op, "hung", hanging, 0);
+            w.check("X1", s.created <= u64::from(max), || "more attempts than allowed".into())?;
+            w.check("X5", hanging > 0, || "the hedge stalled with no attempt hanging".into())?;
             continue;
         };
         let s = seen.borrow();

@@ -64,9 +64,15 @@ struct Model {
     started: u64,
     running: Vec<u64>,
     next: Option<u64>,
+    /// The latest pushback's instant: nothing starts before it (B6).
+    not_before: u64,
     stopped: Option<Stopped>,
     canceled: u64,
     last: Option<(FailureClass, u8)>,
+    /// The failure that stopped further starts; the outcome names it.
+    stopped_by: Option<(FailureClass, u8)>,
+    /// The attempts the latest accepted input started: only those may be refused (X4).
+    fresh: Vec<u64>,
     finished: bool,
     told: Vec<Told>,
 }
@@ -80,9 +86,10 @@ impl Model {
         {
             self.started += 1;
             self.running.push(self.started);
+            self.fresh.push(self.started);
             self.told.push(Told::Start(self.started));
-            // X1: the next one `delay` after this one started.
-            self.next = (self.started < self.max).then_some(self.now + self.delay);
+            // X1: the next one `delay` after this one started, and never before a pushback.
+            self.next = (self.started < self.max).then_some((self.now + self.delay).max(self.not_before));
         }
         if self.started >= self.max {
             self.next = None;
@@ -90,13 +97,23 @@ impl Model {
     }
 
     fn finish(&mut self, kind: OutcomeKind, winner: Option<u64>, retry_at: Option<u64>) {
+        self.finish_with(kind, winner, retry_at, self.last);
+    }
+
+    fn finish_with(
+        &mut self,
+        kind: OutcomeKind,
+        winner: Option<u64>,
+        retry_at: Option<u64>,
+        failure: Option<(FailureClass, u8)>,
+    ) {
         // X2: every attempt still running is canceled, lowest first, before the outcome.
         self.running.sort_unstable();
         for attempt in self.running.drain(..) {
             self.told.push(Told::Cancel(attempt));
             self.canceled += 1;
         }
-        let (class, error) = match (kind, self.last) {
+        let (class, error) = match (kind, failure) {
             (OutcomeKind::Succeeded, _) | (_, None) => (None, None),
             (_, Some((class, error))) => (Some(class), Some(error)),
         };
@@ -116,10 +133,11 @@ impl Model {
         if self.finished || !self.running.is_empty() || self.next.is_some() {
             return;
         }
+        // A pushback that stopped the starts is the outcome's failure; otherwise the last one.
         match self.stopped {
             None => self.finish(OutcomeKind::Exhausted, None, None),
-            Some(Stopped::DoNotRetry) => self.finish(OutcomeKind::Fatal, None, None),
-            Some(Stopped::Deferred(at)) => self.finish(OutcomeKind::Deferred, None, Some(at)),
+            Some(Stopped::DoNotRetry) => self.finish_with(OutcomeKind::Fatal, None, None, self.stopped_by),
+            Some(Stopped::Deferred(at)) => self.finish_with(OutcomeKind::Deferred, None, Some(at), self.stopped_by),
             Some(Stopped::Rejected) => self.finish(OutcomeKind::Rejected, None, None),
         }
     }
@@ -153,9 +171,12 @@ pub(super) fn run(data: &[u8]) {
         started: 0,
         running: Vec::new(),
         next: Some(0),
+        not_before: 0,
         stopped: None,
         canceled: 0,
         last: None,
+        stopped_by: None,
+        fresh: Vec::new(),
         finished: false,
         told: Vec::new(),
     };
@@ -178,6 +199,7 @@ pub(super) fn run(data: &[u8]) {
                 hedge.handle_timeout(&policy, Instant::from_nanos(clock as u64));
                 if !model.finished {
                     model.now = now;
+                    model.fresh.clear();
                     model.start_due();
                 }
                 None
@@ -207,23 +229,29 @@ pub(super) fn run(data: &[u8]) {
                 let expected = !model.finished && model.running.contains(&attempt);
                 if expected {
                     model.now = model.now.max(clock as u64);
+                    model.fresh.clear();
                     model.running.retain(|&a| a != attempt);
-                    model.last = Some((class, kind));
+                    let hinted_at = model.now + u64::from(hint_ms) * ms;
+                    // Whether this failure stops further starts (B6: told not to, or a pushback
+                    // past max_hint); the first such failure is the outcome's.
+                    let stops = kind % 5 == 2 || (kind % 5 == 3 && hinted_at - model.now > model.max_hint);
+                    if stops && model.stopped.is_none() {
+                        model.stopped_by = Some((class, kind));
+                    } else {
+                        model.last = Some((class, kind));
+                    }
                     match kind % 5 {
                         0 => model.finish(OutcomeKind::Fatal, None, None),
                         1 => model.finish(OutcomeKind::Canceled, None, None),
                         2 => model.stop(Stopped::DoNotRetry),
+                        3 if stops => model.stop(Stopped::Deferred(hinted_at)),
                         3 => {
-                            let at = model.now + u64::from(hint_ms) * ms;
-                            if at - model.now > model.max_hint {
-                                model.stop(Stopped::Deferred(at));
-                            } else if let Some(next) = model.next {
-                                model.next = Some(next.max(at));
-                            }
+                            model.not_before = model.not_before.max(hinted_at);
+                            model.next = model.next.map(|next| next.max(hinted_at));
                         }
                         _ => {
                             if model.next_on_failure && model.next.is_some() {
-                                model.next = Some(model.now);
+                                model.next = Some(model.now.max(model.not_before));
                             }
                         }
                     }
@@ -237,11 +265,12 @@ pub(super) fn run(data: &[u8]) {
             Op::Reject(p) => {
                 let attempt = if p % 2 == 0 { model.started } else { pick(p, &model) };
                 let ok = hedge.handle_rejected(&policy, Instant::from_nanos(clock as u64), attempt).is_ok();
-                let newest_all_running = (attempt..=model.started).all(|a| model.running.contains(&a));
-                let expected =
-                    !model.finished && attempt >= 2 && model.running.contains(&attempt) && newest_all_running;
+                // Only the attempts the latest input started may be refused, the newest with it.
+                let all_fresh = (attempt..=model.started).all(|a| model.fresh.contains(&a));
+                let expected = !model.finished && attempt >= 2 && model.running.contains(&attempt) && all_fresh;
                 if expected {
                     model.now = model.now.max(clock as u64);
+                    model.fresh.clear();
                     model.running.retain(|&a| a < attempt);
                     model.started = attempt - 1;
                     model.stop(Stopped::Rejected);
@@ -254,7 +283,8 @@ pub(super) fn run(data: &[u8]) {
                 let expected = !model.finished;
                 if expected {
                     model.now = model.now.max(clock as u64);
-                    model.finish(OutcomeKind::Canceled, None, None);
+                    let failure = model.last.or(model.stopped_by);
+                    model.finish_with(OutcomeKind::Canceled, None, None, failure);
                 }
                 Some((ok, expected))
             }
