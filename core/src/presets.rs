@@ -56,8 +56,9 @@
 //! [`TokenBucketPolicy::aws`](crate::TokenBucketPolicy::aws) is the AWS SDKs' standard retry
 //! mode; [`TokenBucketPolicy::grpc`](crate::TokenBucketPolicy::grpc) is gRPC's retry
 //! throttling; [`RatioBudgetPolicy::finagle`](crate::RatioBudgetPolicy::finagle) is Finagle's
-//! retry budget; [`resilience4j_breaker`] is resilience4j's default circuit breaker. Each says
-//! what, if anything, still differs from its source.
+//! retry budget; [`ConcurrencyBudgetPolicy::envoy`](crate::ConcurrencyBudgetPolicy::envoy) is
+//! Envoy's retry budget; [`resilience4j_breaker`] is resilience4j's default circuit breaker.
+//! Each says what, if anything, still differs from its source.
 
 use core::time::Duration;
 
