@@ -286,6 +286,12 @@ impl Process {
                         if let Some((policy, bucket)) = &mut self.bucket {
                             bucket.record_success(policy, self.requests[r].grant.take());
                         }
+                    } else if matches!(outcome, Outcome::Exhausted { .. })
+                        && let Some((policy, bucket)) = &mut self.bucket
+                    {
+                        // gRPC charges every failed attempt, the last one too (as the driver's
+                        // `Budget` does through `RetryGate::on_final_failure`).
+                        bucket.record_final_failure(policy, RetryClass::Transient);
                     }
                 }
                 RetryAction::Abandon { .. } => unreachable!("the experiment has no attempt timeout"),
