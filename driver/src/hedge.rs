@@ -12,7 +12,7 @@ use pin_project_lite::pin_project;
 
 use crate::classify::{Classifier, RetryAll, RetryGate};
 use crate::operation::Operation;
-use crate::retry::{GaveUp, ends_on_a_failure_not_retried};
+use crate::retry::{GaveUp, final_failure};
 use crate::runtime::Runtime;
 
 /// The result of a hedged operation, with its statistics whatever the outcome (X5).
@@ -100,22 +100,7 @@ where
     Op: Operation<Future = Fut>,
     Fut: Future<Output = Result<T, E>>,
 {
-    HedgeFuture {
-        rt,
-        policy,
-        op,
-        classifier: RetryAll,
-        gate: (),
-        request: None,
-        machine: Hedge::new(),
-        started: false,
-        done: false,
-        origin: None,
-        first: None,
-        hedges: Vec::new(),
-        timer: None,
-        timer_at: None,
-    }
+    HedgeFuture::configured(rt, policy, op, RetryAll, ())
 }
 
 impl<Rt: Runtime, P, Op, Fut, E, C, G: RetryGate> HedgeFuture<Rt, P, Op, Fut, E, C, G> {
@@ -132,35 +117,27 @@ impl<Rt: Runtime, P, Op, Fut, E, C, G: RetryGate> HedgeFuture<Rt, P, Op, Fut, E,
     /// Classifies errors with any [`Classifier`].
     pub fn classify_with<C2: Classifier<E>>(self, classifier: C2) -> HedgeFuture<Rt, P, Op, Fut, E, C2, G> {
         assert!(!self.started, "configure a hedge before polling it");
-        HedgeFuture {
-            rt: self.rt,
-            policy: self.policy,
-            op: self.op,
-            classifier,
-            gate: self.gate,
-            request: self.request,
-            machine: self.machine,
-            started: false,
-            done: false,
-            origin: None,
-            first: None,
-            hedges: Vec::new(),
-            timer: None,
-            timer_at: None,
-        }
+        let gate = self.gate;
+        HedgeFuture::configured(self.rt, self.policy, self.op, classifier, gate)
     }
 
     /// Asks `gate` (a retry budget, a breaker, or a tuple of them) before each hedge (X4).
     pub fn gate<G2: RetryGate>(self, gate: G2) -> HedgeFuture<Rt, P, Op, Fut, E, C, G2> {
         assert!(!self.started, "configure a hedge before polling it");
+        HedgeFuture::configured(self.rt, self.policy, self.op, self.classifier, gate)
+    }
+
+    /// A hedge of `op` that has not been polled (the builder methods assert it is not, and
+    /// rebuild it whole).
+    fn configured(rt: Rt, policy: P, op: Op, classifier: C, gate: G) -> Self {
         HedgeFuture {
-            rt: self.rt,
-            policy: self.policy,
-            op: self.op,
-            classifier: self.classifier,
+            rt,
+            policy,
+            op,
+            classifier,
             gate,
             request: None,
-            machine: self.machine,
+            machine: Hedge::new(),
             started: false,
             done: false,
             origin: None,
@@ -271,27 +248,10 @@ where
                         let result = match (outcome, won.take()) {
                             (Outcome::Succeeded, Some(value)) => Ok(value),
                             (outcome, _) => {
-                                let kind = outcome.kind();
-                                let class = outcome.last_failure().map(|f| f.class);
-                                if let Some(class) = class
-                                    && ends_on_a_failure_not_retried(kind, class)
-                                {
+                                if let Some(class) = final_failure(&outcome) {
                                     this.gate.on_final_failure(None, class);
                                 }
-                                let retry_after =
-                                    outcome.retry_at().map(|at| at.as_nanos().saturating_sub(now(origin).as_nanos()));
-                                let error = match outcome {
-                                    Outcome::Exhausted { last_failure }
-                                    | Outcome::Fatal { failure: last_failure }
-                                    | Outcome::OutOfTime { last_failure }
-                                    | Outcome::Rejected { last_failure }
-                                    | Outcome::Deferred { last_failure, .. }
-                                    | Outcome::Canceled { last_failure: Some(last_failure) } => {
-                                        last_failure.error.flatten()
-                                    }
-                                    _ => None,
-                                };
-                                Err(GaveUp::new(kind, class, error, retry_after))
+                                Err(GaveUp::from_outcome(outcome, now(origin)))
                             }
                         };
                         return Poll::Ready(Hedged { result, stats });

@@ -13,7 +13,8 @@ use crate::operation::Operation;
 
 use persevere::rand_core::TryRng;
 use persevere::{
-    Failure, FailureClass, FailureKind, Instant, OutcomeKind, Retry, RetryAction, RetryPolicy, SplitMix64, Stats,
+    Failure, FailureClass, FailureKind, Instant, Outcome, OutcomeKind, Retry, RetryAction, RetryPolicy, SplitMix64,
+    Stats,
 };
 use pin_project_lite::pin_project;
 
@@ -63,13 +64,16 @@ pub struct GaveUp<E> {
 const NO_RETRY_AFTER: Duration = Duration::MAX;
 
 impl<E> GaveUp<E> {
+    /// How an operation that finished at `now` with `outcome` (not a success) gave up.
+    pub(crate) fn from_outcome(outcome: Outcome<Option<E>>, now: Instant) -> Self {
+        let (kind, class) = (outcome.kind(), outcome.last_failure().map(|f| f.class));
+        let retry_after_ns = outcome.retry_at().map(|at| at.as_nanos().saturating_sub(now.as_nanos()));
+        let error = outcome.into_last_failure().and_then(|f| f.error).flatten();
+        GaveUp::new(kind, class, error, retry_after_ns)
+    }
+
     /// How it gave up; `retry_after_ns` is how long after the outcome the hint asked for.
-    pub(crate) fn new(
-        outcome: OutcomeKind,
-        class: Option<FailureClass>,
-        error: Option<E>,
-        retry_after_ns: Option<u64>,
-    ) -> Self {
+    fn new(outcome: OutcomeKind, class: Option<FailureClass>, error: Option<E>, retry_after_ns: Option<u64>) -> Self {
         let retry_after = retry_after_ns.map_or(NO_RETRY_AFTER, Duration::from_nanos);
         GaveUp { outcome, class, error, retry_after }
     }
@@ -801,17 +805,12 @@ where
                         metrics::counter!("persevere_operations_total", "outcome" => outcome_label(outcome.kind()))
                             .increment(1)
                     );
-                    let (kind, class) = (outcome.kind(), outcome.last_failure().map(|f| f.class));
-                    if let Some(class) = class
+                    if let Some(class) = final_failure(&outcome)
                         && !retry_granted
-                        && ends_on_a_failure_not_retried(kind, class)
                     {
                         gate.on_final_failure(timed.then(|| retry.now()), class);
                     }
-                    let retry_after_ns =
-                        outcome.retry_at().map(|at| at.as_nanos().saturating_sub(retry.now().as_nanos()));
-                    let error = outcome.into_last_failure().and_then(|f| f.error).flatten();
-                    *gave_up = Some(GaveUp::new(kind, class, error, retry_after_ns));
+                    *gave_up = Some(GaveUp::from_outcome(outcome, retry.now()));
                     return Poll::Ready(None);
                 }
             }
@@ -865,14 +864,14 @@ where
     }
 }
 
-/// Whether an operation that finished as `kind` after a failure of `class`, with no retry
-/// granted since, ended on a failure whose retry was not asked for (see
-/// [`RetryGate::on_final_failure`]).
-pub(crate) fn ends_on_a_failure_not_retried(kind: OutcomeKind, class: FailureClass) -> bool {
-    match kind {
-        OutcomeKind::Exhausted | OutcomeKind::Deferred | OutcomeKind::OutOfTime => true,
-        OutcomeKind::Fatal => class == FailureClass::DoNotRetry,
-        _ => false,
+/// The class of the failure `outcome` ended on, if no retry of it was asked for (see
+/// [`RetryGate::on_final_failure`]; the caller checks that no granted retry was waiting).
+pub(crate) fn final_failure<E>(outcome: &Outcome<E>) -> Option<FailureClass> {
+    let class = outcome.last_failure()?.class;
+    match outcome.kind() {
+        OutcomeKind::Exhausted | OutcomeKind::Deferred | OutcomeKind::OutOfTime => Some(class),
+        OutcomeKind::Fatal if class == FailureClass::DoNotRetry => Some(class),
+        _ => None,
     }
 }
 
