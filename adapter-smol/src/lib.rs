@@ -34,8 +34,8 @@ pub use persevere_driver::Runtime;
 #[cfg(feature = "http")]
 pub use persevere_driver::retry_after;
 pub use persevere_driver::{
-    BreakerCall, BreakerTransition, BudgetRequest, BudgetTicket, ByResult, ByTrait, CallClassifier, CallError,
-    Classifier, Classify, GaveUp, Hedged, Notify, Operation, Retried, RetryAll, RetryEvent, RetryGate, Stats,
+    BreakerCall, BreakerEvent, BudgetRequest, BudgetTicket, ByResult, ByTrait, CallClassifier, CallError, Classifier,
+    Classify, GaveUp, Hedged, Notify, Operation, Retried, RetryAll, RetryEvent, RetryGate, Stats,
 };
 #[cfg(feature = "supervisor")]
 pub use persevere_driver::{

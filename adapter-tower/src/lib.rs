@@ -71,6 +71,6 @@ pub use error::{Last, RetryError};
 pub use hedge::{HedgeLayer, HedgeResponseFuture, HedgeService};
 #[cfg(feature = "http")]
 pub use http::{ByStatus, Http, IDEMPOTENCY_KEY, ReplayBody};
-pub use persevere_driver::{Breaker, BreakerTransition, CallError, RetryGate, Runtime};
+pub use persevere_driver::{Breaker, BreakerEvent, CallError, RetryGate, Runtime};
 pub use policy::SharedPolicy;
 pub use retry::{ResponseFuture, Retry, RetryLayer};

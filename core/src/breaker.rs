@@ -20,6 +20,7 @@ use core::time::Duration;
 use rand_core::Rng;
 
 use crate::backoff::{Backoff, BackoffState};
+use crate::outbox::Outbox;
 use crate::time::{nanos_of, saturating_nanos};
 use crate::{Instant, PolicyError};
 
@@ -686,6 +687,66 @@ pub enum BreakerState {
     MetricsOnly,
 }
 
+/// A change of a breaker's state (O1), drained with [`Breaker::poll_event`].
+///
+/// Only changes of kind are events: closed, open, half-open, isolated, disabled, metrics-only.
+/// Probes going out and coming back while half-open are not, nor is a reset of a closed
+/// breaker. Each event's `from` is the previous event's `to`, and the last event's `to` is the
+/// breaker's [`status`](Breaker::status) as it was made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct BreakerEvent {
+    /// The state the breaker left.
+    pub from: BreakerStatus,
+    /// The state it entered; `Open { until }` says until when it rejects calls.
+    pub to: BreakerStatus,
+    /// When: the `now` of the input that made the change, or, for an expired probe lease, the
+    /// lease's deadline.
+    pub at: Instant,
+    /// The generation of the state entered ([`Breaker::generation`]); it grows with every
+    /// change, so events heard out of order can be put back in order.
+    pub generation: u32,
+    /// Which rule made the change.
+    pub reason: BreakerReason,
+}
+
+impl BreakerEvent {
+    /// For an opening, how long the breaker rejects calls (`until − at`, drawn from the open
+    /// backoff, K3); `None` for every other change.
+    pub const fn open_for(&self) -> Option<Duration> {
+        match self.to {
+            BreakerStatus::Open { until } => Some(until.saturating_duration_since(self.at)),
+            _ => None,
+        }
+    }
+}
+
+/// Why a breaker changed state, as told by its [`BreakerEvent`]s.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[non_exhaustive]
+pub enum BreakerReason {
+    /// Opened: the consecutive-failure rule held (K2).
+    ConsecutiveFailures,
+    /// Opened: the failure rate reached the policy's, over the closed window's calls or, under
+    /// [`HalfOpenRule::Rates`], over the half-open probes' answers.
+    FailureRate,
+    /// Opened: the slow-call rate reached the policy's, over the same calls.
+    SlowCallRate,
+    /// Reopened: a probe failed, or was slow, under [`HalfOpenRule::FirstFailure`] (K4).
+    ProbeFailed,
+    /// Reopened: a probe's lease ran out before its result came, under
+    /// [`HalfOpenRule::FirstFailure`] (counted as a failure at the lease's deadline, K4).
+    ProbeExpired,
+    /// Closed: enough probes succeeded.
+    ProbesSucceeded,
+    /// Half-open: the open period ended.
+    OpenPeriodEnded,
+    /// A change made by hand: `handle_open`, `handle_half_open`, `handle_isolate`,
+    /// `handle_disable`, `handle_metrics_only` or `handle_reset`.
+    ByHand,
+}
+
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 struct Bucket {
@@ -811,6 +872,18 @@ impl Window {
             return Err("a window's totals are not the sums of its calls");
         }
         Ok(())
+    }
+
+    /// Which trip rule holds, once [`push`](Self::push) said one does.
+    #[cold]
+    fn trip_reason(&self, policy: &BreakerPolicy) -> BreakerReason {
+        if u64::from(self.consecutive) >= policy.consecutive {
+            BreakerReason::ConsecutiveFailures
+        } else if u64::from(self.failures) * PPM >= policy.failure_ppm * u64::from(self.calls) {
+            BreakerReason::FailureRate
+        } else {
+            BreakerReason::SlowCallRate
+        }
     }
 
     /// Counts one call; returns whether a trip rule now holds. O(1) for a count window, O(1)
@@ -956,10 +1029,19 @@ enum Phase {
 /// so a driver that never calls `handle_timeout` still cannot wedge the breaker: the next
 /// `try_acquire` turns it half-open, and expires overdue probe leases as failures (K4).
 ///
-/// The breaker has no action queue: its decisions are the results of `try_acquire`, and its
-/// state is [`status`](Self::status). Transitions happen only inside `try_acquire`, `record`,
-/// `handle_timeout` and the manual `handle_open` / `handle_half_open` / `handle_isolate` /
-/// `handle_disable` / `handle_metrics_only` / `handle_reset`.
+/// Its decisions are the results of `try_acquire`, and its state is [`status`](Self::status).
+/// Transitions happen only inside `try_acquire`, `record`, `handle_timeout` and the manual
+/// `handle_open` / `handle_half_open` / `handle_isolate` / `handle_disable` /
+/// `handle_metrics_only` / `handle_reset`; each one is told as a [`BreakerEvent`], with its
+/// reason, drained with [`poll_event`](Self::poll_event) (O1).
+///
+/// **Drain order.** Events come out in the order they happened. One input makes at most three
+/// (a probe lease noticed late reopens the breaker, its open period has already ended, and a
+/// hand-made change follows); up to four wait, and a fifth pushes the oldest out, counted by
+/// [`dropped_events`](Self::dropped_events). Drain after every input to lose none. Draining
+/// costs nothing when there is nothing to drain; a breaker nobody drains pays nothing on the
+/// closed path either (events are written on transitions only). Events are outputs, not state:
+/// a serialized breaker leaves them out.
 ///
 /// **States** (K1): `Closed` → (a trip rule holds, K2) → `Open { until }` → (at `until`) →
 /// `HalfOpen` → (`successes_to_close` successful probes) → `Closed`, or (one failed or expired
@@ -1027,6 +1109,9 @@ pub struct Breaker {
     last_now: Instant,
     openings: BackoffState,
     phase: Phase,
+    /// Undrained transitions (outputs, not state: never serialized).
+    #[cfg_attr(feature = "serde", serde(skip))]
+    events: Outbox<BreakerEvent, 4>,
 }
 
 impl Breaker {
@@ -1041,6 +1126,7 @@ impl Breaker {
             last_now: Instant::ZERO,
             openings: BackoffState::new(),
             phase: Phase::Closed(Window::new(policy)),
+            events: Outbox::new(),
         }
     }
 
@@ -1200,7 +1286,8 @@ impl Breaker {
                 window.rebuild(policy);
             }
             if window.push(policy, now, outcome == CallOutcome::Failure, elapsed_ns >= policy.slow_ns) {
-                self.open(policy, now, rng);
+                let reason = window.trip_reason(policy);
+                self.open(policy, now, reason, rng);
             }
             return Ok(());
         }
@@ -1267,11 +1354,13 @@ impl Breaker {
                     CallOutcome::Success => false,
                 };
                 match policy.half_open {
-                    HalfOpenRule::FirstFailure if failed || slow => self.open(policy, now, rng),
+                    HalfOpenRule::FirstFailure if failed || slow => {
+                        self.open(policy, now, BreakerReason::ProbeFailed, rng);
+                    }
                     HalfOpenRule::FirstFailure => {
                         probes.successes = probes.successes.saturating_add(1);
                         if probes.successes >= policy.close_after {
-                            self.close(policy);
+                            self.close(policy, BreakerReason::ProbesSucceeded);
                         }
                     }
                     HalfOpenRule::Rates => {
@@ -1309,7 +1398,7 @@ impl Breaker {
             && until <= now
         {
             self.last_now = now;
-            self.enter(Phase::HalfOpen(Probes::new()));
+            self.enter(Phase::HalfOpen(Probes::new()), BreakerReason::OpenPeriodEnded);
         }
     }
 
@@ -1337,7 +1426,7 @@ impl Breaker {
                 "a metrics-only breaker never trips; leave it with `handle_reset` (closed) or `handle_isolate` (forced open)"
             }
             _ => {
-                next.open(policy, now, rng);
+                next.open(policy, now, BreakerReason::ByHand, rng);
                 *self = next;
                 return Ok(());
             }
@@ -1363,7 +1452,7 @@ impl Breaker {
         let why = match next.phase {
             Phase::Open { .. } | Phase::Isolated => {
                 next.last_now = now;
-                next.enter(Phase::HalfOpen(Probes::new()));
+                next.enter(Phase::HalfOpen(Probes::new()), BreakerReason::ByHand);
                 *self = next;
                 return Ok(());
             }
@@ -1397,7 +1486,7 @@ impl Breaker {
     /// become stale.
     pub fn handle_metrics_only(&mut self, policy: &BreakerPolicy, now: Instant) {
         self.last_now = self.last_now.later(now);
-        self.enter(Phase::MetricsOnly(Window::new(policy)));
+        self.enter(Phase::MetricsOnly(Window::new(policy)), BreakerReason::ByHand);
     }
 
     /// Forces the breaker open by hand (K1): every call is rejected until
@@ -1405,7 +1494,7 @@ impl Breaker {
     pub fn handle_isolate(&mut self, policy: &BreakerPolicy, now: Instant) {
         let _ = policy;
         self.last_now = self.last_now.later(now);
-        self.enter(Phase::Isolated);
+        self.enter(Phase::Isolated, BreakerReason::ByHand);
     }
 
     /// Forces the breaker closed by hand (K1): every call is admitted and nothing is counted
@@ -1413,7 +1502,7 @@ impl Breaker {
     pub fn handle_disable(&mut self, policy: &BreakerPolicy, now: Instant) {
         let _ = policy;
         self.last_now = self.last_now.later(now);
-        self.enter(Phase::Disabled);
+        self.enter(Phase::Disabled, BreakerReason::ByHand);
     }
 
     /// Closes the breaker by hand, from any state, and returns it to automatic operation:
@@ -1421,13 +1510,13 @@ impl Breaker {
     /// become stale.
     pub fn handle_reset(&mut self, policy: &BreakerPolicy, now: Instant) {
         self.last_now = self.last_now.later(now);
-        self.close(policy);
+        self.close(policy, BreakerReason::ByHand);
     }
 
     /// Closes, with an empty window and the open durations starting over.
-    fn close(&mut self, policy: &BreakerPolicy) {
+    fn close(&mut self, policy: &BreakerPolicy, reason: BreakerReason) {
         self.openings.reset();
-        self.enter(Phase::Closed(Window::new(policy)));
+        self.enter(Phase::Closed(Window::new(policy)), reason);
     }
 
     /// Under [`HalfOpenRule::Rates`], once every probe has answered: reopens (from `at`) if
@@ -1438,13 +1527,13 @@ impl Breaker {
             return;
         }
         let answered = u64::from(probes.answered);
-        if u64::from(probes.failed) * PPM >= policy.failure_ppm * answered
-            || u64::from(probes.slow) * PPM >= policy.slow_ppm * answered
-        {
-            self.open(policy, at, rng);
+        if u64::from(probes.failed) * PPM >= policy.failure_ppm * answered {
+            self.open(policy, at, BreakerReason::FailureRate, rng);
+        } else if u64::from(probes.slow) * PPM >= policy.slow_ppm * answered {
+            self.open(policy, at, BreakerReason::SlowCallRate, rng);
         } else {
             self.last_now = self.last_now.later(at);
-            self.close(policy);
+            self.close(policy, BreakerReason::ProbesSucceeded);
         }
     }
 
@@ -1456,6 +1545,19 @@ impl Breaker {
             Phase::HalfOpen(probes) => probes.earliest(),
             Phase::Closed(_) | Phase::Isolated | Phase::Disabled | Phase::MetricsOnly(_) => None,
         }
+    }
+
+    /// The oldest undrained [`BreakerEvent`]: the transitions made so far, in the order they
+    /// happened (O1).
+    #[inline]
+    pub fn poll_event(&mut self) -> Option<BreakerEvent> {
+        self.events.pop()
+    }
+
+    /// Events pushed out unseen because more than four waited (see the drain order above);
+    /// stays 0 for a driver that drains after every input.
+    pub const fn dropped_events(&self) -> u32 {
+        self.events.dropped()
     }
 
     /// Where the breaker is (K1).
@@ -1560,7 +1662,7 @@ impl Breaker {
             let Some((slot, deadline)) = probes.earliest_slot().filter(|&(_, d)| d <= now) else { break };
             expired = true;
             if policy.half_open == HalfOpenRule::FirstFailure {
-                self.open(policy, deadline, rng);
+                self.open(policy, deadline, BreakerReason::ProbeExpired, rng);
                 break;
             }
             probes.busy &= !(1 << slot);
@@ -1575,18 +1677,25 @@ impl Breaker {
 
     /// Opens for the next open duration of the backoff, counted from `at`.
     #[cold]
-    fn open<R: Rng + ?Sized>(&mut self, policy: &BreakerPolicy, at: Instant, rng: &mut R) {
+    fn open<R: Rng + ?Sized>(&mut self, policy: &BreakerPolicy, at: Instant, reason: BreakerReason, rng: &mut R) {
         let at = self.last_now.later(at);
         let delay = self.openings.next_delay_ns(&policy.open, rng);
         let until = at.saturating_add_nanos(delay);
         self.last_now = at;
-        self.enter(Phase::Open { until });
+        self.enter(Phase::Open { until }, reason);
     }
 
-    fn enter(&mut self, phase: Phase) {
+    /// Moves to `phase` at `last_now` (a new generation), and tells the change of kind, if it
+    /// is one, as an event.
+    fn enter(&mut self, phase: Phase, reason: BreakerReason) {
+        let from = self.status();
         self.phase = phase;
         self.generation = self.generation.wrapping_add(1);
         self.settled = self.next_id;
+        let to = self.status();
+        if from.state() != to.state() {
+            self.events.push(BreakerEvent { from, to, at: self.last_now, generation: self.generation, reason });
+        }
     }
 }
 

@@ -166,6 +166,7 @@ mod failure;
 mod flow;
 mod hedge;
 mod jitter_rng;
+mod outbox;
 pub mod presets;
 mod random;
 mod retry;
@@ -174,8 +175,9 @@ mod time;
 
 pub use backoff::{Backoff, BackoffBuilder, BackoffState, Jitter, Schedule};
 pub use breaker::{
-    Breaker, BreakerError, BreakerPolicy, BreakerPolicyBuilder, BreakerState, BreakerStatus, BreakerWindow,
-    CallOutcome, HalfOpenRule, MAX_PERMITS, MAX_WINDOW_BUCKETS, MAX_WINDOW_CALLS, Permit, Rejected, WindowCounts,
+    Breaker, BreakerError, BreakerEvent, BreakerPolicy, BreakerPolicyBuilder, BreakerReason, BreakerState,
+    BreakerStatus, BreakerWindow, CallOutcome, HalfOpenRule, MAX_PERMITS, MAX_WINDOW_BUCKETS, MAX_WINDOW_CALLS, Permit,
+    Rejected, WindowCounts,
 };
 pub use budget::{
     BudgetRefused, Grant, MAX_BUDGET_BUCKETS, MAX_RATIO, RatioBudget, RatioBudgetPolicy, RatioBudgetPolicyBuilder,

@@ -10,7 +10,8 @@ use std::time::Duration;
 use pin_project_lite::pin_project;
 
 use persevere::{
-    BreakerError, BreakerPolicy, BreakerStatus, CallOutcome, FailureClass, Instant, Permit, SplitMix64, WindowCounts,
+    BreakerError, BreakerEvent, BreakerPolicy, BreakerStatus, CallOutcome, FailureClass, Instant, Permit, SplitMix64,
+    WindowCounts,
 };
 
 use crate::classify::RetryGate;
@@ -60,37 +61,12 @@ struct Shared<Rt> {
     state: Mutex<State>,
     /// Told of each transition, in the order they were added, after the state's lock is
     /// released. Locked only when the state changes.
-    listeners: Listeners<BreakerTransition>,
+    listeners: Listeners<BreakerEvent>,
     /// [`clean_token`] of the state's generation while the breaker is clean: closed with no
     /// failure streak and no rate window (or disabled), where a call needs no permit and a
     /// success changes nothing, so neither takes the lock nor reads the clock. [`NOT_CLEAN`]
     /// otherwise. Written under the lock, after every input.
     clean: AtomicU64,
-}
-
-/// A change of a [`Breaker`]'s state, as its listeners ([`Breaker::on_transition`]) hear it
-/// and, with the `tracing` feature, as it is logged (target `persevere::breaker`).
-///
-/// Only changes of kind count: closed, open, half-open, isolated, disabled, metrics-only. Probes going out
-/// and coming back while half-open are not transitions.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct BreakerTransition {
-    /// The state the breaker left.
-    pub from: BreakerStatus,
-    /// The state it entered; `Open { until }` says until when it rejects calls.
-    pub to: BreakerStatus,
-    /// When, on the breaker's runtime clock.
-    pub at: Instant,
-    /// The generation of the state entered. It grows with every change, so listeners, which
-    /// are called by the tasks whose calls made the changes, can put two close transitions
-    /// back in order.
-    pub generation: u32,
-}
-
-/// Whether `from` and `to` are states of different kinds.
-fn is_transition(from: BreakerStatus, to: BreakerStatus) -> bool {
-    std::mem::discriminant(&from) != std::mem::discriminant(&to)
 }
 
 /// [`Shared::clean`] when the breaker is not clean.
@@ -298,32 +274,35 @@ impl<Rt: Runtime> Shared<Rt> {
         let mut state = self.lock();
         let now = self.runtime.now();
         let State { breaker, rng } = &mut *state;
-        let before = breaker.status();
         let out = change(breaker, &self.policy, now, rng);
-        let (after, generation) = (breaker.status(), breaker.generation());
+        // One input makes at most three events; the core keeps four.
+        let mut events = [None; 4];
+        for slot in &mut events {
+            *slot = breaker.poll_event();
+            if slot.is_none() {
+                break;
+            }
+        }
         self.refresh(&state);
         drop(state);
-        if is_transition(before, after) {
-            self.transitioned(BreakerTransition { from: before, to: after, at: now, generation });
+        for event in events.into_iter().map_while(|event| event) {
+            self.transitioned(event);
         }
         out
     }
 
     /// Tells the listeners and the log of `transition`, outside the state's lock.
     #[cold]
-    fn transitioned(&self, transition: BreakerTransition) {
+    fn transitioned(&self, transition: BreakerEvent) {
         #[cfg(feature = "tracing")]
         {
-            let BreakerTransition { from, to, at, generation } = transition;
-            let open_for_ns = match to {
-                BreakerStatus::Open { until } => until.as_nanos().saturating_sub(at.as_nanos()),
-                _ => 0,
-            };
+            let open_for_ns = transition.open_for().map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
             tracing::info!(
                 target: "persevere::breaker",
-                from = ?from,
-                to = ?to,
-                generation,
+                from = ?transition.from,
+                to = ?transition.to,
+                reason = ?transition.reason,
+                generation = transition.generation,
                 open_for_ns,
                 "breaker transition"
             );
@@ -453,13 +432,13 @@ impl<Rt: Runtime> Breaker<Rt> {
         self.shared.lock().breaker.outstanding_permits()
     }
 
-    /// Calls `listener` with each [`BreakerTransition`] from now on: opened, half-open, closed,
-    /// isolated, disabled.
+    /// Calls `listener` with each transition from now on (the core's [`BreakerEvent`], with the
+    /// rule that made it): opened, half-open, closed, isolated, disabled, metrics-only.
     ///
     /// Listeners are called in the order they were added, by the task whose call (or
     /// `status`, `isolate`, …) made the change, after the breaker's lock is released, one
     /// transition at a time. Two transitions made at nearly the same moment by two tasks may
-    /// be heard in either order; [`BreakerTransition::generation`] orders them. A listener
+    /// be heard in either order; [`BreakerEvent::generation`] orders them. A listener
     /// must be quick; it may call the breaker and add listeners (no lock is held while it runs).
     /// A panic in a listener is caught and ignored. The closed path that takes no lock calls
     /// nothing: it makes no transition.
@@ -490,7 +469,7 @@ impl<Rt: Runtime> Breaker<Rt> {
     /// ]);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn on_transition(&self, listener: impl Fn(&BreakerTransition) + Send + Sync + 'static) {
+    pub fn on_transition(&self, listener: impl Fn(&BreakerEvent) + Send + Sync + 'static) {
         self.shared.listeners.add(listener);
     }
 

@@ -55,13 +55,14 @@ mod spawn;
 mod supervisor;
 mod sync;
 
-pub use breaker::{Breaker, BreakerCall, BreakerTransition, ByResult, CallClassifier, CallError};
+pub use breaker::{Breaker, BreakerCall, ByResult, CallClassifier, CallError};
 pub use budget::{Budget, BudgetRequest, BudgetTicket};
 pub use classify::{ByTrait, Classifier, Classify, Notify, RetryAll, RetryEvent, RetryGate};
 pub use hedge::{HedgeFuture, Hedged, hedge};
 #[cfg(any(feature = "supervisor", feature = "scheduler"))]
 pub use job::JobError;
 pub use operation::Operation;
+pub use persevere::BreakerEvent;
 pub use persevere::Stats;
 pub use retry::{GaveUp, Retried, RetryFuture, retry};
 #[cfg(feature = "http")]

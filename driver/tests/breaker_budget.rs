@@ -2,6 +2,7 @@
 
 use std::future::{Future, pending};
 use std::pin::pin;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Waker};
 use std::time::Duration;
 
@@ -367,8 +368,6 @@ fn u4_gates_are_asked_in_order_and_each_hears_every_request_and_success() {
 
 #[test]
 fn breaker_listeners_hear_each_transition_once_in_order() {
-    use std::sync::{Arc, Mutex};
-
     let rt = Virtual::default();
     let breaker = Breaker::with_runtime(rt.clone(), policy(2));
     let heard = Arc::new(Mutex::new(Vec::new()));
@@ -401,8 +400,9 @@ fn breaker_listeners_hear_each_transition_once_in_order() {
         kinds,
         [
             (Closed, Open { until: Instant::from_millis(100) }),
-            (Open { until: Instant::from_millis(100) }, HalfOpen { permits: 1 }),
-            (HalfOpen { permits: 1 }, Closed),
+            // The state entered, and the state left: the probe is not out yet, and back already.
+            (Open { until: Instant::from_millis(100) }, HalfOpen { permits: 0 }),
+            (HalfOpen { permits: 0 }, Closed),
             (Closed, Isolated),
             (Isolated, Closed),
             (Closed, Disabled),
@@ -413,6 +413,40 @@ fn breaker_listeners_hear_each_transition_once_in_order() {
     assert_eq!(heard[1].at, Instant::from_millis(100));
     assert!(heard.windows(2).all(|w| w[0].generation < w[1].generation), "{heard:?}");
     assert_eq!(*second.lock().unwrap(), 7);
+}
+
+/// O1 through the shared breaker: a probe that hangs past its lease, noticed only after the
+/// reopening it caused has ended too, is two transitions (half-open → open → half-open). The
+/// listeners once compared the status before and after each input, saw half-open both times,
+/// and heard nothing.
+#[test]
+fn o1_listeners_hear_a_reopening_noticed_late_with_its_reasons() {
+    let rt = Virtual::default();
+    let policy = BreakerPolicy::builder(Backoff::constant(ms(100)).build().unwrap())
+        .consecutive_failures(1)
+        .probe_timeout(ms(500))
+        .build()
+        .unwrap();
+    let breaker = Breaker::with_runtime(rt.clone(), policy);
+    let heard = Arc::new(Mutex::new(Vec::new()));
+    let log = heard.clone();
+    breaker.on_transition(move |t| log.lock().unwrap().push((t.to.state(), t.at, t.reason)));
+    let _ = block_on(breaker.call(async { Err::<(), _>("down") }));
+    rt.advance(ms(100));
+    let mut hung = pin!(breaker.call(pending::<Result<(), &str>>()));
+    assert!(hung.as_mut().poll(&mut Context::from_waker(Waker::noop())).is_pending(), "the probe is out");
+    rt.advance(ms(5_000));
+    assert_eq!(breaker.status(), BreakerStatus::HalfOpen { permits: 0 });
+    use persevere::{BreakerReason as R, BreakerState as S};
+    assert_eq!(
+        *heard.lock().unwrap(),
+        [
+            (S::Open, Instant::ZERO, R::ConsecutiveFailures),
+            (S::HalfOpen, Instant::from_millis(100), R::OpenPeriodEnded),
+            (S::Open, Instant::from_millis(600), R::ProbeExpired),
+            (S::HalfOpen, Instant::from_millis(5_100), R::OpenPeriodEnded),
+        ]
+    );
 }
 
 #[test]

@@ -90,9 +90,9 @@ fn o2_breaker_transitions_and_budget_refusals_are_events_with_stable_fields() {
     assert_eq!(
         *lines.lock().unwrap(),
         [
-            "persevere::breaker: breaker transition from=Closed to=Open { until: Instant(100000000) } generation=1 open_for_ns=100000000",
-            "persevere::breaker: breaker transition from=Open { until: Instant(100000000) } to=HalfOpen { permits: 1 } generation=2 open_for_ns=0",
-            "persevere::breaker: breaker transition from=HalfOpen { permits: 1 } to=Closed generation=3 open_for_ns=0",
+            "persevere::breaker: breaker transition from=Closed to=Open { until: Instant(100000000) } reason=ConsecutiveFailures generation=1 open_for_ns=100000000",
+            "persevere::breaker: breaker transition from=Open { until: Instant(100000000) } to=HalfOpen { permits: 0 } reason=OpenPeriodEnded generation=2 open_for_ns=0",
+            "persevere::breaker: breaker transition from=HalfOpen { permits: 0 } to=Closed reason=ProbesSucceeded generation=3 open_for_ns=0",
             "persevere::budget: retry refused budget=\"ratio\" class=Retryable",
         ]
     );

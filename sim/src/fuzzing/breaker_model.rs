@@ -701,7 +701,41 @@ pub(crate) fn run(data: &[u8]) {
             check_delay(ctx, policy.open_backoff(), model.openings, was.last_open_ns, model.last_open_ns);
         }
         check_state(ctx, &policy, switched, &machine, &model);
+        check_events(ctx, &before, &mut machine);
     }
+}
+
+/// O1: the events of one input lead, one per change of kind, from where the breaker was before
+/// it to where it is after it, each in a newer generation and at an instant within the input's
+/// span of time, and none is pushed out unseen.
+fn check_events(ctx: Ctx<'_>, before: &Breaker, machine: &mut Breaker) {
+    let (mut kind, mut generation) = (before.status().state(), before.generation());
+    let mut count = 0;
+    while let Some(event) = machine.poll_event() {
+        count += 1;
+        ensure!(ctx, event.from.state() == kind, "O1", "{event:?} does not start where the breaker was, {kind:?}");
+        ensure!(ctx, event.to.state() != kind, "O1", "{event:?} is not a change of kind");
+        let newer = event.generation.wrapping_sub(generation);
+        ensure!(ctx, (1..=8).contains(&newer), "O1", "{event:?} is not newer than generation {generation}");
+        ensure!(
+            ctx,
+            before.now() <= event.at && event.at <= machine.now(),
+            "O1",
+            "{event:?} is not within the input's time, {:?}..={:?}",
+            before.now(),
+            machine.now()
+        );
+        ensure!(
+            ctx,
+            event.open_for().is_some() == (event.to.state() == persevere::BreakerState::Open),
+            "O1",
+            "{event:?}"
+        );
+        (kind, generation) = (event.to.state(), event.generation);
+    }
+    let status = machine.status();
+    ensure!(ctx, kind == status.state(), "O1", "the breaker is {status:?}, its events end at {kind:?}");
+    ensure!(ctx, count <= 3 && machine.dropped_events() == 0, "O1", "{count} events from one input");
 }
 
 #[allow(clippy::too_many_arguments)]
