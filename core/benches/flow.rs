@@ -113,7 +113,8 @@ fn bench(c: &mut Criterion) {
         let mut flow = Flow::<u32>::every(Instant::ZERO, Duration::from_secs(1));
         b.iter(|| {
             if flow.streak() == 8 {
-                flow.reset_flow(Instant::ZERO);
+                flow.reset_flow(Instant::ZERO).unwrap();
+                black_box(flow.poll_action());
             }
             flow.trigger(Instant::ZERO).unwrap();
             black_box(flow.poll_action());

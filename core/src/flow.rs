@@ -345,6 +345,22 @@ pub enum FlowAction {
         /// Why.
         reason: SkipReason,
     },
+    /// The run's failure tripped the flow (F10, O1): nothing is dispatched until
+    /// [`reset_flow`](Flow::reset_flow).
+    Tripped {
+        /// Its consecutive failures, this one included.
+        streak: u32,
+        /// Why it tripped.
+        reason: TripReason,
+    },
+    /// [`reset_flow`](Flow::reset_flow) cleared a failure streak (F8, O1): the flow was
+    /// tripped or backing off, and is idle now (or keeps its run in flight).
+    Reset {
+        /// The streak it cleared.
+        streak: u32,
+        /// Whether the flow was tripped.
+        tripped: bool,
+    },
 }
 
 /// A caller mistake; the flow is left exactly as it was.
@@ -401,10 +417,12 @@ enum Phase<E> {
 /// [`handle_timeout`](Self::handle_timeout) at [`poll_timeout`](Self::poll_timeout); a cron flow
 /// by [`handle_tick`](Self::handle_tick).
 ///
-/// **Drain order.** At most one action per input ([`FlowAction::Dispatch`] or
-/// [`FlowAction::TickSkipped`]). An input that arrives before it is drained is refused with
+/// **Drain order.** At most one action per input: [`FlowAction::Dispatch`] or
+/// [`FlowAction::TickSkipped`] for a dispatch or a tick, [`FlowAction::Tripped`] for a failure
+/// that trips the flow, [`FlowAction::Reset`] for a reset that cleared a streak (O1: the trips
+/// and resets are outputs). An input that arrives before it is drained is refused with
 /// [`FlowError::Undrained`] (and `handle_timeout` does nothing), so no action is ever dropped
-/// unseen; [`reset_flow`](Self::reset_flow) makes no action and is always accepted.
+/// unseen.
 ///
 /// **One transition per outcome (F3).** Success: `Completed`, streak 0, no window. Failure:
 /// streak + 1, then `Tripped` if the streak reaches the trip limit, or at once for `Fatal` and
@@ -438,9 +456,11 @@ enum Phase<E> {
 /// assert_eq!(flow.poll_action(), Some(FlowAction::Dispatch { run: 2 }));
 /// flow.handle_failure(&policy, Instant::from_secs(3), Failure::retryable("db down"), &mut rng).unwrap();
 /// assert_eq!(flow.status(), FlowStatus::Tripped { streak: 2, last_error: &"db down", reason: TripReason::Streak });
+/// assert_eq!(flow.poll_action(), Some(FlowAction::Tripped { streak: 2, reason: TripReason::Streak }));
 /// assert!(flow.trigger(Instant::from_secs(4)).is_err());
-/// flow.reset_flow(Instant::from_secs(5));
+/// flow.reset_flow(Instant::from_secs(5))?;
 /// assert_eq!(flow.status(), FlowStatus::Idle);
+/// assert_eq!(flow.poll_action(), Some(FlowAction::Reset { streak: 2, tripped: true }));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -566,7 +586,7 @@ impl<E> Flow<E> {
 
     /// The run in flight failed with `failure` (F3): the streak grows by one; at the trip
     /// limit, or for a `Fatal` or `DoNotRetry` failure, the flow is `Tripped` (no delay is
-    /// computed), otherwise it backs off until `now + delay`, the delay being the hint's when
+    /// computed; [`FlowAction::Tripped`] tells it), otherwise it backs off until `now + delay`, the delay being the hint's when
     /// there is one (B6; a hint past `max_hint` trips it). A `Canceled` failure is a clean
     /// cancel (F4). Draws jitter from `rng` when the backoff needs it.
     ///
@@ -606,6 +626,7 @@ impl<E> Flow<E> {
         };
         self.phase = Phase::Tripped { last_error, reason };
         self.next_eligible = None;
+        self.pending = Some(FlowAction::Tripped { streak: self.streak(), reason });
         Ok(())
     }
 
@@ -622,14 +643,25 @@ impl<E> Flow<E> {
     }
 
     /// Zeroes the streak and the window (F8). The flow becomes `Idle` unless a run is in
-    /// flight; if that run then fails, it starts a new streak at 1.
-    pub fn reset_flow(&mut self, now: Instant) {
+    /// flight; if that run then fails, it starts a new streak at 1. A reset that cleared a
+    /// streak says so with [`FlowAction::Reset`]; one of a flow with no streak changes nothing
+    /// and makes no action.
+    ///
+    /// # Errors
+    /// [`FlowError::Undrained`] while an action waits to be drained; nothing changes.
+    pub fn reset_flow(&mut self, now: Instant) -> Result<(), FlowError> {
+        self.check_drained()?;
         self.last_now = self.last_now.later(now);
+        let (streak, tripped) = (self.streak(), matches!(self.phase, Phase::Tripped { .. }));
         self.backoff.reset();
         self.next_eligible = None;
         if !matches!(self.phase, Phase::Running) {
             self.phase = Phase::Idle;
         }
+        if streak > 0 || tripped {
+            self.pending = Some(FlowAction::Reset { streak, tripped });
+        }
+        Ok(())
     }
 
     /// The pending action, if any.
@@ -767,6 +799,17 @@ impl<E> Flow<E> {
             }
             Some(FlowAction::TickSkipped { .. }) if self.schedule != FlowSchedule::Cron => {
                 Err("an every-flow has a skipped tick (ticks are for cron flows)")
+            }
+            Some(FlowAction::Tripped { streak, reason })
+                if streak != self.streak()
+                    || !matches!(self.phase, Phase::Tripped { reason: r, .. } if r == reason) =>
+            {
+                Err("a pending trip is not the flow's trip")
+            }
+            Some(FlowAction::Reset { .. })
+                if self.streak() != 0 || matches!(self.phase, Phase::Tripped { .. } | Phase::Backoff { .. }) =>
+            {
+                Err("a pending reset is of a flow that still has a streak")
             }
             _ => Ok(()),
         }
@@ -925,7 +968,8 @@ mod registry {
             self.with(id, |flow| flow.handle_success(policy, now))?
         }
 
-        /// [`Flow::handle_failure`] on the flow under `id`.
+        /// [`Flow::handle_failure`] on the flow under `id`; returns [`FlowAction::Tripped`]
+        /// when the failure tripped it.
         ///
         /// # Errors
         /// [`FlowError::UnknownId`], or the flow's refusal; nothing changes and the failure is
@@ -937,12 +981,12 @@ mod registry {
             id: &K,
             failure: Failure<E>,
             rng: &mut R,
-        ) -> Result<(), Refused<FlowError, Failure<E>>> {
+        ) -> Result<Option<FlowAction>, Refused<FlowError, Failure<E>>> {
             let Some(flow) = self.flows.get_mut(id) else {
                 return Err(Refused::new(FlowError::UnknownId, failure));
             };
             let before = flow.poll_timeout();
-            let result = flow.handle_failure(policy, now, failure, rng);
+            let result = flow.handle_failure(policy, now, failure, rng).map(|()| flow.pending.take());
             let after = flow.poll_timeout();
             self.reindex(id, before, after);
             result
@@ -956,12 +1000,14 @@ mod registry {
             self.with(id, |flow| flow.handle_cancel(policy, now))?
         }
 
-        /// [`Flow::reset_flow`] on the flow under `id` (F8).
+        /// [`Flow::reset_flow`] on the flow under `id` (F8); returns [`FlowAction::Reset`] when
+        /// it cleared a streak.
         ///
         /// # Errors
         /// [`FlowError::UnknownId`]; nothing changes.
-        pub fn reset_flow(&mut self, now: Instant, id: &K) -> Result<(), FlowError> {
-            self.with(id, |flow| flow.reset_flow(now))
+        pub fn reset_flow(&mut self, now: Instant, id: &K) -> Result<Option<FlowAction>, FlowError> {
+            // A flow in the registry holds no action, so its reset is never refused.
+            self.with(id, |flow| flow.reset_flow(now).map(|()| flow.pending.take()))?
         }
 
         /// Accepts `now`: every-flows due at or before it come out of

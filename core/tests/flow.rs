@@ -165,8 +165,10 @@ fn f3_a_fatal_failure_trips_at_once_with_the_reason_in_the_status() {
             Err(FlowError::Tripped { streak: 2, reason: TripReason::Fatal }),
             "F7: reset it first"
         );
-        flow.reset_flow(at(5));
+        assert_eq!(flow.poll_action(), Some(FlowAction::Tripped { streak: 2, reason: TripReason::Fatal }), "O1");
+        flow.reset_flow(at(5)).unwrap();
         assert_eq!(flow.status(), FlowStatus::Idle);
+        assert_eq!(flow.poll_action(), Some(FlowAction::Reset { streak: 2, tripped: true }), "O1");
     }
 }
 
@@ -334,10 +336,10 @@ fn f3_an_input_before_the_action_is_drained_is_refused() {
     assert_eq!(flow.poll_action(), Some(skipped));
     flow.handle_tick(&p, at(120), at(120)).unwrap();
     assert_eq!(flow.poll_action(), Some(FlowAction::Dispatch { run: 2 }));
-    // `reset_flow` makes no action and is always accepted; the dispatch it finds stays.
+    // `reset_flow` obeys the drain rule too: refused while the dispatch waits, which stays.
     let mut flow = Flow::<u32>::cron(at(0));
     flow.trigger(at(0)).unwrap();
-    flow.reset_flow(at(1));
+    assert_eq!(flow.reset_flow(at(1)), Err(FlowError::Undrained));
     assert_eq!(flow.poll_action(), Some(FlowAction::Dispatch { run: 1 }));
 }
 
@@ -473,15 +475,17 @@ fn f8_reset_flow_zeroes_streak_and_window_and_sets_idle() {
     let mut r = rng();
     let mut flow = running(at(0));
     flow.handle_failure(&p, at(1), fail(1), &mut r).unwrap();
-    flow.reset_flow(at(2));
+    flow.reset_flow(at(2)).unwrap();
     assert_eq!(
         flow.info(),
         FlowInfo { failure_streak: 0, next_eligible: None, run_count: 1, status: FlowStatus::Idle }
     );
+    assert_eq!(flow.poll_action(), Some(FlowAction::Reset { streak: 1, tripped: false }), "O1");
     trigger(&mut flow, at(3));
     flow.handle_success(&p, at(4)).unwrap();
-    flow.reset_flow(at(5));
+    flow.reset_flow(at(5)).unwrap();
     assert_eq!(flow.status(), FlowStatus::Idle, "Completed becomes Idle as well");
+    assert_eq!(flow.poll_action(), None, "a reset that cleared no streak is no transition");
 }
 
 #[test]
@@ -493,9 +497,10 @@ fn f8_reset_while_running_keeps_the_run_and_its_failure_starts_a_new_streak_at_o
     trigger(&mut flow, at(2));
     flow.handle_failure(&p, at(3), fail(2), &mut r).unwrap();
     trigger(&mut flow, at(4));
-    flow.reset_flow(at(5));
+    flow.reset_flow(at(5)).unwrap();
     assert_eq!(flow.status(), FlowStatus::Running);
     assert_eq!((flow.streak(), flow.next_eligible()), (0, None));
+    assert_eq!(flow.poll_action(), Some(FlowAction::Reset { streak: 2, tripped: false }));
     flow.handle_failure(&p, at(6), fail(3), &mut r).unwrap();
     assert_eq!(flow.status(), FlowStatus::Backoff { until: at(106), streak: 1, last_error: &3 });
 }
@@ -754,10 +759,7 @@ fn apply(flow: &mut Flow<u32>, policy: &FlowPolicy, op: Op, r: &mut ChaCha8Rng) 
         Op::Success(t) => flow.handle_success(policy, at(t)).is_err(),
         Op::Failure(t, k) => flow.handle_failure(policy, at(t), failure_of(t, k), r).is_err(),
         Op::Cancel(t) => flow.handle_cancel(policy, at(t)).is_err(),
-        Op::Reset(t) => {
-            flow.reset_flow(at(t));
-            false
-        }
+        Op::Reset(t) => flow.reset_flow(at(t)).is_err(),
     }
 }
 

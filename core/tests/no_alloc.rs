@@ -137,7 +137,9 @@ fn state_sizes() {
         std::mem::size_of::<Flow<u32>>(),
     );
     println!("Supervision<()>, Supervision<u32>, Flow<()>, Flow<u32>: {sizes:?}");
-    assert!(sizes.0 <= 64 && sizes.2 <= 112, "{sizes:?}");
+    // Flow: 112 bytes until its trips and resets became actions (O1), whose trip reason can
+    // carry an instant; 120 since.
+    assert!(sizes.0 <= 64 && sizes.2 <= 120, "{sizes:?}");
 }
 
 #[test]

@@ -20,8 +20,7 @@ use chrono::{DateTime, Utc};
 use croner::Cron;
 use event_listener::Event;
 use persevere::{
-    Failure, FailureKind, Flow, FlowAction, FlowError, FlowInfo, FlowPolicy, FlowStatus, Flows, Instant, PolicyError,
-    TripReason,
+    Failure, FailureKind, Flow, FlowAction, FlowError, FlowInfo, FlowPolicy, Flows, Instant, PolicyError, TripReason,
 };
 
 use crate::classify::Classifier;
@@ -567,10 +566,10 @@ where
         // The flow is running this run (only its end ends it), and the registry drains its
         // flows itself, so it accepts the run's end.
         if let Some(policy) = state.entries.get(id).map(|e| e.policy.clone()) {
-            let _ = match end {
+            let action = match end {
                 Some(RunEnd::Succeeded) => {
                     event!(debug, flow = ?id, "run succeeded");
-                    state.flows.handle_success(&policy, now, id)
+                    state.flows.handle_success(&policy, now, id).map(|()| None)
                 }
                 Some(RunEnd::Failed(failure)) => {
                     event!(debug, flow = ?id, class = ?failure.kind.class(), "run failed");
@@ -578,11 +577,10 @@ where
                 }
                 None => {
                     event!(debug, flow = ?id, "run canceled");
-                    state.flows.handle_cancel(&policy, now, id)
+                    state.flows.handle_cancel(&policy, now, id).map(|()| None)
                 }
             };
-            // A running flow is never tripped: tripped now, this run's end tripped it.
-            if let Some(FlowStatus::Tripped { streak, reason, .. }) = state.flows.get(id).map(Flow::status) {
+            if let Ok(Some(FlowAction::Tripped { streak, reason })) = action {
                 event!(info, flow = ?id, streak, reason = ?reason, "flow tripped");
                 #[cfg(feature = "metrics")]
                 metrics::counter!("persevere_flow_trips_total").increment(1);
@@ -805,22 +803,30 @@ where
     }
 
     /// Zeroes the flow's streak and window (F8): a tripped or backing-off flow becomes `Idle`
-    /// and is dispatched again by its schedule. A run in flight keeps running; if it fails,
-    /// the new streak starts at 1.
+    /// and is dispatched again by its schedule, and listeners and the log hear a reset. A run
+    /// in flight keeps running; if it fails, the new streak starts at 1. Resetting a flow that
+    /// has no streak changes nothing, and nobody hears of it.
     ///
     /// # Errors
     /// [`SchedulerError::UnknownId`]; nothing changes.
     pub fn reset_flow(&self, id: &K) -> Result<(), SchedulerError> {
         let now = self.shared.rt.now();
         let mut state = lock(&self.shared.state);
-        state.flows.reset_flow(now, id)?;
-        event!(info, flow = ?id, "flow reset");
-        state.transitions += 1;
-        let sequence = state.transitions;
+        let reset = state.flows.reset_flow(now, id)?;
+        let told = match reset {
+            Some(FlowAction::Reset { streak, tripped }) => {
+                event!(info, flow = ?id, streak, tripped, "flow reset");
+                state.transitions += 1;
+                Some((FlowChange::Reset, state.transitions))
+            }
+            _ => None,
+        };
         let due = state.flows.get(id).and_then(Flow::poll_timeout);
         let wake = due.is_some_and(|due| due < state.sleeping_until);
         drop(state);
-        self.shared.listeners.tell(&FlowTransition { flow: id.clone(), change: FlowChange::Reset, at: now, sequence });
+        if let Some((change, sequence)) = told {
+            self.shared.listeners.tell(&FlowTransition { flow: id.clone(), change, at: now, sequence });
+        }
         if wake {
             self.shared.wake.nudge();
         }

@@ -376,11 +376,23 @@ pub fn run(seed: u64, bug: Option<FlowBug>) -> Result<Summary, Violation> {
                         (Some(FlowBug::ClampHint), kind) => clamp_hint(kind, now, policy.max_hint()),
                         _ => kind,
                     };
-                    flows
+                    let made = flows
                         .handle_failure(policy, reported, &id, Failure::new(fed, error), world.rng())
                         .map_err(|r| world.violation("G12", format!("flow {i}: a failure refused: {}", r.error)))?;
                     let status = flows.info(&id).map(|info| info.status.cloned());
                     failed(&mut world, policy, i, m, (kind, hinted), error, now, status)?;
+                    // O1: a trip is told, with the streak, and nothing else is.
+                    let told = match made {
+                        Some(FlowAction::Tripped { streak, .. }) => Some(streak),
+                        _ => None,
+                    };
+                    let expected = (m.status == FlowStatusKind::Tripped).then_some(m.streak);
+                    world.check("O1", made.is_none() || told.is_some(), || {
+                        format!("flow {i}: a failure made {made:?}")
+                    })?;
+                    world.check("O1", told == expected, || {
+                        format!("flow {i}: told a trip {told:?}, expected {expected:?}")
+                    })?;
                 } else {
                     world.record(id, "run succeeds", run, 0);
                     flows.handle_success(policy, reported, &id).map_err(|e| world.violation("G12", format!("{e}")))?;
@@ -441,7 +453,13 @@ pub fn run(seed: u64, bug: Option<FlowBug>) -> Result<Summary, Violation> {
                     }
                 } else {
                     world.record(id, "operator resets", m.streak.into(), 0);
-                    flows.reset_flow(reported, &id).map_err(|e| world.violation("G12", format!("{e}")))?;
+                    let made = flows.reset_flow(reported, &id).map_err(|e| world.violation("G12", format!("{e}")))?;
+                    // O1: a reset that clears a streak is told, with the streak; one of a flow with none is not.
+                    let tripped = m.status == FlowStatusKind::Tripped;
+                    let expected = (m.streak > 0 || tripped).then_some(FlowAction::Reset { streak: m.streak, tripped });
+                    world.check("O1", made == expected, || {
+                        format!("flow {i}: a reset made {made:?}, expected {expected:?}")
+                    })?;
                     m.last_now = m.last_now.later(reported);
                     m.clear_streak();
                     if m.status != FlowStatusKind::Running {

@@ -146,7 +146,7 @@ fn o2_a_flow_reports_its_runs_its_trip_and_its_reset() {
             r#"debug run dispatched: flow="sync" run=2"#,
             r#"debug run failed: flow="sync" class=Retryable"#,
             r#"info flow tripped: flow="sync" streak=2 reason=Streak"#,
-            r#"info flow reset: flow="sync""#,
+            r#"info flow reset: flow="sync" streak=2 tripped=true"#,
         ]
     );
     let counters: Vec<(String, u64)> = snapshotter

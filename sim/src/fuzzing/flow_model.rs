@@ -272,6 +272,8 @@ impl Model {
         self.streak = self.streak.saturating_add(1);
         self.phase = Phase::Tripped { last_error, reason };
         self.next_eligible = None;
+        // O1: the trip is an output.
+        self.pending = Some(FlowAction::Tripped { streak: self.streak, reason });
         Ok(())
     }
 
@@ -281,13 +283,19 @@ impl Model {
         Ok(())
     }
 
-    /// F8: always accepted, also while an action waits (it makes none).
-    fn reset(&mut self, now: Instant) {
+    /// F8: refused while an action waits; a reset that clears a streak is an output (O1).
+    fn reset(&mut self, now: Instant) -> Result<(), FlowError> {
+        self.drained()?;
         self.last_now = self.last_now.later(now);
+        let (streak, tripped) = (self.streak, matches!(self.phase, Phase::Tripped { .. }));
         self.clear_streak();
         if self.phase != Phase::Running {
             self.phase = Phase::Idle;
         }
+        if streak > 0 || tripped {
+            self.pending = Some(FlowAction::Reset { streak, tripped });
+        }
+        Ok(())
     }
 
     fn clear_streak(&mut self) {
@@ -400,9 +408,7 @@ pub(crate) fn run(data: &[u8]) {
             }
             Op::Reset(at) => {
                 now = clock.at(at, machine.poll_timeout());
-                machine.reset_flow(now);
-                model.reset(now);
-                Ok(())
+                compare(ctx, machine.reset_flow(now), model.reset(now))
             }
             Op::Hold => {
                 holding = true;
@@ -413,7 +419,7 @@ pub(crate) fn run(data: &[u8]) {
                 Ok(())
             }
         };
-        let is_input = !matches!(op, Op::Timeout(_) | Op::Timeout2(_) | Op::Reset(_) | Op::Hold | Op::Drain);
+        let is_input = !matches!(op, Op::Timeout(_) | Op::Timeout2(_) | Op::Hold | Op::Drain);
         if was.pending.is_some() && is_input {
             // The drain rule: refused (by a validity error or as undrained), nothing changed.
             ensure!(ctx, result.is_err(), "drain", "{op:?} was accepted while {:?} waited to be drained", was.pending);
@@ -433,7 +439,7 @@ pub(crate) fn run(data: &[u8]) {
             let expected: Vec<FlowAction> = model.pending.take().into_iter().collect();
             ensure!(ctx, got == expected, "model", "actions {got:?}, the model expects {expected:?}");
         }
-        if result.is_ok() && (is_input || matches!(op, Op::Reset(_))) {
+        if result.is_ok() && is_input {
             check_transition(ctx, &policy, op, failure, &was, &machine, now);
         }
         check_state(ctx, &machine, &model);

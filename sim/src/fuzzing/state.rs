@@ -337,10 +337,7 @@ pub fn flow(data: &[u8]) {
                     .map(|e| format!("{e:?}"))
             }
             FlowOp::Cancel(at) => flow.handle_cancel(&policy, clock.at(at, due)).err().map(|e| format!("{e:?}")),
-            FlowOp::Reset(at) => {
-                flow.reset_flow(clock.at(at, due));
-                None
-            }
+            FlowOp::Reset(at) => flow.reset_flow(clock.at(at, due)).err().map(|e| format!("{e:?}")),
         };
         if let Some(refused) = refused {
             unchanged(ctx, &before, &flow, &refused);
