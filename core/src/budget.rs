@@ -46,6 +46,7 @@
 use core::time::Duration;
 
 use crate::failure::FailureClass;
+use crate::outbox::Outbox;
 use crate::time::nanos_of;
 use crate::{Instant, PolicyError};
 
@@ -431,6 +432,72 @@ impl Grant {
 #[error("the retry budget refused the retry")]
 pub struct BudgetRefused;
 
+/// A budget starting or ending a run of refusals (O1), drained with `poll_event` on
+/// [`TokenBucket`], [`RatioBudget`] and [`ConcurrencyBudget`](crate::ConcurrencyBudget).
+///
+/// Each refusal is already told by `try_acquire`'s [`BudgetRefused`]; the events mark where
+/// the budget turns: the first refusal after a grant, and the first grant after refusals.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum BudgetEvent {
+    /// A retry was refused, and the one asked for before it (if any) was granted: the budget
+    /// is spent, and refuses retries until it recovers.
+    Exhausted,
+    /// A retry was granted after refusals.
+    Recovered {
+        /// The retries refused in a row before it.
+        refused: u32,
+    },
+}
+
+/// The run of refusals a budget is in, and its undrained [`BudgetEvent`]s.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub(crate) struct Throttle {
+    /// Retries refused since the last grant (saturating).
+    refused: u32,
+    /// Outputs, not state: never serialized. One input makes at most one.
+    #[cfg_attr(feature = "serde", serde(skip))]
+    events: Outbox<BudgetEvent, 2>,
+}
+
+impl Throttle {
+    pub(crate) const fn new() -> Self {
+        Throttle { refused: 0, events: Outbox::new() }
+    }
+
+    /// A retry was granted.
+    #[inline]
+    pub(crate) fn granted(&mut self) {
+        if self.refused != 0 {
+            self.recovered();
+        }
+    }
+
+    #[cold]
+    fn recovered(&mut self) {
+        self.events.push(BudgetEvent::Recovered { refused: self.refused });
+        self.refused = 0;
+    }
+
+    /// A retry was refused.
+    #[cold]
+    pub(crate) fn refused(&mut self) {
+        if self.refused == 0 {
+            self.events.push(BudgetEvent::Exhausted);
+        }
+        self.refused = self.refused.saturating_add(1);
+    }
+
+    pub(crate) fn poll_event(&mut self) -> Option<BudgetEvent> {
+        self.events.pop()
+    }
+
+    pub(crate) const fn dropped_events(&self) -> u32 {
+        self.events.dropped()
+    }
+}
+
 /// A token bucket retry budget (U1): one shared balance, in milli-tokens.
 ///
 /// Verbs: [`try_acquire`](Self::try_acquire) when an operation wants to retry,
@@ -458,12 +525,28 @@ pub struct BudgetRefused;
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct TokenBucket {
     balance_milli: u64,
+    #[cfg_attr(feature = "serde", serde(default))]
+    throttle: Throttle,
 }
 
 impl TokenBucket {
     /// A full bucket.
     pub const fn new(policy: &TokenBucketPolicy) -> Self {
-        TokenBucket { balance_milli: policy.settings.capacity_milli }
+        TokenBucket { balance_milli: policy.settings.capacity_milli, throttle: Throttle::new() }
+    }
+
+    /// The oldest undrained [`BudgetEvent`] (O1): exhausted at the first refusal after a grant,
+    /// recovered at the first grant after refusals. Each `try_acquire` makes at most one; two
+    /// wait, and a third pushes the oldest out ([`dropped_events`](Self::dropped_events)).
+    /// Events are outputs, not state: a serialized budget leaves them out.
+    pub fn poll_event(&mut self) -> Option<BudgetEvent> {
+        self.throttle.poll_event()
+    }
+
+    /// Events pushed out unseen because more than two waited; 0 for a driver that drains after
+    /// every `try_acquire`.
+    pub const fn dropped_events(&self) -> u32 {
+        self.throttle.dropped_events()
     }
 
     /// Asks for one retry after a failure of `class`. Granted when the balance covers the cost
@@ -487,11 +570,13 @@ impl TokenBucket {
         };
         if granted {
             self.balance_milli = after.unwrap_or(0);
+            self.throttle.granted();
             Ok(Grant { cost_milli: cost })
         } else {
             if policy.settings.charge_refused {
                 self.balance_milli = after.unwrap_or(0);
             }
+            self.throttle.refused();
             Err(BudgetRefused)
         }
     }
@@ -868,6 +953,8 @@ pub struct RatioBudget {
     requests: u32,
     retries: u32,
     buckets: [Counts; BUCKETS],
+    #[cfg_attr(feature = "serde", serde(default))]
+    throttle: Throttle,
 }
 
 impl RatioBudget {
@@ -881,7 +968,18 @@ impl RatioBudget {
             requests: 0,
             retries: 0,
             buckets: [Counts { requests: 0, retries: 0 }; BUCKETS],
+            throttle: Throttle::new(),
         }
+    }
+
+    /// The oldest undrained [`BudgetEvent`] (O1), as [`TokenBucket::poll_event`] tells them.
+    pub fn poll_event(&mut self) -> Option<BudgetEvent> {
+        self.throttle.poll_event()
+    }
+
+    /// Events pushed out unseen because more than two waited.
+    pub const fn dropped_events(&self) -> u32 {
+        self.throttle.dropped_events()
     }
 
     /// Counts one request (a first attempt) at `now`.
@@ -901,14 +999,15 @@ impl RatioBudget {
     #[inline]
     pub fn try_acquire(&mut self, policy: &RatioBudgetPolicy, now: Instant) -> Result<(), BudgetRefused> {
         let slot = self.advance(policy, now);
-        if !policy.fits(u64::from(self.retries), u64::from(self.requests), policy.floor_ppm) {
-            return Err(BudgetRefused);
-        }
-        if policy.burst_buckets != 0 && !self.burst_allows(policy) {
+        if !policy.fits(u64::from(self.retries), u64::from(self.requests), policy.floor_ppm)
+            || (policy.burst_buckets != 0 && !self.burst_allows(policy))
+        {
+            self.throttle.refused();
             return Err(BudgetRefused);
         }
         self.buckets[slot].retries = self.buckets[slot].retries.saturating_add(1);
         self.retries = self.retries.saturating_add(1);
+        self.throttle.granted();
         Ok(())
     }
 

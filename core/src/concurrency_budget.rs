@@ -6,7 +6,7 @@
 //! start until its operation ends.
 
 use crate::PolicyError;
-use crate::budget::BudgetRefused;
+use crate::budget::{BudgetEvent, BudgetRefused, Throttle};
 
 /// Fractions of a percent are parts per million of the requests.
 const PPM: u64 = 1_000_000;
@@ -173,12 +173,25 @@ pub enum ConcurrencyError {
 pub struct ConcurrencyBudget {
     requests: u64,
     retries: u64,
+    #[cfg_attr(feature = "serde", serde(default))]
+    throttle: Throttle,
 }
 
 impl ConcurrencyBudget {
     /// Nothing in flight.
     pub const fn new() -> Self {
-        ConcurrencyBudget { requests: 0, retries: 0 }
+        ConcurrencyBudget { requests: 0, retries: 0, throttle: Throttle::new() }
+    }
+
+    /// The oldest undrained [`BudgetEvent`] (O1), as [`TokenBucket::poll_event`](crate::TokenBucket::poll_event)
+    /// tells them.
+    pub fn poll_event(&mut self) -> Option<BudgetEvent> {
+        self.throttle.poll_event()
+    }
+
+    /// Events pushed out unseen because more than two waited.
+    pub const fn dropped_events(&self) -> u32 {
+        self.throttle.dropped_events()
     }
 
     /// An operation started.
@@ -199,12 +212,15 @@ impl ConcurrencyBudget {
     /// are.
     ///
     /// # Errors
-    /// [`BudgetRefused`]: the operation should end `Rejected`. Nothing changes.
+    /// [`BudgetRefused`]: the operation should end `Rejected`. Nothing is counted in flight
+    /// (the refusal only starts or extends the run of refusals that [`BudgetEvent`]s mark).
     pub fn try_acquire(&mut self, policy: &ConcurrencyBudgetPolicy) -> Result<(), BudgetRefused> {
         if self.retries >= policy.limit(self.requests) {
+            self.throttle.refused();
             return Err(BudgetRefused);
         }
         self.retries += 1;
+        self.throttle.granted();
         Ok(())
     }
 

@@ -180,8 +180,8 @@ pub use breaker::{
     Rejected, WindowCounts,
 };
 pub use budget::{
-    BudgetRefused, Grant, MAX_BUDGET_BUCKETS, MAX_RATIO, RatioBudget, RatioBudgetPolicy, RatioBudgetPolicyBuilder,
-    RetryClass, TokenBucket, TokenBucketPolicy, TokenBucketPolicyBuilder,
+    BudgetEvent, BudgetRefused, Grant, MAX_BUDGET_BUCKETS, MAX_RATIO, RatioBudget, RatioBudgetPolicy,
+    RatioBudgetPolicyBuilder, RetryClass, TokenBucket, TokenBucketPolicy, TokenBucketPolicyBuilder,
 };
 pub use concurrency_budget::{
     ConcurrencyBudget, ConcurrencyBudgetPolicy, ConcurrencyBudgetPolicyBuilder, ConcurrencyError,

@@ -1,11 +1,12 @@
-//! Rules U1–U4 on the retry budgets, G9 (never more retries than configured) and G12 (a
-//! refused retry changes nothing, unless the policy says refusals are charged).
+//! Rules U1–U4 on the retry budgets, G9 (never more retries than configured), G12 (a
+//! refused retry takes nothing, unless the policy says refusals are charged) and O1 (a budget's
+//! turns, exhausted and recovered, are outputs).
 
 use core::time::Duration;
 
 use persevere::{
-    Backoff, BudgetRefused, Failure, FailureClass, Instant, OutcomeKind, PolicyError, RatioBudget, RatioBudgetPolicy,
-    Retry, RetryAction, RetryClass, RetryPolicy, TokenBucket, TokenBucketPolicy,
+    Backoff, BudgetEvent, BudgetRefused, Failure, FailureClass, Instant, OutcomeKind, PolicyError, RatioBudget,
+    RatioBudgetPolicy, Retry, RetryAction, RetryClass, RetryPolicy, TokenBucket, TokenBucketPolicy,
 };
 use proptest::prelude::*;
 use rand_chacha::ChaCha8Rng;
@@ -13,6 +14,24 @@ use rand_core::SeedableRng;
 
 fn secs(n: u64) -> Instant {
     Instant::from_secs(n)
+}
+
+/// O1's reference for every budget: the retries refused in a row, and the event each answer
+/// should make (exhausted at the first refusal after a grant, recovered at the first grant
+/// after refusals, with their number).
+#[derive(Default)]
+struct Streak(u32);
+
+impl Streak {
+    fn after(&mut self, granted: bool) -> Option<BudgetEvent> {
+        let refused = self.0;
+        self.0 = if granted { 0 } else { refused + 1 };
+        match (granted, refused) {
+            (true, 0) | (false, 1..) => None,
+            (true, refused) => Some(BudgetEvent::Recovered { refused }),
+            (false, 0) => Some(BudgetEvent::Exhausted),
+        }
+    }
 }
 
 #[test]
@@ -532,14 +551,18 @@ proptest! {
         let mut credited: i128 = 0;
         let mut granted_cost: i128 = 0;
         let mut last_grant = None;
+        let mut streak = Streak::default();
         for op in ops {
             match op {
                 BucketOp::Retry(k) => {
                     let class = [RetryClass::Throttling, RetryClass::Transient, RetryClass::Timeout][k as usize];
                     let cost = i128::from(p.cost_milli(class));
-                    let before = b;
+                    let before = b.balance_milli();
                     let floor = s.threshold_milli.map_or(0, |t| i128::from(t) + 1);
-                    match b.try_acquire(&p, class) {
+                    let got = b.try_acquire(&p, class);
+                    prop_assert_eq!(b.poll_event(), streak.after(got.is_ok()), "O1");
+                    prop_assert_eq!(b.poll_event(), None, "O1: one event per retry asked for at most");
+                    match got {
                         Ok(grant) => {
                             prop_assert!(model - cost >= floor, "granted below the threshold");
                             model -= cost;
@@ -553,7 +576,7 @@ proptest! {
                             if s.charge_refused {
                                 model = (model - cost).max(0);
                             } else {
-                                prop_assert_eq!(b, before, "G12: a refusal changes nothing");
+                                prop_assert_eq!(b.balance_milli(), before, "G12: a refusal takes nothing");
                             }
                         }
                     }
@@ -610,6 +633,7 @@ proptest! {
         let mut now = 0u64;
         // (epoch, is_request) of every counted event.
         let mut log: Vec<(u64, bool)> = Vec::new();
+        let mut streak = Streak::default();
         for (is_request, advance_ms) in ops {
             now += advance_ms * 1_000_000;
             let epoch = now / width;
@@ -622,7 +646,9 @@ proptest! {
             } else {
                 let requests = in_window(&log, true);
                 let retries = in_window(&log, false);
-                match b.try_acquire(&p, Instant::from_nanos(now)) {
+                let got = b.try_acquire(&p, Instant::from_nanos(now));
+                prop_assert_eq!(b.poll_event(), streak.after(got.is_ok()), "O1");
+                match got {
                     Ok(()) => {
                         log.push((epoch, false));
                         prop_assert!(retries < p.allowance(requests), "granted beyond the allowance");
@@ -786,6 +812,7 @@ proptest! {
         let policy = ConcurrencyBudgetPolicy::builder(f64::from(tenths) / 10.0).min_retry_concurrency(floor).build().unwrap();
         let mut b = ConcurrencyBudget::new();
         let (mut requests, mut retries) = (0u64, 0u64);
+        let mut streak = Streak::default();
         for op in ops {
             let before = b;
             match op {
@@ -797,9 +824,14 @@ proptest! {
                 2 => {
                     // tenths of a percent of the requests: ⌊tenths × requests / 1 000⌋.
                     let limit = (u64::from(tenths) * requests / 1_000).max(u64::from(floor));
-                    match b.try_acquire(&policy) {
+                    let got = b.try_acquire(&policy);
+                    prop_assert_eq!(b.poll_event(), streak.after(got.is_ok()), "O1");
+                    match got {
                         Ok(()) => { prop_assert!(retries < limit); retries += 1; }
-                        Err(_) => { prop_assert!(retries >= limit); prop_assert_eq!(b, before); }
+                        Err(_) => {
+                            prop_assert!(retries >= limit);
+                            prop_assert_eq!((b.requests(), b.retries()), (before.requests(), before.retries()));
+                        }
                     }
                 }
                 _ => match b.release_retry() {

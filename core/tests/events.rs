@@ -196,3 +196,54 @@ fn o1_events_are_outputs_and_a_saved_breaker_leaves_them_out() {
     assert_eq!(b.poll_event().map(|e| e.reason), Some(R::ConsecutiveFailures));
     assert_eq!(loaded, b, "once drained, the two are the same breaker");
 }
+
+#[test]
+fn o1_a_budget_tells_when_it_is_exhausted_and_when_it_recovers() {
+    use persevere::{
+        BudgetEvent, ConcurrencyBudget, ConcurrencyBudgetPolicy, RatioBudget, RatioBudgetPolicy, RetryClass,
+        TokenBucket, TokenBucketPolicy,
+    };
+
+    // gRPC's bucket of 4 tokens, refusing at or below 2: one retry, then refusals until a
+    // success refills it.
+    let p = TokenBucketPolicy::grpc(4, 1.0).unwrap();
+    let mut bucket = TokenBucket::new(&p);
+    assert!(bucket.try_acquire(&p, RetryClass::Transient).is_ok());
+    assert_eq!(bucket.poll_event(), None, "a grant while granting is no turn");
+    for _ in 0..3 {
+        assert!(bucket.try_acquire(&p, RetryClass::Transient).is_err());
+    }
+    assert_eq!(bucket.poll_event(), Some(BudgetEvent::Exhausted), "told once, at the first refusal");
+    assert_eq!(bucket.poll_event(), None);
+    // gRPC charges refused retries too: the three refusals left 0 tokens; four successes refill it.
+    for _ in 0..4 {
+        bucket.record_success(&p, None);
+    }
+    assert_eq!(bucket.poll_event(), None, "refilled is not recovered: no retry was granted yet");
+    assert!(bucket.try_acquire(&p, RetryClass::Transient).is_ok());
+    assert_eq!(bucket.poll_event(), Some(BudgetEvent::Recovered { refused: 3 }));
+
+    // Finagle's ratio budget with no floor: no request, no retry.
+    let p = RatioBudgetPolicy::builder(0.5).min_retries_per_sec(0).build().unwrap();
+    let mut ratio = RatioBudget::new();
+    assert!(ratio.try_acquire(&p, at(0)).is_err());
+    assert_eq!(ratio.poll_event(), Some(BudgetEvent::Exhausted), "exhausted from the start");
+    ratio.record_request(&p, at(1));
+    ratio.record_request(&p, at(1));
+    assert!(ratio.try_acquire(&p, at(2)).is_ok());
+    assert_eq!(ratio.poll_event(), Some(BudgetEvent::Recovered { refused: 1 }));
+
+    // Envoy's: at most 3 retries in flight with few requests.
+    let p = ConcurrencyBudgetPolicy::envoy();
+    let mut in_flight = ConcurrencyBudget::new();
+    for _ in 0..3 {
+        assert!(in_flight.try_acquire(&p).is_ok());
+    }
+    assert!(in_flight.try_acquire(&p).is_err());
+    assert!(in_flight.try_acquire(&p).is_err());
+    in_flight.release_retry().unwrap();
+    assert!(in_flight.try_acquire(&p).is_ok());
+    let told: Vec<BudgetEvent> = std::iter::from_fn(|| in_flight.poll_event()).collect();
+    assert_eq!(told, [BudgetEvent::Exhausted, BudgetEvent::Recovered { refused: 2 }]);
+    assert_eq!(in_flight.dropped_events(), 0);
+}

@@ -209,32 +209,45 @@ impl<Rt: Runtime> RetryGate for Budget<Rt> {
 
     fn allow_retry(&self, now: Option<Instant>, class: FailureClass) -> Option<BudgetTicket> {
         let (runtime, kind) = &*self.shared;
-        let granted = match kind {
-            Kind::Tokens { policy, bucket } => lock(bucket)
-                .try_acquire(policy, RetryClass::from(class))
-                .ok()
-                .map(|grant| BudgetTicket { grant: Some(grant), in_flight: None }),
+        // The core makes at most one event per `try_acquire`; it is drained under the same lock.
+        let (granted, event) = match kind {
+            Kind::Tokens { policy, bucket } => {
+                let mut bucket = lock(bucket);
+                let grant = bucket.try_acquire(policy, RetryClass::from(class)).ok();
+                (grant.map(|grant| BudgetTicket { grant: Some(grant), in_flight: None }), bucket.poll_event())
+            }
             Kind::Ratio { policy, budget } => {
                 let now = now.unwrap_or_else(|| runtime.now());
-                lock(budget).try_acquire(policy, now).ok().map(|()| BudgetTicket { grant: None, in_flight: None })
+                let mut budget = lock(budget);
+                let granted = budget.try_acquire(policy, now).is_ok();
+                (granted.then_some(BudgetTicket { grant: None, in_flight: None }), budget.poll_event())
             }
-            Kind::Concurrency { policy, budget } => lock(budget)
-                .try_acquire(policy)
-                .ok()
-                .map(|()| BudgetTicket { grant: None, in_flight: Some(budget.clone()) }),
+            Kind::Concurrency { policy, budget: shared } => {
+                let mut budget = lock(shared);
+                let granted = budget.try_acquire(policy).is_ok();
+                let ticket = granted.then(|| BudgetTicket { grant: None, in_flight: Some(shared.clone()) });
+                (ticket, budget.poll_event())
+            }
         };
         #[cfg(any(feature = "tracing", feature = "metrics"))]
-        if granted.is_none() {
+        {
             let budget = match kind {
                 Kind::Tokens { .. } => "tokens",
                 Kind::Ratio { .. } => "ratio",
                 Kind::Concurrency { .. } => "concurrency",
             };
-            #[cfg(feature = "tracing")]
-            tracing::debug!(target: "persevere::budget", budget, class = ?class, "retry refused");
-            #[cfg(feature = "metrics")]
-            metrics::counter!("persevere_budget_refusals_total", "budget" => budget).increment(1);
+            if granted.is_none() {
+                #[cfg(feature = "tracing")]
+                tracing::debug!(target: "persevere::budget", budget, class = ?class, "retry refused");
+                #[cfg(feature = "metrics")]
+                metrics::counter!("persevere_budget_refusals_total", "budget" => budget).increment(1);
+            }
+            if let Some(event) = event {
+                told(budget, event);
+            }
         }
+        #[cfg(not(any(feature = "tracing", feature = "metrics")))]
+        let _ = event;
         granted
     }
 
@@ -251,4 +264,30 @@ impl<Rt: Runtime> RetryGate for Budget<Rt> {
             lock(bucket).record_final_failure(policy, RetryClass::from(class));
         }
     }
+}
+
+/// Logs and counts a budget's turn (O1): the first refusal after a grant, the first grant after
+/// refusals.
+#[cfg(any(feature = "tracing", feature = "metrics"))]
+#[cold]
+fn told(budget: &'static str, event: persevere::BudgetEvent) {
+    let to = match event {
+        persevere::BudgetEvent::Exhausted => {
+            #[cfg(feature = "tracing")]
+            tracing::info!(target: "persevere::budget", budget, "budget exhausted");
+            "exhausted"
+        }
+        persevere::BudgetEvent::Recovered { refused } => {
+            #[cfg(feature = "tracing")]
+            tracing::info!(target: "persevere::budget", budget, refused, "budget recovered");
+            #[cfg(not(feature = "tracing"))]
+            let _ = refused;
+            "recovered"
+        }
+        _ => return,
+    };
+    #[cfg(feature = "metrics")]
+    metrics::counter!("persevere_budget_transitions_total", "budget" => budget, "to" => to).increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = to;
 }

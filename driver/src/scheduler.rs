@@ -815,6 +815,7 @@ where
         let reset = state.flows.reset_flow(now, id)?;
         let told = match reset {
             Some(FlowAction::Reset { streak, tripped }) => {
+                let _ = (streak, tripped); // only logged, with `tracing`
                 event!(info, flow = ?id, streak, tripped, "flow reset");
                 state.transitions += 1;
                 Some((FlowChange::Reset, state.transitions))

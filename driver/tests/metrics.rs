@@ -87,6 +87,8 @@ fn o2_a_scripted_scenario_gives_exactly_the_documented_metrics() {
         ("persevere_breaker_transitions_total{to=half_open}", "1"),
         ("persevere_breaker_transitions_total{to=closed}", "1"),
         ("persevere_budget_refusals_total{budget=ratio}", "1"),
+        ("persevere_budget_transitions_total{budget=ratio,to=exhausted}", "1"),
+        ("persevere_budget_transitions_total{budget=ratio,to=recovered}", "1"),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v.to_owned()))

@@ -94,6 +94,8 @@ fn o2_breaker_transitions_and_budget_refusals_are_events_with_stable_fields() {
             "persevere::breaker: breaker transition from=Open { until: Instant(100000000) } to=HalfOpen { permits: 0 } reason=OpenPeriodEnded generation=2 open_for_ns=0",
             "persevere::breaker: breaker transition from=HalfOpen { permits: 0 } to=Closed reason=ProbesSucceeded generation=3 open_for_ns=0",
             "persevere::budget: retry refused budget=\"ratio\" class=Retryable",
+            "persevere::budget: budget exhausted budget=\"ratio\"",
+            "persevere::budget: budget recovered budget=\"ratio\" refused=1",
         ]
     );
 }

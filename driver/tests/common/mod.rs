@@ -67,4 +67,9 @@ pub(crate) fn breaker_and_budget_scenario(rt: &Virtual) {
     let budget = Budget::ratio(rt.clone(), RatioBudgetPolicy::builder(0.1).min_retries_per_sec(0).build().unwrap());
     budget.on_request(None);
     assert!(budget.allow_retry(None, FailureClass::Retryable).is_none());
+    // Ten requests back one retry at 10 %: the budget recovers after its one refusal.
+    for _ in 0..9 {
+        budget.on_request(None);
+    }
+    assert!(budget.allow_retry(None, FailureClass::Retryable).is_some());
 }

@@ -5,8 +5,8 @@ use std::collections::VecDeque;
 
 use arbitrary::Arbitrary;
 use persevere::{
-    Grant, Instant, MAX_BUDGET_BUCKETS, RatioBudget, RatioBudgetPolicy, RatioBudgetPolicyBuilder, RetryClass,
-    TokenBucket, TokenBucketPolicy, TokenBucketPolicyBuilder,
+    BudgetEvent, Grant, Instant, MAX_BUDGET_BUCKETS, RatioBudget, RatioBudgetPolicy, RatioBudgetPolicyBuilder,
+    RetryClass, TokenBucket, TokenBucketPolicy, TokenBucketPolicyBuilder,
 };
 
 use super::{At, Clock, Count, Ctx, ErrorKind, Fraction, SETUP, Span, ensure, nanos, parse, verdict};
@@ -381,6 +381,7 @@ fn check(config: &Config, ops: &[Op]) {
     let mut grants: Vec<Grant> = Vec::new();
     let mut ratio = RatioBudget::new();
     let mut window = Window::default();
+    let (mut bucket_turns, mut ratio_turns) = (Turns::default(), Turns::default());
     let mut clock = Clock::default();
     for (step, op) in ops.iter().enumerate() {
         let ctx = Ctx { step, op };
@@ -402,6 +403,9 @@ fn check(config: &Config, ops: &[Op]) {
                 let after = balance.checked_sub(cost);
                 let granted = after.is_some_and(|a| settings.threshold_milli.is_none_or(|t| a > t));
                 let got = bucket.try_acquire(policy, class);
+                let expected = bucket_turns.after(got.is_ok());
+                let told = bucket.poll_event();
+                ensure!(ctx, told == expected, "O1", "the bucket told {told:?}, expected {expected:?}");
                 ensure!(
                     ctx,
                     got.is_ok() == granted,
@@ -483,6 +487,9 @@ fn check(config: &Config, ops: &[Op]) {
                 let burst_ok = model.burst.is_none_or(|(buckets, floor)| window.burst_allows(model, buckets, floor));
                 let granted = (retries + 1) * PPM <= allowed && burst_ok;
                 let got = ratio.try_acquire(policy, now);
+                let expected = ratio_turns.after(got.is_ok());
+                let told = ratio.poll_event();
+                ensure!(ctx, told == expected, "O1", "the ratio budget told {told:?}, expected {expected:?}");
                 ensure!(
                     ctx,
                     got.is_ok() == granted,
@@ -583,5 +590,22 @@ mod tests {
         assert!(budget.try_acquire(&policy, Instant::from_secs(1)).is_ok());
         assert!(budget.try_acquire(&policy, Instant::from_secs(2)).is_err(), "the newest bucket backs no retry");
         check(&config, &ops);
+    }
+}
+
+/// O1's reference: the retries refused in a row, and the event each answer makes (exhausted at
+/// the first refusal after a grant, recovered at the first grant after refusals).
+#[derive(Default)]
+struct Turns(u32);
+
+impl Turns {
+    fn after(&mut self, granted: bool) -> Option<BudgetEvent> {
+        let refused = self.0;
+        self.0 = if granted { 0 } else { refused.saturating_add(1) };
+        match (granted, refused) {
+            (true, 0) | (false, 1..) => None,
+            (true, refused) => Some(BudgetEvent::Recovered { refused }),
+            (false, 0) => Some(BudgetEvent::Exhausted),
+        }
     }
 }
