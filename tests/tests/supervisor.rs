@@ -444,12 +444,14 @@ async fn s4_a_task_ending_at_the_shutdown_limit_is_reported_once_as_its_exit_say
         // The instant every attempt ends, set once all tasks are added (adding 2,000 tasks can
         // take longer than the wait below on a loaded machine).
         let (set_end, ends) = tokio::sync::watch::channel(None::<tokio::time::Instant>);
+        let started = Arc::new(AtomicU32::new(0));
         let handles: Vec<_> = (0..TASKS)
             .map(|id| {
-                let ends = ends.clone();
+                let (ends, started) = (ends.clone(), started.clone());
                 let handle = sup
                     .add(id, TaskSpec::once(), move || {
                         let mut ends = ends.clone();
+                        started.fetch_add(1, Ordering::Relaxed);
                         async move {
                             let end = ends.wait_for(Option::is_some).await.map_err(|e| e.to_string())?.unwrap();
                             tokio::time::sleep_until(end).await;
@@ -463,8 +465,11 @@ async fn s4_a_task_ending_at_the_shutdown_limit_is_reported_once_as_its_exit_say
         let end = tokio::time::Instant::now() + ms(30);
         set_end.send_replace(Some(end));
         // Every attempt is under way (a task stopped before its first attempt would end
-        // Canceled by itself, which is not the race this looks for).
-        tokio::time::sleep(ms(10)).await;
+        // Canceled by itself, which is not the race this looks for). On a loaded machine that
+        // can take longer than a fixed wait; a round whose tasks end first reports none of them.
+        while started.load(Ordering::Relaxed) < TASKS {
+            tokio::time::sleep(ms(1)).await;
+        }
         let report = sup.shutdown(end.saturating_duration_since(tokio::time::Instant::now())).await;
 
         // id -> (aborted, outcome) as the report lists it.
