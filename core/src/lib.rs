@@ -13,6 +13,7 @@
 //! |---|---|---|---|---|---|
 //! | policy (shared, validated) | [`RetryPolicy`] | [`SupervisionPolicy`] | [`FlowPolicy`] | [`DeliveryPolicy`] | [`BreakerPolicy`] |
 //! | output, drained by `poll_action` | [`RetryAction`] | [`SupervisionAction`] | [`FlowAction`] | [`DeliveryAction`] | (the result of `try_acquire`) |
+//! | transitions (O1) | `Finish` | every `Attempt*`, `BackoffScheduled`, `TaskFinished` | `Tripped`, `Reset` | `Finish` (dead letters too) | [`BreakerEvent`], drained by `poll_event` |
 //! | where it is: `status()` | [`RetryStatus`] | [`SupervisionStatus`] | [`FlowStatus`] | [`DeliveryStatus`] | [`BreakerStatus`] |
 //! | misuse | [`RetryError`] | [`SupervisionError`] | [`FlowError`] | [`DeliveryError`] | [`BreakerError`] |
 //!
@@ -37,6 +38,15 @@
 //!   outputs of many inputs accumulate, in order; the [`Flows`] registry hands a flow's action
 //!   back from the input that made it, and dispatches due flows one by one as
 //!   `poll_action` is called.
+//! - **Transitions are outputs (O1).** Each machine tells its changes of state where it tells
+//!   everything else: an operation's or a task's end, a flow's trip and reset, and a task's
+//!   dead letter are actions. The machines driven by calls rather than actions (the
+//!   [`Breaker`], and the budgets [`TokenBucket`], [`RatioBudget`], [`ConcurrencyBudget`]) keep
+//!   a small outbox drained by `poll_event`: a breaker's [`BreakerEvent`] says which rule moved
+//!   it ([`BreakerReason`]) and for how long it opened; a budget's [`BudgetEvent`] marks where
+//!   it is exhausted and where it recovers. An outbox is written on transitions only (nothing on
+//!   the closed or granted path), holds a few events in place, counts any it had to push out
+//!   unseen (`dropped_events`), and is not serialized: events are outputs, not state.
 //! - **Domain outcomes are outputs; only caller mistakes are `Err`.** Exhausted, tripped, open,
 //!   dead-lettered are actions or statuses. A mistake (a result for an attempt that is not
 //!   running, an unknown id) is refused with [`Refused`]`<Error, Input>` — the reason and the

@@ -247,3 +247,40 @@ fn o1_a_budget_tells_when_it_is_exhausted_and_when_it_recovers() {
     assert_eq!(told, [BudgetEvent::Exhausted, BudgetEvent::Recovered { refused: 2 }]);
     assert_eq!(in_flight.dropped_events(), 0);
 }
+
+#[test]
+fn o1_a_flow_tells_its_trip_and_its_reset() {
+    use persevere::{Failure, Flow, FlowAction, FlowError, FlowPolicy, TripReason};
+
+    let policy = FlowPolicy::builder().with_trip(2).build().unwrap();
+    let mut flow = Flow::<&str>::every(Instant::ZERO, Duration::from_secs(10));
+    let mut rng = rng();
+    for (run, t) in [(1, 0), (2, 2)] {
+        flow.trigger(at(t)).unwrap();
+        assert_eq!(flow.poll_action(), Some(FlowAction::Dispatch { run }));
+        flow.handle_failure(&policy, at(t + 1), Failure::retryable("down"), &mut rng).unwrap();
+    }
+    assert_eq!(flow.poll_action(), Some(FlowAction::Tripped { streak: 2, reason: TripReason::Streak }));
+    assert_eq!(flow.poll_action(), None, "one backoff before it: no action");
+
+    // A fatal failure trips at once, and says why.
+    let mut fatal = Flow::<&str>::every(Instant::ZERO, Duration::from_secs(10));
+    fatal.trigger(at(0)).unwrap();
+    fatal.poll_action();
+    fatal.handle_failure(&policy, at(1), Failure::fatal("bad config"), &mut rng).unwrap();
+    assert_eq!(fatal.poll_action(), Some(FlowAction::Tripped { streak: 1, reason: TripReason::Fatal }));
+
+    // The reset is told with the streak it cleared; a reset of a flow with none is not told.
+    flow.reset_flow(at(10)).unwrap();
+    assert_eq!(flow.poll_action(), Some(FlowAction::Reset { streak: 2, tripped: true }));
+    flow.reset_flow(at(11)).unwrap();
+    assert_eq!(flow.poll_action(), None);
+    // The drain rule holds for resets as for every input: the trip waits, so the reset is refused.
+    let mut undrained = Flow::<&str>::every(Instant::ZERO, Duration::from_secs(10));
+    undrained.trigger(at(0)).unwrap();
+    undrained.poll_action();
+    undrained.handle_failure(&policy, at(1), Failure::fatal("bad config"), &mut rng).unwrap();
+    let before = undrained;
+    assert_eq!(undrained.reset_flow(at(2)), Err(FlowError::Undrained));
+    assert_eq!(undrained, before, "a refused reset changes nothing");
+}
