@@ -481,12 +481,17 @@ impl Throttle {
     }
 
     /// A retry was refused.
-    #[cold]
+    #[inline]
     pub(crate) fn refused(&mut self) {
         if self.refused == 0 {
-            self.events.push(BudgetEvent::Exhausted);
+            self.exhausted();
         }
         self.refused = self.refused.saturating_add(1);
+    }
+
+    #[cold]
+    fn exhausted(&mut self) {
+        self.events.push(BudgetEvent::Exhausted);
     }
 
     pub(crate) fn poll_event(&mut self) -> Option<BudgetEvent> {

@@ -24,6 +24,11 @@
 //! - **Q6** failed and dead-lettered tasks are rows to [`query`](Queue::tasks) and
 //!   [`re-drive`](Queue::redrive).
 //!
+//! **Observability** (O2): with the `tracing` feature each task that ends is logged
+//! (target `persevere::queue`, `task finished`), and with `metrics` counted
+//! (`persevere_tasks_finished_total{status}`, `persevere_dead_letters_total`), once the write
+//! that ended it has committed; a claim or report that fails tells nothing.
+//!
 //! **Durability** (D6): every claim is committed, and flushed to disk, before its worker sees
 //! the job: SQLite runs with `synchronous = FULL`, and a PostgreSQL connection whose
 //! `synchronous_commit` is `off` is switched to `on`. So in

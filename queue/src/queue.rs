@@ -87,7 +87,8 @@ fn state_of(row: &Row, policy: &TaskPolicy) -> Result<TaskState, QueueError> {
 /// A task created at `now`, drained: attempt 1 is pending.
 fn fresh_state(policy: &TaskPolicy, now: Instant) -> TaskState {
     let mut state = TaskState::new(policy, now, (), 1);
-    drain(&mut state);
+    // A fresh task makes no `Finish`.
+    drain(&mut state, 0, &mut Finished::default());
     state
 }
 
@@ -118,17 +119,63 @@ fn rng_for(id: i64, attempt: u64, now: Instant) -> SplitMix64 {
 }
 
 /// Drains the machine's actions; returns how many there were and the hand-out, if any. The
-/// others (`Revoke`, `Ready`, `Finish`) are all visible in the state that is written.
-fn drain(state: &mut TaskState) -> (usize, Option<persevere::HandOut<(), String, String>>) {
+/// others (`Revoke`, `Ready`, `Finish`) are all visible in the state that is written; a
+/// `Finish` is also noted in `finished`, to be told once the write has committed.
+fn drain(
+    state: &mut TaskState,
+    id: i64,
+    finished: &mut Finished,
+) -> (usize, Option<persevere::HandOut<(), String, String>>) {
     let mut count = 0;
     let mut hand_out = None;
     while let Some(action) = state.poll_action() {
         count += 1;
-        if let DeliveryAction::HandOut(out) = action {
-            hand_out = Some(out);
+        match action {
+            DeliveryAction::HandOut(out) => hand_out = Some(out),
+            DeliveryAction::Finish(_) => finished.note(id, state),
+            _ => {}
         }
     }
     (count, hand_out)
+}
+
+/// The tasks that reached a terminal state (D9) in one store call, told to the log and the
+/// metrics (O2) only once the call has committed: a call that fails tells nothing, and a visit
+/// the store runs again (a row whose version moved) decides again, replacing its note.
+#[derive(Debug, Default)]
+struct Finished(BTreeMap<i64, (Status, u64)>);
+
+impl Finished {
+    /// A visit of row `id` starts: what an earlier run of it noted is void.
+    fn forget(&mut self, id: i64) {
+        self.0.remove(&id);
+    }
+
+    /// Without `tracing` or `metrics` nobody is told: nothing is kept.
+    fn note(&mut self, id: i64, state: &TaskState) {
+        #[cfg(any(feature = "tracing", feature = "metrics"))]
+        self.0.insert(id, (Status::of(state.status()), state.attempt()));
+        #[cfg(not(any(feature = "tracing", feature = "metrics")))]
+        let _ = (id, state);
+    }
+
+    /// Logs each (target `persevere::queue`, `task finished`) and counts it
+    /// (`persevere_tasks_finished_total{status}`, and `persevere_dead_letters_total`).
+    fn tell(self) {
+        #[cfg(any(feature = "tracing", feature = "metrics"))]
+        for (id, (status, attempt)) in self.0 {
+            #[cfg(feature = "tracing")]
+            tracing::info!(target: "persevere::queue", task = id, status = status.as_str(), attempt, "task finished");
+            #[cfg(feature = "metrics")]
+            {
+                metrics::counter!("persevere_tasks_finished_total", "status" => status.as_str()).increment(1);
+                if status == Status::DeadLettered {
+                    metrics::counter!("persevere_dead_letters_total").increment(1);
+                }
+            }
+            let _ = (id, attempt);
+        }
+    }
 }
 
 fn idempotency_key(id: i64, state: &TaskState) -> String {
@@ -206,14 +253,16 @@ impl<S: Store> Queue<S> {
     fn claim_within(&mut self, worker: &str, types: &[&str], window: u32) -> Result<(Option<Job>, bool), QueueError> {
         let mut job = None;
         let mut passed_over = false;
+        let mut finished = Finished::default();
         let policies = &mut self.policies;
         self.store.claim(Candidates::Due(types), window, &mut |now, row| {
+            finished.forget(row.id);
             let Ok((policy, mut state)) = policies.load(row) else {
                 passed_over = true;
                 return Ok(set_aside(row));
             };
             state.handle_timeout(&policy, now, &mut rng_for(row.id, state.attempt(), now));
-            let (changed, _) = drain(&mut state);
+            let (changed, _) = drain(&mut state, row.id, &mut finished);
             let worker = worker.to_owned();
             if !state.can_hand_out(now, &worker) {
                 passed_over = true;
@@ -222,7 +271,7 @@ impl<S: Store> Queue<S> {
             if let Err(refused) = state.handle_hand_out(&policy, now, worker) {
                 return Err(QueueError::Refused { task: TaskId(row.id), error: refused.error });
             }
-            let (_, Some(out)) = drain(&mut state) else {
+            let (_, Some(out)) = drain(&mut state, row.id, &mut finished) else {
                 return Ok(Visit::Skip);
             };
             job = Some(Job {
@@ -237,6 +286,7 @@ impl<S: Store> Queue<S> {
             });
             Ok(Visit::WriteAndStop(write_of(&state, now)?))
         })?;
+        finished.tell();
         Ok((job, passed_over))
     }
 
@@ -286,16 +336,18 @@ impl<S: Store> Queue<S> {
     /// Applies `report`; returns where the task now is and, while it runs, its lease deadline.
     fn report(&mut self, job: &Job, report: Report) -> Result<(Status, Option<Instant>), QueueError> {
         let mut outcome = Err(QueueError::UnknownTask(job.id));
+        let mut finished = Finished::default();
         let policies = &mut self.policies;
         // The closure may run more than once (a store that re-reads a row whose version moved
         // decides again), so it clones what it hands the machine.
         let found = self.store.update(job.id.0, &mut |now, row| {
+            finished.forget(row.id);
             let (policy, mut state) = policies.load(row)?;
             let attempt = job.attempt;
             // The deadline is the database's (Q2): a lease that has run out is interrupted
             // before the report is looked at, and the report is refused.
             state.handle_timeout(&policy, now, &mut rng_for(row.id, state.attempt(), now));
-            let (timed_out, _) = drain(&mut state);
+            let (timed_out, _) = drain(&mut state, row.id, &mut finished);
             let refused = |error| QueueError::Refused { task: job.id, error };
             // In `Async` durability the claim's commit is the start's persistence.
             let result = state.handle_persisted(&policy, now, attempt).map_err(refused).and_then(|()| match &report {
@@ -313,7 +365,7 @@ impl<S: Store> Queue<S> {
                     state.handle_returned(&policy, now, attempt, &job.worker, FreeReturn::Declined).map_err(refused)
                 }
             });
-            drain(&mut state);
+            drain(&mut state, row.id, &mut finished);
             let deadline = match state.status() {
                 DeliveryStatus::Running { heartbeat_deadline, .. } => Some(*heartbeat_deadline),
                 _ => None,
@@ -322,6 +374,7 @@ impl<S: Store> Queue<S> {
             // A refused report changes nothing, but an interruption found on the way is kept.
             if outcome.is_ok() || timed_out > 0 { write_of(&state, now).map(Some) } else { Ok(None) }
         })?;
+        finished.tell();
         if !found {
             return Err(QueueError::UnknownTask(job.id));
         }
@@ -336,13 +389,17 @@ impl<S: Store> Queue<S> {
     /// # Errors
     /// When the store fails or a row does not load.
     pub fn sweep(&mut self, limit: u32) -> Result<usize, QueueError> {
+        let mut finished = Finished::default();
         let policies = &mut self.policies;
-        self.store.claim(Candidates::Expired, limit, &mut |now, row| {
+        let written = self.store.claim(Candidates::Expired, limit, &mut |now, row| {
+            finished.forget(row.id);
             let Ok((policy, mut state)) = policies.load(row) else { return Ok(set_aside(row)) };
             state.handle_timeout(&policy, now, &mut rng_for(row.id, state.attempt(), now));
-            let (changed, _) = drain(&mut state);
+            let (changed, _) = drain(&mut state, row.id, &mut finished);
             Ok(if changed > 0 { Visit::Write(write_of(&state, now)?) } else { Visit::Skip })
-        })
+        })?;
+        finished.tell();
+        Ok(written)
     }
 
     /// Task `id`.
@@ -398,7 +455,7 @@ impl<S: Store> Queue<S> {
             }
             let step = state.idempotency_key().step_execution.saturating_add(1);
             let mut fresh = TaskState::new(&policy, now, (), step);
-            drain(&mut fresh);
+            drain(&mut fresh, row.id, &mut Finished::default());
             write_of(&fresh, now).map(Some)
         })?;
         if found { Ok(()) } else { Err(QueueError::UnknownTask(id)) }
