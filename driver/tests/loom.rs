@@ -266,3 +266,40 @@ fn u2_a_ratio_budget_counts_every_concurrent_request_and_retry() {
         assert_eq!(granted + usize::from(more), 1, "every request and retry was counted");
     });
 }
+
+#[test]
+fn o1_every_transition_made_by_concurrent_callers_is_heard_exactly_once() {
+    // One thread's failure opens the breaker while another isolates and resets it by hand.
+    // Each transition is told by the thread that made it, after the state's lock is released,
+    // so they may be heard out of order, but every generation the breaker went through is
+    // heard exactly once, as the change the core made, and the chain they form (put back in
+    // order by generation) leads from closed to the state the breaker ends in.
+    model(3, || {
+        let clock = Clock::new();
+        let breaker = breaker(&clock, 1, 1);
+        let heard = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = heard.clone();
+        breaker.on_transition(move |t| log.lock().unwrap().push(*t));
+        let caller = {
+            let breaker = breaker.clone();
+            thread::spawn(move || run(breaker.call(ready(Err::<(), _>("down")))))
+        };
+        breaker.isolate();
+        breaker.reset();
+        let _ = caller.join().unwrap();
+        let end = breaker.status();
+        let mut heard = heard.lock().unwrap().clone();
+        heard.sort_by_key(|t| t.generation);
+        let generations: Vec<u32> = heard.iter().map(|t| t.generation).collect();
+        let last = generations.last().copied().unwrap_or(0);
+        // A reset of a closed breaker is a new generation but no change of kind: not told.
+        assert!(generations.windows(2).all(|w| w[0] < w[1]), "a generation heard twice: {heard:?}");
+        assert!(last >= 2, "isolate and reset are always heard: {heard:?}");
+        let mut state = BreakerStatus::Closed.state();
+        for t in &heard {
+            assert_eq!(t.from.state(), state, "a transition missing before {t:?}: {heard:?}");
+            state = t.to.state();
+        }
+        assert_eq!(state, end.state(), "the last transition heard is not where the breaker is: {heard:?}");
+    });
+}
