@@ -691,8 +691,10 @@ pub enum BreakerState {
 ///
 /// Only changes of kind are events: closed, open, half-open, isolated, disabled, metrics-only.
 /// Probes going out and coming back while half-open are not, nor is a reset of a closed
-/// breaker. Each event's `from` is the previous event's `to`, and the last event's `to` is the
-/// breaker's [`status`](Breaker::status) as it was made.
+/// breaker. Each event's `from` is of the kind of the previous event's `to`, and the last
+/// event's `to` of the kind of the breaker's [`status`](Breaker::status); `from` and `to` are the
+/// statuses at the moment of the change (a half-open breaker's probes out may differ between
+/// one event's `to` and the next's `from`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub struct BreakerEvent {

@@ -1076,7 +1076,9 @@ impl RatioBudget {
     /// with another shape).
     #[cold]
     fn reshape(&mut self, policy: &RatioBudgetPolicy) {
-        *self = RatioBudget::new();
+        // The counts are of the old shape; the run of refusals (and its undrained events) is
+        // the budget's, whatever its window.
+        *self = RatioBudget { throttle: self.throttle, ..RatioBudget::new() };
         self.width_ns = policy.width_ns;
         self.count = policy.buckets;
     }

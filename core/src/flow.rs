@@ -353,8 +353,9 @@ pub enum FlowAction {
         /// Why it tripped.
         reason: TripReason,
     },
-    /// [`reset_flow`](Flow::reset_flow) cleared a failure streak (F8, O1): the flow was
-    /// tripped or backing off, and is idle now (or keeps its run in flight).
+    /// [`reset_flow`](Flow::reset_flow) cleared a failure streak (F8, O1): the flow had one
+    /// (tripped, backing off, or idle or running after a failure), and is idle now (or keeps
+    /// its run in flight).
     Reset {
         /// The streak it cleared.
         streak: u32,
@@ -644,8 +645,8 @@ impl<E> Flow<E> {
 
     /// Zeroes the streak and the window (F8). The flow becomes `Idle` unless a run is in
     /// flight; if that run then fails, it starts a new streak at 1. A reset that cleared a
-    /// streak says so with [`FlowAction::Reset`]; one of a flow with no streak changes nothing
-    /// and makes no action.
+    /// streak says so with [`FlowAction::Reset`]; one of a flow with no streak makes no action
+    /// (it still turns a completed flow idle).
     ///
     /// # Errors
     /// [`FlowError::Undrained`] while an action waits to be drained; nothing changes.
@@ -806,10 +807,16 @@ impl<E> Flow<E> {
             {
                 Err("a pending trip is not the flow's trip")
             }
-            Some(FlowAction::Reset { .. })
-                if self.streak() != 0 || matches!(self.phase, Phase::Tripped { .. } | Phase::Backoff { .. }) =>
+            // A reset clears a streak, leaves no window, and leaves the flow idle, or running
+            // (a tripped flow is never running).
+            Some(FlowAction::Reset { streak, tripped })
+                if streak == 0
+                    || self.streak() != 0
+                    || self.next_eligible.is_some()
+                    || !matches!(self.phase, Phase::Idle | Phase::Running)
+                    || (tripped && matches!(self.phase, Phase::Running)) =>
             {
-                Err("a pending reset is of a flow that still has a streak")
+                Err("a pending reset is not one a reset makes")
             }
             _ => Ok(()),
         }

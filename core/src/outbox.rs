@@ -5,15 +5,29 @@
 /// so an event is never lost unseen. A driver that drains after every input never loses one:
 /// every machine that keeps an outbox makes fewer than `N` events per input.
 ///
-/// Events are outputs, not state: a machine's serialized form leaves them out, and a loaded
-/// machine has none waiting.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// Events are outputs, not state: a machine's serialized form leaves them out, a loaded
+/// machine has none waiting, and they take no part in its equality or hash (every outbox is
+/// equal to every other), so a machine loads back equal to the one saved, and two machines in
+/// the same state are equal whether or not their events were drained.
+#[derive(Clone, Copy, Debug)]
 pub(crate) struct Outbox<T, const N: usize> {
     /// The first `len` are the waiting events, oldest first.
     items: [Option<T>; N],
     len: u8,
     /// Events pushed out unseen since the machine was made (saturating).
     dropped: u32,
+}
+
+impl<T, const N: usize> PartialEq for Outbox<T, N> {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl<T, const N: usize> Eq for Outbox<T, N> {}
+
+impl<T, const N: usize> core::hash::Hash for Outbox<T, N> {
+    fn hash<H: core::hash::Hasher>(&self, _: &mut H) {}
 }
 
 impl<T: Copy, const N: usize> Default for Outbox<T, N> {

@@ -232,6 +232,15 @@ fn o1_a_budget_tells_when_it_is_exhausted_and_when_it_recovers() {
     ratio.record_request(&p, at(1));
     assert!(ratio.try_acquire(&p, at(2)).is_ok());
     assert_eq!(ratio.poll_event(), Some(BudgetEvent::Recovered { refused: 1 }));
+    // A new window shape (another ttl) starts the counts over, not the run of refusals.
+    assert!(ratio.try_acquire(&p, at(2)).is_err());
+    assert_eq!(ratio.poll_event(), Some(BudgetEvent::Exhausted));
+    let wider = RatioBudgetPolicy::builder(0.5).ttl(Duration::from_secs(60)).min_retries_per_sec(0).build().unwrap();
+    for _ in 0..4 {
+        ratio.record_request(&wider, at(3));
+    }
+    assert!(ratio.try_acquire(&wider, at(3)).is_ok());
+    assert_eq!(ratio.poll_event(), Some(BudgetEvent::Recovered { refused: 1 }), "the run survived the new shape");
 
     // Envoy's: at most 3 retries in flight with few requests.
     let p = ConcurrencyBudgetPolicy::envoy();

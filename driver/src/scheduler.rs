@@ -805,7 +805,7 @@ where
     /// Zeroes the flow's streak and window (F8): a tripped or backing-off flow becomes `Idle`
     /// and is dispatched again by its schedule, and listeners and the log hear a reset. A run
     /// in flight keeps running; if it fails, the new streak starts at 1. Resetting a flow that
-    /// has no streak changes nothing, and nobody hears of it.
+    /// has no streak clears nothing, and nobody hears of it.
     ///
     /// # Errors
     /// [`SchedulerError::UnknownId`]; nothing changes.

@@ -374,10 +374,12 @@ impl<S: Store> Queue<S> {
             // A refused report changes nothing, but an interruption found on the way is kept.
             if outcome.is_ok() || timed_out > 0 { write_of(&state, now).map(Some) } else { Ok(None) }
         })?;
-        finished.tell();
         if !found {
+            // The row went away between a visit and its write (deleted by someone else): what
+            // that visit noted was never written.
             return Err(QueueError::UnknownTask(job.id));
         }
+        finished.tell();
         outcome
     }
 
