@@ -255,11 +255,12 @@ impl Store for Sqlite {
             let mut rows = match candidates {
                 Candidates::Due(types) => {
                     // The limit is part of the text: a bound `LIMIT` makes SQLite re-prepare the
-                    // statement at every bind.
+                    // statement at every bind. Tasks due at the same millisecond (the clock's
+                    // precision) go in the order they were enqueued: the index ends with the rowid.
                     let marks = (1..=types.len()).map(|i| format!("?{}", i + 1)).collect::<Vec<_>>().join(", ");
                     statement = tx.prepare_cached(&format!(
                         "SELECT {COLUMNS} FROM persevere_tasks WHERE due_at <= ?1 AND task_type IN ({marks})
-                         ORDER BY due_at LIMIT {limit}"
+                         ORDER BY due_at, id LIMIT {limit}"
                     ))?;
                     let values = core::iter::once(&now as &dyn rusqlite::ToSql)
                         .chain(types.iter().map(|t| t as &dyn rusqlite::ToSql));
