@@ -35,6 +35,8 @@ pub mod outage;
 pub mod plot;
 pub mod retry;
 pub mod supervision;
+pub mod supervisor;
+pub mod tasks;
 pub mod world;
 
 pub use world::{Summary, Violation, World};
@@ -56,11 +58,13 @@ pub enum Machine {
     Delivery,
     /// The real hedging driver on virtual time.
     Hedge,
+    /// The real supervisor of the driver, its tasks spawned on a many-task executor.
+    Supervisor,
 }
 
 impl Machine {
     /// Every family, in report order.
-    pub const ALL: [Machine; 7] = [
+    pub const ALL: [Machine; 8] = [
         Machine::Retry,
         Machine::Driven,
         Machine::Supervision,
@@ -68,6 +72,7 @@ impl Machine {
         Machine::Breaker,
         Machine::Delivery,
         Machine::Hedge,
+        Machine::Supervisor,
     ];
 
     /// The family's name, as used on the command line.
@@ -80,6 +85,7 @@ impl Machine {
             Machine::Breaker => "breaker",
             Machine::Delivery => "delivery",
             Machine::Hedge => "hedge",
+            Machine::Supervisor => "supervisor",
         }
     }
 
@@ -98,6 +104,7 @@ impl Machine {
             Machine::Breaker => breaker::run(seed, None),
             Machine::Delivery => delivery::run(seed, None),
             Machine::Hedge => hedge::run(seed),
+            Machine::Supervisor => supervisor::run(seed),
         }
     }
 }

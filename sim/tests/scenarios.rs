@@ -53,6 +53,12 @@ fn hedge_scenarios_hold_every_guarantee() {
 }
 
 #[test]
+fn supervisor_scenarios_hold_every_guarantee() {
+    let totals = suite(Machine::Supervisor, 0, runs(3_000)).unwrap_or_else(|v| panic!("{v}"));
+    assert!(totals.checks > totals.scenarios * 10, "{totals:?}");
+}
+
+#[test]
 fn driven_scenarios_hold_every_guarantee() {
     let totals = suite(Machine::Driven, 0, runs(5_000)).unwrap_or_else(|v| panic!("{v}"));
     assert!(totals.checks > 0);
@@ -179,6 +185,18 @@ fn an_injected_free_return_that_consumes_a_retry_is_caught_as_g10() {
 #[test]
 fn an_injected_lost_task_is_caught_as_g11() {
     assert_eq!(caught_by("LoseCompleted", |s| sim::delivery::run(s, Some(DeliveryBug::LoseCompleted))), "G11");
+}
+
+#[test]
+fn an_injected_second_task_finished_of_a_supervised_task_is_caught_as_g11() {
+    let bug = Some(sim::supervisor::SupervisorBug::SecondFinish);
+    assert_eq!(caught_by("supervisor", |seed| sim::supervisor::run_with(seed, bug)), "G11");
+}
+
+#[test]
+fn s4_an_injected_report_that_forgets_an_aborted_task_is_caught() {
+    let bug = Some(sim::supervisor::SupervisorBug::ForgottenAbort);
+    assert_eq!(caught_by("supervisor", |seed| sim::supervisor::run_with(seed, bug)), "S4");
 }
 
 #[test]
