@@ -34,6 +34,7 @@ pub mod hedge;
 pub mod outage;
 pub mod plot;
 pub mod retry;
+pub mod scheduler;
 pub mod supervision;
 pub mod supervisor;
 pub mod tasks;
@@ -60,11 +61,13 @@ pub enum Machine {
     Hedge,
     /// The real supervisor of the driver, its tasks spawned on a many-task executor.
     Supervisor,
+    /// The real scheduler of the driver, its timer loop and runs spawned on a many-task executor.
+    Scheduler,
 }
 
 impl Machine {
     /// Every family, in report order.
-    pub const ALL: [Machine; 8] = [
+    pub const ALL: [Machine; 9] = [
         Machine::Retry,
         Machine::Driven,
         Machine::Supervision,
@@ -73,6 +76,7 @@ impl Machine {
         Machine::Delivery,
         Machine::Hedge,
         Machine::Supervisor,
+        Machine::Scheduler,
     ];
 
     /// The family's name, as used on the command line.
@@ -86,6 +90,7 @@ impl Machine {
             Machine::Delivery => "delivery",
             Machine::Hedge => "hedge",
             Machine::Supervisor => "supervisor",
+            Machine::Scheduler => "scheduler",
         }
     }
 
@@ -105,6 +110,7 @@ impl Machine {
             Machine::Delivery => delivery::run(seed, None),
             Machine::Hedge => hedge::run(seed),
             Machine::Supervisor => supervisor::run(seed),
+            Machine::Scheduler => scheduler::run(seed),
         }
     }
 }

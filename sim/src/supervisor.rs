@@ -279,20 +279,6 @@ pub fn run_with(seed: u64, bug: Option<SupervisorBug>) -> Result<Summary, Violat
     };
     let log = lock(&log);
     check(&mut world, &sup, &log, received)?;
-    if std::env::var_os("SIM_SUPERVISOR_STATS").is_some() {
-        let aborted = log.exits.values().filter(|e| e.aborted).count();
-        let timed_out =
-            log.events.iter().filter(|e| matches!(e.event, SupervisionAction::AttemptTimedOut { .. })).count();
-        let backoffs =
-            log.events.iter().filter(|e| matches!(e.event, SupervisionAction::BackoffScheduled { .. })).count();
-        eprintln!(
-            "stats tasks={} removed={} aborted={aborted} timed_out={timed_out} backoffs={backoffs} dropped={} listed={}",
-            log.added.len(),
-            log.removed.len(),
-            sup.dropped_events(),
-            log.report.as_ref().map_or(0, |r| r.completed.len() + r.aborted.len())
-        );
-    }
     Ok(world.summary())
 }
 

@@ -59,6 +59,12 @@ fn supervisor_scenarios_hold_every_guarantee() {
 }
 
 #[test]
+fn scheduler_scenarios_hold_every_guarantee() {
+    let totals = suite(Machine::Scheduler, 0, runs(3_000)).unwrap_or_else(|v| panic!("{v}"));
+    assert!(totals.checks > totals.scenarios * 4, "{totals:?}");
+}
+
+#[test]
 fn driven_scenarios_hold_every_guarantee() {
     let totals = suite(Machine::Driven, 0, runs(5_000)).unwrap_or_else(|v| panic!("{v}"));
     assert!(totals.checks > 0);
@@ -197,6 +203,12 @@ fn an_injected_second_task_finished_of_a_supervised_task_is_caught_as_g11() {
 fn s4_an_injected_report_that_forgets_an_aborted_task_is_caught() {
     let bug = Some(sim::supervisor::SupervisorBug::ForgottenAbort);
     assert_eq!(caught_by("supervisor", |seed| sim::supervisor::run_with(seed, bug)), "S4");
+}
+
+#[test]
+fn an_injected_lost_reset_of_a_scheduled_flow_is_caught_as_f10() {
+    let bug = Some(sim::scheduler::SchedulerBug::LostReset);
+    assert_eq!(caught_by("scheduler", |seed| sim::scheduler::run_with(seed, bug)), "F10");
 }
 
 #[test]

@@ -1,0 +1,273 @@
+//! The real [`Scheduler`] of `persevere-driver` on the simulator's many-task executor
+//! ([`crate::tasks`]): every-flows with drawn intervals and trip policies, runs that succeed,
+//! fail in every class, push back with a hint, or panic, and take drawn times; an operator that
+//! triggers and resets flows and stalls the executor, then stops the scheduler and waits for it.
+//!
+//! Checked as the runs start and after the run: runs of one flow never overlap (F3), no run of
+//! a tripped flow is dispatched (F10, G5), a run dispatched by the schedule starts no earlier
+//! than the previous run's end plus the interval (F5, G6), every trip and reset told to the
+//! listeners matches the flow's status, the scheduler stops with no run in flight and every task
+//! ends (G13), and determinism (G0).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use persevere::{FailureKind, FlowPolicy, FlowStatusKind, Hint};
+use persevere_driver::{FlowChange, Runtime, Scheduler, SchedulerHandle, Spawn};
+
+use crate::driven::{INJECTED_PANIC, silence_injected_panics};
+use crate::tasks::{Stop, Tasks};
+use crate::world::{Summary, Violation, World};
+
+type Handle = SchedulerHandle<Tasks, Tasks, u32, u32>;
+
+/// One flow, as the runs and the listener see it.
+#[derive(Default)]
+struct Seen {
+    interval: Duration,
+    running: u32,
+    /// Heard tripped and not yet reset.
+    tripped: bool,
+    /// The last run's end, in virtual ns.
+    last_end: Option<u64>,
+    /// A trigger was accepted and its run has not started yet.
+    triggered: bool,
+}
+
+#[derive(Default)]
+struct Log {
+    flows: BTreeMap<u32, Seen>,
+    /// The first broken rule, with what broke it.
+    broken: Option<(&'static str, String)>,
+    runs: u64,
+    /// Checks made as runs started and as the operator looked.
+    checked: u64,
+    trips: u64,
+    resets: u64,
+    done: bool,
+}
+
+impl Log {
+    fn breaks(&mut self, rule: &'static str, why: impl FnOnce() -> String) {
+        if self.broken.is_none() {
+            self.broken = Some((rule, why()));
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The classes the runs' error codes stand for.
+fn classify(code: &u32) -> FailureKind {
+    match code % 6 {
+        0..=2 => FailureKind::Retryable,
+        3 => FailureKind::Fatal,
+        4 => FailureKind::Hinted(Hint::DoNotRetry),
+        _ => FailureKind::Hinted(Hint::After(Duration::from_millis(u64::from(*code % 90)))),
+    }
+}
+
+/// Ends a run in the log, whether it returned, panicked or was dropped.
+struct Running {
+    log: Arc<Mutex<Log>>,
+    rt: Tasks,
+    id: u32,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let now = self.rt.now().as_nanos();
+        let mut log = lock(&self.log);
+        if let Some(seen) = log.flows.get_mut(&self.id) {
+            seen.running -= 1;
+            seen.last_end = Some(now);
+        }
+    }
+}
+
+/// A defect injected into what the run observes, to prove the checks catch it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SchedulerBug {
+    /// The listener misses every reset: the flows it thinks tripped run again.
+    LostReset,
+}
+
+/// Runs the scheduler scenario of `seed`.
+pub fn run(seed: u64) -> Result<Summary, Violation> {
+    run_with(seed, None)
+}
+
+/// Runs the scheduler scenario of `seed`, with `bug` injected.
+pub fn run_with(seed: u64, bug: Option<SchedulerBug>) -> Result<Summary, Violation> {
+    silence_injected_panics();
+    let mut first = World::new("scheduler", seed);
+    let count = first.between(1, 5) as u32;
+    let operations = first.between(0, 12);
+    let rt = Tasks::new(seed);
+    let log: Arc<Mutex<Log>> = Arc::default();
+    let mut scheduler: Scheduler<Tasks, Tasks, u32, u32> = Scheduler::with(rt.clone(), rt.clone());
+    scheduler.seed(seed);
+    let mut plans = Vec::new();
+    for id in 0..count {
+        let interval = Duration::from_millis(first.between(1, 100));
+        let trip = first.between(1, 4) as u32;
+        let backoff = crate::world::draw_backoff(&mut first, 5, 200);
+        let policy = FlowPolicy::builder().backoff(backoff).with_trip(trip).build().unwrap();
+        plans.push((id, interval, policy));
+        lock(&log).flows.insert(id, Seen { interval, ..Seen::default() });
+    }
+    let world = Arc::new(Mutex::new(first));
+    for (id, interval, policy) in plans {
+        let (world, log, job_rt) = (world.clone(), log.clone(), rt.clone());
+        let job = move || {
+            let (took, outcome, now) = {
+                let mut w = lock(&world);
+                w.steps += 1;
+                let took = Duration::from_millis(w.between(0, 60));
+                let outcome = match w.between(0, 99) {
+                    0..=49 => Ok(()),
+                    50..=89 => Err(w.between(0, 1_000) as u32),
+                    _ => Err(u32::MAX),
+                };
+                let now = job_rt.now();
+                w.record(id, "run starts", now.as_nanos(), 0);
+                (took, outcome, now)
+            };
+            {
+                let mut log = lock(&log);
+                log.runs += 1;
+                log.checked += 3;
+                let seen = log.flows.get_mut(&id).expect("a flow of the scenario");
+                let (running, tripped, triggered) = (seen.running, seen.tripped, seen.triggered);
+                let early =
+                    seen.last_end.map(|end| end + seen.interval.as_nanos() as u64).filter(|due| now.as_nanos() < *due);
+                seen.running += 1;
+                seen.triggered = false;
+                if running > 0 {
+                    log.breaks("F3", || format!("flow {id}: a run started at {now:?} while another ran"));
+                }
+                if tripped {
+                    log.breaks("G5", || format!("flow {id}: a run started at {now:?} while the flow was tripped"));
+                }
+                if let Some(due) = early
+                    && !triggered
+                {
+                    log.breaks("G6", || format!("flow {id}: a scheduled run started at {now:?}, before {due} ns"));
+                }
+            }
+            let guard = Running { log: log.clone(), rt: job_rt.clone(), id };
+            let rt = job_rt.clone();
+            async move {
+                rt.sleep_until(now.saturating_add(took)).await;
+                drop(guard);
+                match outcome {
+                    Err(u32::MAX) => std::panic::panic_any(INJECTED_PANIC),
+                    other => other,
+                }
+            }
+        };
+        scheduler.every(id, interval, job).unwrap();
+        scheduler.classify(&id, classify).unwrap();
+        scheduler.set_backoff(&id, policy).unwrap();
+    }
+    let handle: Handle = scheduler.start();
+    {
+        let (log, world) = (log.clone(), world.clone());
+        handle.on_transition(move |t| {
+            let mut w = lock(&world);
+            w.steps += 1;
+            let mut log = lock(&log);
+            let seen = log.flows.get_mut(&t.flow).expect("a flow of the scenario");
+            match t.change {
+                FlowChange::Tripped { streak, .. } => {
+                    w.record(t.flow, "flow tripped", u64::from(streak), t.at.as_nanos());
+                    let again = seen.tripped;
+                    seen.tripped = true;
+                    log.trips += 1;
+                    if again {
+                        log.breaks("F10", || format!("flow {}: tripped twice with no reset between", t.flow));
+                    }
+                }
+                FlowChange::Reset if bug == Some(SchedulerBug::LostReset) => {}
+                FlowChange::Reset => {
+                    w.record(t.flow, "flow reset", 0, t.at.as_nanos());
+                    seen.tripped = false;
+                    log.resets += 1;
+                }
+                _ => {}
+            }
+        });
+    }
+    // The operator.
+    {
+        let (handle, log, world, op_rt) = (handle.clone(), log.clone(), world.clone(), rt.clone());
+        rt.spawn(async move {
+            for _ in 0..operations {
+                let (gap, choice, id) = {
+                    let mut w = lock(&world);
+                    (
+                        Duration::from_millis(w.between(0, 150)),
+                        w.between(0, 2),
+                        w.between(0, u64::from(count - 1)) as u32,
+                    )
+                };
+                op_rt.sleep_until(op_rt.now().saturating_add(gap)).await;
+                match choice {
+                    0 => {
+                        lock(&world).record(id, "operator triggers", 0, 0);
+                        if handle.trigger(&id).is_ok() {
+                            let mut log = lock(&log);
+                            if let Some(seen) = log.flows.get_mut(&id) {
+                                seen.triggered = true;
+                            }
+                        }
+                    }
+                    1 => {
+                        lock(&world).record(id, "operator resets", 0, 0);
+                        let _ = handle.reset_flow(&id);
+                    }
+                    _ => {
+                        let by = Duration::from_millis(lock(&world).between(1, 300));
+                        lock(&world).record(0, "executor stalls", by.as_millis() as u64, 0);
+                        op_rt.jump(by);
+                    }
+                }
+                // What the listener heard agrees with the flows' status.
+                let tripped: Vec<(u32, bool)> = lock(&log).flows.iter().map(|(id, s)| (*id, s.tripped)).collect();
+                for (id, heard) in tripped {
+                    lock(&log).checked += 1;
+                    let status = handle.status(&id).map(|info| info.status.kind());
+                    if (status == Ok(FlowStatusKind::Tripped)) != heard {
+                        lock(&log)
+                            .breaks("F10", || format!("flow {id} is {status:?}, the listener heard tripped: {heard}"));
+                    }
+                }
+            }
+            handle.stop();
+            handle.wait().await;
+            let in_flight = handle.in_flight();
+            let mut log = lock(&log);
+            if in_flight != 0 {
+                log.breaks("G13", || format!("the scheduler stopped with {in_flight} runs in flight"));
+            }
+            log.done = true;
+        });
+    }
+    let stop = rt.run(2_000_000);
+    let mut world = lock(&world);
+    world.check("G13", stop == Stop::Done, || format!("the run stopped {stop:?}: a task never ended"))?;
+    let log = lock(&log);
+    world.check("G13", log.done, || "the operator never saw the scheduler stop".into())?;
+    if let Some((rule, why)) = &log.broken {
+        return Err(world.violation(rule, why.clone()));
+    }
+    for (id, seen) in &log.flows {
+        world.check("F3", seen.running == 0, || format!("flow {id}: {} runs never ended", seen.running))?;
+    }
+    world.check("F5", log.runs > 0, || "no run was dispatched".into())?;
+    world.checks += log.checked;
+    Ok(world.summary())
+}
