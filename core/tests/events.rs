@@ -194,7 +194,7 @@ fn o1_events_are_outputs_and_a_saved_breaker_leaves_them_out() {
     let mut loaded: Breaker = serde_json::from_str(&saved).unwrap();
     assert_eq!(loaded.poll_event(), None);
     assert_eq!(b.poll_event().map(|e| e.reason), Some(R::ConsecutiveFailures));
-    assert_eq!(loaded, b, "once drained, the two are the same breaker");
+    assert_eq!(loaded, b, "events take no part in equality: the loaded breaker is the saved one");
 }
 
 #[test]

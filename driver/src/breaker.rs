@@ -276,16 +276,10 @@ impl<Rt: Runtime> Shared<Rt> {
         let State { breaker, rng } = &mut *state;
         let out = change(breaker, &self.policy, now, rng);
         // One input makes at most three events; the core keeps four.
-        let mut events = [None; 4];
-        for slot in &mut events {
-            *slot = breaker.poll_event();
-            if slot.is_none() {
-                break;
-            }
-        }
+        let events: [Option<BreakerEvent>; 4] = std::array::from_fn(|_| breaker.poll_event());
         self.refresh(&state);
         drop(state);
-        for event in events.into_iter().map_while(|event| event) {
+        for event in events.into_iter().flatten() {
             self.transitioned(event);
         }
         out

@@ -11,14 +11,14 @@
 //! determinism (G0). Not drawn yet: cron flows, runs that hang, runs dropped before they end.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use persevere::{FailureKind, FlowPolicy, FlowStatusKind, Hint};
 use persevere_driver::{FlowChange, Runtime, Scheduler, SchedulerHandle, Spawn};
 
 use crate::driven::{INJECTED_PANIC, silence_injected_panics};
-use crate::tasks::{Stop, Tasks};
+use crate::tasks::{Stop, Tasks, lock};
 use crate::world::{Summary, Violation, World};
 
 type Handle = SchedulerHandle<Tasks, Tasks, u32, u32>;
@@ -55,10 +55,6 @@ impl Log {
             self.broken = Some((rule, why()));
         }
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// The classes the runs' error codes stand for.

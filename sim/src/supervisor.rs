@@ -16,7 +16,7 @@
 //! run).
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use persevere::{Backoff, FailureKind, Hint, SupervisionAction, TaskDefaults};
@@ -25,7 +25,7 @@ use persevere_driver::{
 };
 
 use crate::driven::{INJECTED_PANIC, silence_injected_panics};
-use crate::tasks::{Stop, Tasks};
+use crate::tasks::{Stop, Tasks, lock};
 use crate::world::{Summary, Violation, World};
 
 type Sup = Supervisor<Tasks, Tasks, u32, u32>;
@@ -48,10 +48,6 @@ struct Log {
     done: bool,
     /// The first add that was refused (none should be).
     refused: Option<String>,
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// What an attempt does.

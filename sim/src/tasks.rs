@@ -40,8 +40,14 @@ struct Shared {
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        lock(&self.state)
     }
+}
+
+/// Locks `mutex`, also after a panic elsewhere poisoned it (the simulator injects panics; one
+/// thread runs everything, so a poisoned lock holds consistent data).
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// The executor and its clock. Cheap to clone (one `Arc`); every clone is the same executor.
