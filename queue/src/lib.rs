@@ -66,11 +66,14 @@
 //! ```
 #![deny(missing_docs)]
 
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod crash;
 mod error;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod queue;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod shared;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 mod store;

@@ -8,10 +8,8 @@ use persevere::Instant;
 use tokio_postgres::{Client, NoTls, Statement};
 
 use crate::crash;
-use crate::store::{
-    Candidates, ClaimVisit, Insert, ReadWithClock, Row, Store, UpdateVisit, Write, compare_and_set, instant_of, skewed,
-    visit_rows,
-};
+use crate::shared::{ClockReading, ReadWithClock, compare_and_set, skewed, visit_rows};
+use crate::store::{Candidates, ClaimVisit, Insert, Row, Store, UpdateVisit, Write, instant_of};
 use crate::{QueueError, Status};
 
 const SCHEMA: &str = "
@@ -29,9 +27,14 @@ CREATE TABLE IF NOT EXISTS persevere_tasks (
     created_at BIGINT NOT NULL,
     updated_at BIGINT NOT NULL
 );
-CREATE INDEX IF NOT EXISTS persevere_tasks_due ON persevere_tasks (task_type, due_at);
-CREATE INDEX IF NOT EXISTS persevere_tasks_status ON persevere_tasks (status, due_at);
+CREATE INDEX IF NOT EXISTS persevere_tasks_due_order ON persevere_tasks (task_type, due_at, id);
+CREATE INDEX IF NOT EXISTS persevere_tasks_status_order ON persevere_tasks (status, due_at, id);
+DROP INDEX IF EXISTS persevere_tasks_due;
+DROP INDEX IF EXISTS persevere_tasks_status;
 ";
+// The indexes end with the id: tasks due at the same microsecond (the clock's precision) are
+// claimed in the order they were enqueued, by an ordered index scan with no sort. (The two
+// dropped are an earlier build's, without the id.)
 
 /// The clock in nanoseconds since 1970 (at microsecond precision): the server's
 /// `statement_timestamp()` (Q2), which is stable within a statement, so a bound written with it
@@ -51,6 +54,15 @@ const WRITE: &str =
     "UPDATE persevere_tasks SET state = $1, status = $2, due_at = $3, attempt = $4, version = version + 1,
      updated_at = $5 WHERE id = $6 AND version = $7";
 
+/// [`WRITE`] for a report decided on the clock estimate: only while the lease or heartbeat
+/// deadline is ahead of the database's clock (`$1` is the skew).
+static WRITE_IF_LEASED: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "UPDATE persevere_tasks SET state = $2, status = $3, due_at = $4, attempt = $5, version = version + 1,
+         updated_at = {CLOCK} WHERE id = $6 AND version = $7 AND due_at > {CLOCK}"
+    )
+});
+
 /// The PostgreSQL store: one connection (no TLS), on `tokio-postgres` driven by a private
 /// single-threaded runtime, so the API stays blocking. Open one per worker thread or process.
 ///
@@ -60,7 +72,9 @@ const WRITE: &str =
 ///   so a claim costs two round trips.
 /// - A report reads its task (and the clock) and writes it back with one `UPDATE` guarded by the
 ///   version it read (compare-and-set, Q1); if another writer moved the version in between, it
-///   reads and decides again.
+///   reads and decides again. The completion of a job its queue claimed skips the read: one
+///   `UPDATE` guarded by the version the claim left and by the lease on the server's clock
+///   ([`Store::write_if_leased`]).
 /// - Statements are prepared once per connection, and a connection whose
 ///   `synchronous_commit` is `off` is switched to `on` (a claim is on disk before its worker
 ///   runs).
@@ -69,6 +83,8 @@ pub struct Postgres {
     client: Client,
     skew: Duration,
     statements: HashMap<String, Statement>,
+    /// The latest clock reading of a claim or a report's read.
+    clock: Option<ClockReading>,
 }
 
 impl core::fmt::Debug for Postgres {
@@ -90,7 +106,7 @@ impl Postgres {
         runtime.spawn(async move {
             let _ = connection.await;
         });
-        let store = Postgres { runtime, client, skew: Duration::ZERO, statements: HashMap::new() };
+        let store = Postgres { runtime, client, skew: Duration::ZERO, statements: HashMap::new(), clock: None };
         // Two workers creating the schema at once race on `CREATE ... IF NOT EXISTS`; a
         // transaction-level advisory lock makes it one at a time.
         store.block_on(
@@ -132,7 +148,11 @@ impl Postgres {
         let skew = self.skew_ns();
         let row = self.block_on(self.client.query_opt(&select, &[&skew, &id]))?;
         crash::statement();
-        row.map(|row| Ok((row.try_get(CLOCK_COLUMN)?, row_of(&row)?))).transpose()
+        let read = row.map(|row| Ok::<_, QueueError>((row.try_get(CLOCK_COLUMN)?, row_of(&row)?))).transpose()?;
+        if let Some((now, _)) = &read {
+            self.clock = Some(ClockReading::new(*now, self.skew));
+        }
+        Ok(read)
     }
 
     /// Writes `write` over `row` if its version is still the one read (a report's write, one
@@ -226,15 +246,15 @@ impl Store for Postgres {
             // `= ANY` would sort every due row first.
             Candidates::Due([_]) => format!(
                 "SELECT {COLUMNS}, {CLOCK} FROM persevere_tasks WHERE due_at <= {CLOCK} AND task_type = $2
-                 ORDER BY due_at LIMIT {limit} FOR UPDATE SKIP LOCKED"
+                 ORDER BY due_at, id LIMIT {limit} FOR UPDATE SKIP LOCKED"
             ),
             Candidates::Due(_) => format!(
                 "SELECT {COLUMNS}, {CLOCK} FROM persevere_tasks WHERE due_at <= {CLOCK} AND task_type = ANY($2)
-                 ORDER BY due_at LIMIT {limit} FOR UPDATE SKIP LOCKED"
+                 ORDER BY due_at, id LIMIT {limit} FOR UPDATE SKIP LOCKED"
             ),
             Candidates::Expired => format!(
                 "SELECT {COLUMNS}, {CLOCK} FROM persevere_tasks WHERE status IN ('handed_out', 'running')
-                 AND due_at <= {CLOCK} ORDER BY due_at LIMIT {limit} FOR UPDATE SKIP LOCKED"
+                 AND due_at <= {CLOCK} ORDER BY due_at, id LIMIT {limit} FOR UPDATE SKIP LOCKED"
             ),
         };
         let select = self.prepared(&select)?;
@@ -257,10 +277,16 @@ impl Store for Postgres {
             tokio::join!(client.batch_execute("BEGIN"), rows)
         });
         crash::statement();
+        let skew = self.skew;
+        let clock = &mut self.clock;
         let decided = begun.map_err(QueueError::from).and_then(|()| {
             let rows = rows?;
             // Every row carries the same clock reading (the statement's).
-            let now: i64 = rows.first().map(|row| row.try_get(CLOCK_COLUMN)).transpose()?.unwrap_or(0);
+            let now: Option<i64> = rows.first().map(|row| row.try_get(CLOCK_COLUMN)).transpose()?;
+            if let Some(now) = now {
+                *clock = Some(ClockReading::new(now, skew));
+            }
+            let now = now.unwrap_or(0);
             let decoded = rows.iter().map(|pg_row| Ok((instant_of(pg_row.try_get(CLOCK_COLUMN)?)?, row_of(pg_row)?)));
             Ok((now, visit_rows(decoded, visit)?))
         });
@@ -324,6 +350,22 @@ impl Store for Postgres {
             self.prepared(&format!("SELECT {COLUMNS} FROM persevere_tasks WHERE status = $1 ORDER BY id LIMIT $2"))?;
         let rows = self.block_on(self.client.query(&statement, &[&status.as_str(), &i64::from(limit)]))?;
         rows.iter().map(row_of).collect()
+    }
+
+    fn clock_estimate(&self) -> Option<Instant> {
+        self.clock?.estimate(self.skew)
+    }
+
+    fn write_if_leased(&mut self, id: i64, version: i64, w: &Write) -> Result<bool, QueueError> {
+        crash::begin("update");
+        let statement = self.prepared(&WRITE_IF_LEASED)?;
+        let skew = self.skew_ns();
+        let changed = self.block_on(
+            self.client
+                .execute(&statement, &[&skew, &w.state, &w.status.as_str(), &w.due_at, &w.attempt, &id, &version]),
+        )?;
+        crash::statement();
+        Ok(changed == 1)
     }
 
     #[cfg(feature = "test-clock")]

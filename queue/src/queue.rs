@@ -1,7 +1,7 @@
 //! The queue: every transition decided by the task's `Delivery` machine, inside the store's
 //! transaction (Q1).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use persevere::{DeliveryAction, DeliveryStatus, Failure, FreeReturn, Instant, SplitMix64};
 
@@ -45,7 +45,23 @@ pub struct Queue<S> {
     policies: Policies,
     /// Task types each worker declined through this queue (D3): not claimed for it again.
     declined: BTreeMap<String, BTreeSet<String>>,
+    /// The jobs this queue handed out (or heartbeated) and has not seen reported: the row as
+    /// this queue last wrote it, so that a completion needs no read (see
+    /// [`complete`](Self::complete)).
+    held: HashMap<i64, Held>,
 }
+
+/// A job's row as the queue last wrote it: the version the write left and the state it wrote.
+#[derive(Debug)]
+struct Held {
+    version: i64,
+    policy: TaskPolicy,
+    state: TaskState,
+}
+
+/// How many held jobs a queue keeps at most: jobs dropped without a report would otherwise
+/// accumulate. Past it they are forgotten, and their reports read their rows.
+const MAX_HELD: usize = 1024;
 
 /// The last policy decoded: tasks of one producer mostly share one, so most rows skip
 /// decoding (and re-validating) it.
@@ -182,6 +198,49 @@ fn idempotency_key(id: i64, state: &TaskState) -> String {
     format!("{id}:{}", state.idempotency_key().step_execution)
 }
 
+/// Decides `report` on `job` over its task's `state`, loaded at `now` (the database's clock, or
+/// the store's estimate of it): returns where the task now is (with its heartbeat deadline
+/// while it runs) or why the report is refused, and whether the state changed (a refused
+/// report changes nothing, but a lease found run out on the way is kept).
+fn decide(
+    policy: &TaskPolicy,
+    state: &mut TaskState,
+    now: Instant,
+    job: &Job,
+    report: &Report,
+    finished: &mut Finished,
+) -> (Result<(Status, Option<Instant>), QueueError>, bool) {
+    let (id, attempt) = (job.id.0, job.attempt);
+    // The deadline is checked first: a lease that has run out is interrupted before the report
+    // is looked at, and the report is refused.
+    state.handle_timeout(policy, now, &mut rng_for(id, state.attempt(), now));
+    let (timed_out, _) = drain(state, id, finished);
+    let refused = |error| QueueError::Refused { task: job.id, error };
+    // In `Async` durability the claim's commit is the start's persistence.
+    let result = state.handle_persisted(policy, now, attempt).map_err(refused).and_then(|()| match report {
+        Report::Heartbeat(checkpoint) => {
+            state.handle_heartbeat(policy, now, attempt, &job.worker, checkpoint.clone()).map_err(|r| refused(r.error))
+        }
+        Report::Complete => state.handle_completed(policy, now, attempt, &job.worker).map_err(refused),
+        Report::Fail(failure) => {
+            let mut rng = rng_for(id, attempt, now);
+            state
+                .handle_failed(policy, now, attempt, &job.worker, failure.clone(), &mut rng)
+                .map_err(|r| refused(r.error))
+        }
+        Report::Decline => {
+            state.handle_returned(policy, now, attempt, &job.worker, FreeReturn::Declined).map_err(refused)
+        }
+    });
+    drain(state, id, finished);
+    let deadline = match state.status() {
+        DeliveryStatus::Running { heartbeat_deadline, .. } => Some(*heartbeat_deadline),
+        _ => None,
+    };
+    let changed = result.is_ok() || timed_out > 0;
+    (result.map(|()| (Status::of(state.status()), deadline)), changed)
+}
+
 /// One report on a job.
 enum Report {
     Heartbeat(Option<String>),
@@ -193,7 +252,7 @@ enum Report {
 impl<S: Store> Queue<S> {
     /// A queue on `store`.
     pub fn new(store: S) -> Self {
-        Queue { store, policies: Policies::default(), declined: BTreeMap::new() }
+        Queue { store, policies: Policies::default(), declined: BTreeMap::new(), held: HashMap::new() }
     }
 
     /// The store, for queries of your own.
@@ -252,6 +311,7 @@ impl<S: Store> Queue<S> {
     /// A claim among the `window` oldest due tasks; also says whether one was passed over.
     fn claim_within(&mut self, worker: &str, types: &[&str], window: u32) -> Result<(Option<Job>, bool), QueueError> {
         let mut job = None;
+        let mut held = None;
         let mut passed_over = false;
         let mut finished = Finished::default();
         let policies = &mut self.policies;
@@ -284,9 +344,14 @@ impl<S: Store> Queue<S> {
                 deadline: out.deadline,
                 worker: out.worker,
             });
-            Ok(Visit::WriteAndStop(write_of(&state, now)?))
+            let write = write_of(&state, now)?;
+            held = Some(Held { version: row.version.saturating_add(1), policy, state });
+            Ok(Visit::WriteAndStop(write))
         })?;
         finished.tell();
+        if let (Some(job), Some(held)) = (&job, held) {
+            self.hold(job.id, held);
+        }
         Ok((job, passed_over))
     }
 
@@ -305,8 +370,45 @@ impl<S: Store> Queue<S> {
     ///
     /// # Errors
     /// [`QueueError::Refused`] when the lease was lost (another attempt owns the task).
+    ///
+    /// A job this queue claimed (or last heartbeated) completes in one statement: decided on
+    /// the store's [`clock_estimate`](Store::clock_estimate) from the state this queue wrote,
+    /// and written only if the row still has the version that write left and the lease is
+    /// still ahead of the database's clock (Q1, Q2). Otherwise it reads the row and decides
+    /// on the database's clock, as every other report does.
     pub fn complete(&mut self, job: &Job) -> Result<Status, QueueError> {
+        if let Some(status) = self.complete_held(job)? {
+            return Ok(status);
+        }
         self.report(job, Report::Complete).map(|(status, _)| status)
+    }
+
+    /// [`complete`](Self::complete) without a read, for a job this queue holds; `None` when it
+    /// does not hold it, the estimate refuses the completion, or the guarded write finds the
+    /// row moved or the lease run out on the database's clock (nothing was written).
+    fn complete_held(&mut self, job: &Job) -> Result<Option<Status>, QueueError> {
+        let Some(Held { version, policy, mut state }) = self.held.remove(&job.id.0) else { return Ok(None) };
+        let Some(now) = self.store.clock_estimate() else { return Ok(None) };
+        let mut finished = Finished::default();
+        let (Ok((status, _)), true) = decide(&policy, &mut state, now, job, &Report::Complete, &mut finished) else {
+            return Ok(None);
+        };
+        if !self.store.write_if_leased(job.id.0, version, &write_of(&state, now)?)? {
+            return Ok(None);
+        }
+        finished.tell();
+        Ok(Some(status))
+    }
+
+    /// Keeps `held` as job `id`'s row while its attempt is out.
+    fn hold(&mut self, id: TaskId, held: Held) {
+        if !matches!(held.state.status(), DeliveryStatus::HandedOut { .. } | DeliveryStatus::Running { .. }) {
+            return;
+        }
+        if self.held.len() >= MAX_HELD {
+            self.held.clear();
+        }
+        self.held.insert(id.0, held);
     }
 
     /// `job` failed: a retry is scheduled by the task's retry policy, or retries end and its
@@ -335,7 +437,10 @@ impl<S: Store> Queue<S> {
 
     /// Applies `report`; returns where the task now is and, while it runs, its lease deadline.
     fn report(&mut self, job: &Job, report: Report) -> Result<(Status, Option<Instant>), QueueError> {
+        // Whatever happens, the row is no longer the one this queue held.
+        self.held.remove(&job.id.0);
         let mut outcome = Err(QueueError::UnknownTask(job.id));
+        let mut written = None;
         let mut finished = Finished::default();
         let policies = &mut self.policies;
         // The closure may run more than once (a store that re-reads a row whose version moved
@@ -343,36 +448,15 @@ impl<S: Store> Queue<S> {
         let found = self.store.update(job.id.0, &mut |now, row| {
             finished.forget(row.id);
             let (policy, mut state) = policies.load(row)?;
-            let attempt = job.attempt;
-            // The deadline is the database's (Q2): a lease that has run out is interrupted
-            // before the report is looked at, and the report is refused.
-            state.handle_timeout(&policy, now, &mut rng_for(row.id, state.attempt(), now));
-            let (timed_out, _) = drain(&mut state, row.id, &mut finished);
-            let refused = |error| QueueError::Refused { task: job.id, error };
-            // In `Async` durability the claim's commit is the start's persistence.
-            let result = state.handle_persisted(&policy, now, attempt).map_err(refused).and_then(|()| match &report {
-                Report::Heartbeat(checkpoint) => state
-                    .handle_heartbeat(&policy, now, attempt, &job.worker, checkpoint.clone())
-                    .map_err(|r| refused(r.error)),
-                Report::Complete => state.handle_completed(&policy, now, attempt, &job.worker).map_err(refused),
-                Report::Fail(failure) => {
-                    let mut rng = rng_for(row.id, attempt, now);
-                    state
-                        .handle_failed(&policy, now, attempt, &job.worker, failure.clone(), &mut rng)
-                        .map_err(|r| refused(r.error))
-                }
-                Report::Decline => {
-                    state.handle_returned(&policy, now, attempt, &job.worker, FreeReturn::Declined).map_err(refused)
-                }
-            });
-            drain(&mut state, row.id, &mut finished);
-            let deadline = match state.status() {
-                DeliveryStatus::Running { heartbeat_deadline, .. } => Some(*heartbeat_deadline),
-                _ => None,
-            };
-            outcome = result.map(|()| (Status::of(state.status()), deadline));
-            // A refused report changes nothing, but an interruption found on the way is kept.
-            if outcome.is_ok() || timed_out > 0 { write_of(&state, now).map(Some) } else { Ok(None) }
+            let (result, changed) = decide(&policy, &mut state, now, job, &report, &mut finished);
+            outcome = result;
+            if !changed {
+                written = None;
+                return Ok(None);
+            }
+            let write = write_of(&state, now)?;
+            written = Some(Held { version: row.version.saturating_add(1), policy, state });
+            Ok(Some(write))
         })?;
         if !found {
             // The row went away between a visit and its write (deleted by someone else): what
@@ -380,6 +464,9 @@ impl<S: Store> Queue<S> {
             return Err(QueueError::UnknownTask(job.id));
         }
         finished.tell();
+        if let (Ok(_), Some(held)) = (&outcome, written) {
+            self.hold(job.id, held);
+        }
         outcome
     }
 

@@ -7,10 +7,8 @@ use persevere::Instant;
 use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::crash;
-use crate::store::{
-    Candidates, ClaimVisit, Insert, ReadWithClock, Row, Store, UpdateVisit, Write, compare_and_set, instant_of, skewed,
-    visit_rows,
-};
+use crate::shared::{ClockReading, ReadWithClock, compare_and_set, skewed, visit_rows};
+use crate::store::{Candidates, ClaimVisit, Insert, Row, Store, UpdateVisit, Write, instant_of};
 use crate::{QueueError, Status};
 
 const SCHEMA: &str = "
@@ -53,7 +51,8 @@ const COLUMNS: &str = "id, task_type, payload, policy, state, version, idempoten
 ///   to its commit, so two claims never hand out one attempt.
 /// - A report reads its task (and the clock) and writes it back with one `UPDATE` guarded by
 ///   the version it read (compare-and-set, Q1), reading and deciding again if another writer
-///   moved it: the database is held only for that `UPDATE`.
+///   moved it: the database is held only for that `UPDATE`. The completion of a job its queue
+///   claimed skips the read ([`Store::write_if_leased`]).
 /// - An enqueue is one `INSERT` that reads the clock itself.
 ///
 /// Durability: `synchronous = FULL`, so every commit is on disk before it returns (a claim
@@ -64,6 +63,8 @@ const COLUMNS: &str = "id, task_type, payload, policy, state, version, idempoten
 pub struct Sqlite {
     conn: Connection,
     skew: Duration,
+    /// The latest clock reading of a claim or a report's read.
+    clock: Option<ClockReading>,
 }
 
 impl Sqlite {
@@ -89,7 +90,7 @@ impl Sqlite {
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "FULL")?;
         conn.execute_batch(SCHEMA)?;
-        Ok(Sqlite { conn, skew: Duration::ZERO })
+        Ok(Sqlite { conn, skew: Duration::ZERO, clock: None })
     }
 
     /// The connection, for queries of your own and pragmas. Writing the queue's table by hand
@@ -109,7 +110,11 @@ impl Sqlite {
             .query_row([id], |row| Ok((row.get::<_, i64>(8)?, row_of(row)?)))
             .optional()?;
         crash::statement();
-        Ok(row.map(|(nanos, row)| (skewed(nanos, self.skew), row)))
+        let read = row.map(|(nanos, row)| (skewed(nanos, self.skew), row));
+        if let Some((now, _)) = &read {
+            self.clock = Some(ClockReading::new(*now, self.skew));
+        }
+        Ok(read)
     }
 }
 
@@ -247,6 +252,7 @@ impl Store for Sqlite {
         let now = clock(&tx, self.skew)?;
         crash::statement();
         let instant = instant_of(now)?;
+        self.clock = Some(ClockReading::new(now, self.skew));
         // Rows are decoded one at a time and the scan stops at the claimed one; the writes
         // follow once the scan is closed.
         let writes;
@@ -269,7 +275,7 @@ impl Store for Sqlite {
                 Candidates::Expired => {
                     statement = tx.prepare_cached(&format!(
                         "SELECT {COLUMNS} FROM persevere_tasks WHERE status IN ('handed_out', 'running') AND due_at <= ?1
-                         ORDER BY due_at LIMIT {limit}"
+                         ORDER BY due_at, id LIMIT {limit}"
                     ))?;
                     statement.query(params![now])?
                 }
@@ -303,6 +309,33 @@ impl Store for Sqlite {
         }
         tx.commit()?;
         Ok(writes.len())
+    }
+
+    fn clock_estimate(&self) -> Option<Instant> {
+        self.clock?.estimate(self.skew)
+    }
+
+    fn write_if_leased(&mut self, id: i64, version: i64, write: &Write) -> Result<bool, QueueError> {
+        crash::begin("update");
+        end_stray_transaction(&self.conn)?;
+        let changed = self
+            .conn
+            .prepare_cached(&format!(
+                "UPDATE persevere_tasks SET state = ?1, status = ?2, due_at = ?3, attempt = ?4, version = version + 1,
+                 updated_at = {now} + ?5 WHERE id = ?6 AND version = ?7 AND due_at > {now} + ?5",
+                now = clock!()
+            ))?
+            .execute(params![
+                write.state,
+                write.status.as_str(),
+                write.due_at,
+                write.attempt,
+                skewed(0, self.skew),
+                id,
+                version
+            ])?;
+        crash::statement();
+        Ok(changed == 1)
     }
 
     fn update(&mut self, id: i64, visit: &mut UpdateVisit<'_>) -> Result<bool, QueueError> {

@@ -6,8 +6,6 @@
 //! the version it read is still the row's, and bumps it. That guard is what makes two writers
 //! unable to both win; locks only spare them the wasted work.
 
-use core::time::Duration;
-
 use persevere::Instant;
 
 use crate::{QueueError, Status};
@@ -140,11 +138,33 @@ pub trait Store {
     /// Up to `limit` tasks in `status`, by id.
     fn list(&mut self, status: Status, limit: u32) -> Result<Vec<Row>, QueueError>;
 
+    /// This connection's latest reading of the database's clock, moved on by the time this
+    /// machine's monotonic clock has counted since: a little behind the database's clock (by
+    /// the reading's trip back), never a worker's wall clock. `None` before any reading; the
+    /// default, for a store that keeps none, which then decides every report on a fresh read.
+    ///
+    /// The queue decides a completion of a job it claimed at this estimate and writes it with
+    /// [`write_if_leased`](Self::write_if_leased), which checks the lease on the database's
+    /// own clock (Q2): one statement instead of a read and a write.
+    fn clock_estimate(&self) -> Option<Instant> {
+        None
+    }
+
+    /// Writes `write` over task `id` if its version is still `version` and its lease or
+    /// heartbeat deadline (`due_at`) is still ahead of the database's clock, in one statement
+    /// that bumps the version (Q1) and sets `updated_at` from that clock; returns whether it
+    /// applied. When it did not, the queue reads the row and decides again. The default applies
+    /// nothing.
+    fn write_if_leased(&mut self, id: i64, version: i64, write: &Write) -> Result<bool, QueueError> {
+        let _ = (id, version, write);
+        Ok(false)
+    }
+
     /// Moves this connection's reading of the database clock forward by `by`: for tests and
     /// simulations that must not sleep through leases and retry delays (feature
     /// `test-clock`). Every connection of one test must be moved alike; never in production.
     #[cfg(feature = "test-clock")]
-    fn advance_clock(&mut self, by: Duration);
+    fn advance_clock(&mut self, by: core::time::Duration);
 }
 
 /// A boxed store is a store, so one program can choose its database at run time
@@ -173,8 +193,14 @@ impl<S: Store + ?Sized> Store for Box<S> {
     fn list(&mut self, status: Status, limit: u32) -> Result<Vec<Row>, QueueError> {
         (**self).list(status, limit)
     }
+    fn clock_estimate(&self) -> Option<Instant> {
+        (**self).clock_estimate()
+    }
+    fn write_if_leased(&mut self, id: i64, version: i64, write: &Write) -> Result<bool, QueueError> {
+        (**self).write_if_leased(id, version, write)
+    }
     #[cfg(feature = "test-clock")]
-    fn advance_clock(&mut self, by: Duration) {
+    fn advance_clock(&mut self, by: core::time::Duration) {
         (**self).advance_clock(by);
     }
 }
@@ -187,62 +213,4 @@ pub(crate) fn instant_of(nanos: i64) -> Result<Instant, QueueError> {
 /// An `Instant` as nanoseconds since 1970 for a `BIGINT` column (saturating past 2262).
 pub(crate) fn nanos_of(instant: Instant) -> i64 {
     i64::try_from(instant.as_nanos()).unwrap_or(i64::MAX)
-}
-
-/// The clock reading plus the skew, saturating.
-pub(crate) fn skewed(nanos: i64, skew: Duration) -> i64 {
-    nanos.saturating_add(i64::try_from(skew.as_nanos()).unwrap_or(i64::MAX))
-}
-
-/// A row read with the clock of its statement (ns since 1970), or `None` if there is no such
-/// row.
-pub(crate) type ReadWithClock = Result<Option<(i64, Row)>, QueueError>;
-
-/// How often a report re-reads a task whose version moved between its read and its write.
-const CAS_TRIES: u32 = 16;
-
-/// A report by compare-and-set (Q1), as both stores make it: `read` the row (unlocked) with the
-/// clock of its statement, let `visit` decide, and `write` the decision guarded by the version
-/// read (`true` if it applied). When another writer moved the version in between, it reads and
-/// decides again, up to 16 times, then gives up with [`QueueError::Conflict`]. No lock is held
-/// while the queue decides, so reports never wait for each other's decisions.
-pub(crate) fn compare_and_set<S>(
-    store: &mut S,
-    id: i64,
-    visit: &mut UpdateVisit<'_>,
-    read: fn(&mut S, i64) -> ReadWithClock,
-    write: fn(&mut S, &Row, &Write, i64) -> Result<bool, QueueError>,
-) -> Result<bool, QueueError> {
-    for _ in 0..CAS_TRIES {
-        let Some((now, row)) = read(store, id)? else { return Ok(false) };
-        let Some(decided) = visit(instant_of(now)?, &row)? else { return Ok(true) };
-        if write(store, &row, &decided, now)? {
-            return Ok(true);
-        }
-    }
-    Err(QueueError::Conflict(crate::TaskId(id)))
-}
-
-/// A write a claim decided on: the row, the version it read, and what to write.
-pub(crate) type Decided = (i64, i64, Write);
-
-/// Passes `rows` (each with the clock reading of its statement) to `visit` in order until it
-/// claims one; returns the writes it asked for.
-pub(crate) fn visit_rows(
-    rows: impl Iterator<Item = Result<(Instant, Row), QueueError>>,
-    visit: &mut ClaimVisit<'_>,
-) -> Result<Vec<Decided>, QueueError> {
-    let mut writes = Vec::new();
-    for row in rows {
-        let (now, row) = row?;
-        match visit(now, &row)? {
-            Visit::Skip => {}
-            Visit::Write(write) => writes.push((row.id, row.version, write)),
-            Visit::WriteAndStop(write) => {
-                writes.push((row.id, row.version, write));
-                break;
-            }
-        }
-    }
-    Ok(writes)
 }

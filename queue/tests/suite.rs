@@ -355,6 +355,19 @@ fn q3_a_claim_takes_only_the_types_it_asks_for_and_due_tasks_first<D: Db>(db: &D
     assert_eq!(queue.claim("w", &["a"]).unwrap().map(|j| j.id), Some(later));
 }
 
+fn q3_tasks_due_at_one_instant_are_claimed_in_the_order_they_were_enqueued<D: Db>(db: &D) {
+    let mut queue = db.queue();
+    let ids: Vec<i64> = (0..6).map(|_| queue.enqueue(NewTask::new("t", "p", policy(3))).unwrap().id.0).collect();
+    // Every task due at the same instant, each row rewritten from the newest to the oldest, so
+    // that the newest rows come first in the table and in the index's entries for that instant.
+    let due = "(SELECT min(due_at) FROM persevere_tasks)";
+    let rewrites: String =
+        ids.iter().rev().map(|id| format!("UPDATE persevere_tasks SET due_at = {due} WHERE id = {id};")).collect();
+    db.execute(&rewrites);
+    let claimed: Vec<i64> = (0..6).map(|_| queue.claim("w", &["t"]).unwrap().unwrap().id.0).collect();
+    assert_eq!(claimed, ids, "oldest first");
+}
+
 fn q5_enqueueing_a_key_twice_returns_the_existing_task<D: Db>(db: &D) {
     let mut queue = db.queue();
     let first = queue.enqueue(NewTask::new("t", "one", policy(3)).key("order-17")).unwrap();
@@ -495,6 +508,7 @@ on_both_stores!(
     q2_a_task_is_created_and_delayed_on_the_database_clock,
     q3_concurrent_workers_run_each_task_exactly_once,
     q3_a_claim_takes_only_the_types_it_asks_for_and_due_tasks_first,
+    q3_tasks_due_at_one_instant_are_claimed_in_the_order_they_were_enqueued,
     q5_enqueueing_a_key_twice_returns_the_existing_task,
     q5_concurrent_enqueues_of_one_key_create_one_task,
     q6_failed_and_dead_lettered_tasks_are_listed_and_redriven,
@@ -503,6 +517,9 @@ on_both_stores!(
     a_handler_panic_fails_the_attempt_with_the_panicked_class,
     q1_a_report_whose_row_moved_meanwhile_reads_and_decides_again,
     q1_a_report_that_keeps_losing_the_race_is_a_conflict_and_writes_nothing,
+    q1_a_held_completion_is_one_guarded_write_and_reads_again_when_the_row_moved,
+    q2_the_guarded_write_checks_the_lease_on_the_database_clock,
+    q2_a_completion_decided_on_a_lagging_estimate_is_not_written_past_the_lease,
 );
 
 /// Q1's version guard: a report reads its row unlocked, and another writer moves the version
@@ -583,4 +600,134 @@ fn a_transaction_left_open_by_hand_does_not_swallow_an_enqueue_or_a_report() {
     drop(queue);
     // Another connection sees both.
     assert_eq!(db.queue().task(id).unwrap().status, Status::Completed);
+}
+
+/// The completion path without a read (`Queue::complete` of a job this queue claimed): counts
+/// which path each report took, and can hold the clock estimate back to the last claim's
+/// reading, as a connection whose estimate lags the database's clock would.
+struct Watched<S> {
+    inner: S,
+    guarded_writes: usize,
+    applied: usize,
+    updates: usize,
+    lagging: Option<persevere::Instant>,
+}
+
+impl<S: Store> Store for Watched<S> {
+    fn now(&mut self) -> Result<persevere::Instant, QueueError> {
+        self.inner.now()
+    }
+    fn insert(&mut self, insert: &Insert) -> Result<(i64, bool), QueueError> {
+        self.inner.insert(insert)
+    }
+    fn claim(&mut self, c: Candidates<'_>, limit: u32, visit: &mut ClaimVisit<'_>) -> Result<usize, QueueError> {
+        let claimed = self.inner.claim(c, limit, visit);
+        if self.lagging.is_some() {
+            self.lagging = self.inner.clock_estimate();
+        }
+        claimed
+    }
+    fn update(&mut self, id: i64, visit: &mut UpdateVisit<'_>) -> Result<bool, QueueError> {
+        self.updates += 1;
+        self.inner.update(id, visit)
+    }
+    fn get(&mut self, id: i64) -> Result<Option<Row>, QueueError> {
+        self.inner.get(id)
+    }
+    fn list(&mut self, status: Status, limit: u32) -> Result<Vec<Row>, QueueError> {
+        self.inner.list(status, limit)
+    }
+    fn clock_estimate(&self) -> Option<persevere::Instant> {
+        self.lagging.or_else(|| self.inner.clock_estimate())
+    }
+    fn write_if_leased(&mut self, id: i64, version: i64, write: &Write) -> Result<bool, QueueError> {
+        self.guarded_writes += 1;
+        let applied = self.inner.write_if_leased(id, version, write)?;
+        self.applied += usize::from(applied);
+        Ok(applied)
+    }
+    fn advance_clock(&mut self, by: Duration) {
+        self.inner.advance_clock(by);
+    }
+}
+
+fn watched<D: Db>(db: &D, lagging: bool) -> Queue<Watched<D::S>> {
+    let lagging = lagging.then_some(persevere::Instant::ZERO);
+    Queue::new(Watched { inner: db.connect(), guarded_writes: 0, applied: 0, updates: 0, lagging })
+}
+
+fn q1_a_held_completion_is_one_guarded_write_and_reads_again_when_the_row_moved<D: Db>(db: &D) {
+    let mut queue = watched(db, false);
+    let first = queue.enqueue(NewTask::new("t", "p", policy(3))).unwrap().id;
+    let second = queue.enqueue(NewTask::new("t", "p", policy(3))).unwrap().id;
+    let v0 = queue.store().get(first.0).unwrap().unwrap().version;
+    let job = queue.claim("w", &["t"]).unwrap().unwrap();
+    assert_eq!(queue.complete(&job).unwrap(), Status::Completed);
+    let store = queue.store();
+    assert_eq!((store.guarded_writes, store.applied, store.updates), (1, 1, 0), "one statement, no read");
+    let row = store.get(first.0).unwrap().unwrap();
+    assert_eq!(row.version, v0 + 2, "the guarded write bumps the version too");
+    let state: persevere_queue::TaskState = serde_json::from_str(&row.state).unwrap();
+    assert!(matches!(state.status(), DeliveryStatus::Done(Terminal::Completed { attempt: 1 })));
+    assert_eq!(queue.task(first).unwrap().terminal(), Some(&Terminal::Completed { attempt: 1 }));
+
+    // Another writer moves the second task's row after the claim: the guarded write finds
+    // another version, writes nothing, and the report reads the row and decides afresh.
+    let job = queue.claim("w", &["t"]).unwrap().unwrap();
+    assert_eq!(job.id, second);
+    db.interloper()(second.0);
+    assert_eq!(queue.complete(&job).unwrap(), Status::Completed);
+    let store = queue.store();
+    assert_eq!((store.guarded_writes, store.applied, store.updates), (2, 1, 1));
+    assert_eq!(queue.task(second).unwrap().terminal(), Some(&Terminal::Completed { attempt: 1 }));
+
+    // A heartbeat keeps the job held: its completion needs no read either.
+    let third = queue.enqueue(NewTask::new("t", "p", policy(3))).unwrap().id;
+    let job = queue.claim("w", &["t"]).unwrap().unwrap();
+    queue.heartbeat(&job, None).unwrap();
+    assert_eq!(queue.complete(&job).unwrap(), Status::Completed);
+    let store = queue.store();
+    assert_eq!(
+        (store.guarded_writes, store.applied, store.updates),
+        (3, 2, 2),
+        "the heartbeat read, the completion did not"
+    );
+    assert_eq!(queue.task(third).unwrap().terminal(), Some(&Terminal::Completed { attempt: 1 }));
+}
+
+fn q2_the_guarded_write_checks_the_lease_on_the_database_clock<D: Db>(db: &D) {
+    let mut queue = db.queue();
+    let id = queue.enqueue(NewTask::new("t", "p", policy(3))).unwrap().id;
+    queue.claim("w", &["t"]).unwrap().unwrap();
+    let row = queue.store().get(id.0).unwrap().unwrap();
+    let write = Write { state: row.state.clone(), status: Status::Completed, due_at: None, attempt: 1 };
+    let store = queue.store();
+    assert!(!store.write_if_leased(id.0, row.version - 1, &write).unwrap(), "another version");
+    // The 10 s start lease runs out on the database's clock.
+    store.advance_clock(Duration::from_secs(11));
+    assert!(!store.write_if_leased(id.0, row.version, &write).unwrap(), "past the lease");
+    assert_eq!(store.get(id.0).unwrap().unwrap(), row, "nothing was written");
+    let mut fresh = db.queue();
+    assert!(fresh.store().write_if_leased(id.0, row.version, &write).unwrap(), "within the lease, at that version");
+    let written = fresh.store().get(id.0).unwrap().unwrap();
+    assert_eq!((written.version, written.state), (row.version + 1, row.state));
+    let listed = fresh.store().list(Status::Completed, 10).unwrap();
+    assert_eq!(listed.iter().map(|r| r.id).collect::<Vec<_>>(), [id.0], "its status column was written");
+}
+
+fn q2_a_completion_decided_on_a_lagging_estimate_is_not_written_past_the_lease<D: Db>(db: &D) {
+    // The estimate stays at the claim's reading while the database's clock passes the lease:
+    // the queue decides the completion is in time, the guarded write finds it is not, and the
+    // report read on the database's clock interrupts the attempt and refuses it (D2, Q2).
+    let mut queue = watched(db, true);
+    let id = queue.enqueue(NewTask::new("t", "p", policy(3))).unwrap().id;
+    let job = queue.claim("w", &["t"]).unwrap().unwrap();
+    queue.advance_clock(Duration::from_secs(11));
+    assert!(queue.store().clock_estimate().unwrap() < job.deadline, "the estimate lags behind the lease");
+    assert_eq!(refused(queue.complete(&job)), DeliveryError::StaleAttempt { current: 2, got: 1 });
+    let store = queue.store();
+    assert_eq!((store.guarded_writes, store.applied, store.updates), (1, 0, 1));
+    let info = queue.task(id).unwrap();
+    assert_eq!(info.status, Status::Pending);
+    assert_eq!(info.retries_used(), 1, "the lease ran out: the attempt was interrupted");
 }

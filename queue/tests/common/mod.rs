@@ -31,6 +31,8 @@ pub trait Db: Sync {
     /// A writer on a connection of its own that bumps a task's version, as another worker's
     /// write would.
     fn interloper(&self) -> Box<dyn FnMut(i64) + Send>;
+    /// Runs `sql` (statements without parameters) on a connection of its own.
+    fn execute(&self, sql: &str);
 }
 
 const BUMP: &str = "UPDATE persevere_tasks SET version = version + 1 WHERE id = $1";
@@ -58,6 +60,9 @@ impl Db for SqliteDb {
     fn interloper(&self) -> Box<dyn FnMut(i64) + Send> {
         let conn = rusqlite::Connection::open(&self.path).unwrap();
         Box::new(move |id| assert_eq!(conn.execute(BUMP, [id]).unwrap(), 1))
+    }
+    fn execute(&self, sql: &str) {
+        rusqlite::Connection::open(&self.path).unwrap().execute_batch(sql).unwrap();
     }
 }
 
@@ -92,6 +97,9 @@ impl Db for PgDb {
     fn interloper(&self) -> Box<dyn FnMut(i64) + Send> {
         let mut client = postgres::Client::connect(&self.params, postgres::NoTls).unwrap();
         Box::new(move |id| assert_eq!(client.execute(BUMP, &[&id]).unwrap(), 1))
+    }
+    fn execute(&self, sql: &str) {
+        postgres::Client::connect(&self.params, postgres::NoTls).unwrap().batch_execute(sql).unwrap();
     }
 }
 
