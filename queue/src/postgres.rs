@@ -41,10 +41,10 @@ DROP INDEX IF EXISTS persevere_tasks_status;
 /// can use an index. `$1` is the connection's skew (`Store::advance_clock`, tests only).
 const CLOCK: &str = "((extract(epoch FROM statement_timestamp()) * 1000000)::bigint * 1000 + $1::bigint)";
 
-const COLUMNS: &str = "id, task_type, payload, policy, state, version, idempotency_key, created_at";
+const COLUMNS: &str = "id, task_type, payload, policy, state, version, idempotency_key, created_at, due_at";
 
 /// The column of the clock reading in a select of `COLUMNS` and the clock.
-const CLOCK_COLUMN: usize = 8;
+const CLOCK_COLUMN: usize = 9;
 
 /// Prepared statements kept per connection (one per distinct text: sweeps with many limits
 /// would otherwise accumulate them).
@@ -183,6 +183,7 @@ fn row_of(row: &tokio_postgres::Row) -> Result<Row, QueueError> {
         version: row.try_get(5)?,
         key: row.try_get(6)?,
         created_at: row.try_get(7)?,
+        due_at: row.try_get(8)?,
     })
 }
 
@@ -202,7 +203,8 @@ impl Store for Postgres {
             "INSERT INTO persevere_tasks (task_type, payload, policy, state, version, status, due_at, attempt,
              idempotency_key, created_at, updated_at)
              SELECT $2::text, $3::bytea, $4::text, '', 0, $5::text,
-                    CASE WHEN clock.now > {MAX} - $6::bigint THEN {MAX} ELSE clock.now + $6::bigint END,
+                    GREATEST(CASE WHEN clock.now > {MAX} - $6::bigint THEN {MAX} ELSE clock.now + $6::bigint END,
+                             $9::bigint),
                     $7::bigint, $8::text, clock.now, clock.now
              FROM (SELECT {CLOCK} AS now) AS clock
              ON CONFLICT (idempotency_key) DO NOTHING RETURNING id",
@@ -221,6 +223,7 @@ impl Store for Postgres {
                 &insert.delay_ns,
                 &insert.attempt,
                 &insert.key,
+                &insert.not_before,
             ],
         ))?;
         crash::statement();

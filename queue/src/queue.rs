@@ -267,7 +267,7 @@ impl<S: Store> Queue<S> {
     /// When the store fails.
     pub fn enqueue(&mut self, task: NewTask) -> Result<Enqueued, QueueError> {
         let policy_json = serde_json::to_string(&task.policy).map_err(QueueError::Encode)?;
-        let NewTask { task_type, payload, policy, delay, key } = task;
+        let NewTask { task_type, payload, policy, delay, run_at, key } = task;
         // The row's columns as a fresh task's state has them; the state itself is built from
         // the row's `created_at` when a claim first loads it, so the insert is one statement
         // that reads the clock itself (no round trip before it).
@@ -280,6 +280,10 @@ impl<S: Store> Queue<S> {
             status: Status::of(fresh.status()),
             attempt: i64::try_from(fresh.attempt()).unwrap_or(i64::MAX),
             delay_ns: i64::try_from(delay.as_nanos()).unwrap_or(i64::MAX),
+            // Before 1970: no bound; past 2262: the end of the clock.
+            not_before: run_at.map_or(0, |at| {
+                at.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+            }),
         };
         let (id, created) = self.store.insert(&insert)?;
         Ok(Enqueued { id: TaskId(id), created })
@@ -568,6 +572,7 @@ fn info_of(policies: &mut Policies, row: Row) -> Result<TaskInfo, QueueError> {
         payload: row.payload,
         status: Status::of(state.status()),
         key: row.key,
+        due_at: row.due_at.and_then(|at| instant_of(at).ok()),
         state,
     })
 }

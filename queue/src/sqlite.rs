@@ -42,7 +42,7 @@ macro_rules! clock {
 
 const NOW: &str = concat!("SELECT ", clock!());
 
-const COLUMNS: &str = "id, task_type, payload, policy, state, version, idempotency_key, created_at";
+const COLUMNS: &str = "id, task_type, payload, policy, state, version, idempotency_key, created_at, due_at";
 
 /// The SQLite store: one connection. Open one per worker thread or process on the same file;
 /// SQLite serialises their writes and the file is in WAL mode, so readers never wait.
@@ -107,7 +107,7 @@ impl Sqlite {
         let row = self
             .conn
             .prepare_cached(&format!("SELECT {COLUMNS}, {} FROM persevere_tasks WHERE id = ?1", clock!()))?
-            .query_row([id], |row| Ok((row.get::<_, i64>(8)?, row_of(row)?)))
+            .query_row([id], |row| Ok((row.get::<_, i64>(9)?, row_of(row)?)))
             .optional()?;
         crash::statement();
         let read = row.map(|(nanos, row)| (skewed(nanos, self.skew), row));
@@ -181,6 +181,7 @@ fn row_of(row: &rusqlite::Row<'_>) -> rusqlite::Result<Row> {
         version: row.get(5)?,
         key: row.get(6)?,
         created_at: row.get(7)?,
+        due_at: row.get(8)?,
     })
 }
 
@@ -212,7 +213,7 @@ impl Store for Sqlite {
                 "INSERT INTO persevere_tasks (task_type, payload, policy, state, version, status, due_at, attempt,
                  idempotency_key, created_at, updated_at)
                  VALUES (?1, ?2, ?3, '', 0, ?4,
-                         CASE WHEN {now} + ?8 > {MAX} - ?5 THEN {MAX} ELSE {now} + ?8 + ?5 END,
+                         MAX(CASE WHEN {now} + ?8 > {MAX} - ?5 THEN {MAX} ELSE {now} + ?8 + ?5 END, ?9),
                          ?6, ?7, {now} + ?8, {now} + ?8)
                  ON CONFLICT (idempotency_key) DO NOTHING",
                 now = clock!(),
@@ -226,7 +227,8 @@ impl Store for Sqlite {
                 insert.delay_ns,
                 insert.attempt,
                 insert.key,
-                skewed(0, self.skew)
+                skewed(0, self.skew),
+                insert.not_before
             ])?;
         crash::statement();
         if inserted == 1 {

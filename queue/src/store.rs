@@ -37,6 +37,9 @@ pub struct Row {
     pub key: Option<String>,
     /// When the task was enqueued: ns since 1970 on the database's clock (Q2).
     pub created_at: i64,
+    /// When it next needs a claim or a sweep (ns since 1970 on the database's clock); `None`
+    /// once it is finished.
+    pub due_at: Option<i64>,
 }
 
 /// What a write puts in a row besides the state: the columns the queries and the claim index
@@ -55,7 +58,8 @@ pub struct Write {
 }
 
 /// A new row. Its state is empty (see [`Row::state`]); the store sets `created_at` to the
-/// database's clock and `due_at` to `delay_ns` later, in the insert itself.
+/// database's clock and `due_at` to `delay_ns` later, or to `not_before` if that is later, in
+/// the insert itself.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Insert {
     /// The task type.
@@ -72,6 +76,8 @@ pub struct Insert {
     pub attempt: i64,
     /// How long after `created_at` it is due, in nanoseconds.
     pub delay_ns: i64,
+    /// Not due before this instant (ns since 1970 on the database's clock; 0 for no bound).
+    pub not_before: i64,
 }
 
 /// Which rows a claim visits.

@@ -2,6 +2,7 @@
 
 use core::fmt;
 use core::time::Duration;
+use std::time::SystemTime;
 
 use persevere::{
     AttemptFailure, AttemptProgress, Delivery, DeliveryPolicy, DeliveryStatus, Instant, LastFailure, Terminal,
@@ -121,8 +122,8 @@ impl fmt::Display for Status {
     }
 }
 
-/// A task to enqueue: its type, payload and policy, and optionally a start delay and an
-/// idempotency key.
+/// A task to enqueue: its type, payload and policy, and optionally when it may start (a delay,
+/// an instant, or both: the later wins) and an idempotency key.
 ///
 /// ```
 /// use std::time::Duration;
@@ -133,6 +134,9 @@ impl fmt::Display for Status {
 /// let task = NewTask::new("email", b"to=ada@example.com".to_vec(), DeliveryPolicy::builder(retry).build()?)
 ///     .key("welcome-ada")
 ///     .delay(Duration::from_secs(60));
+/// // Or at a wall-clock instant, read on the database's clock.
+/// let reminder = NewTask::new("email", b"to=ada@example.com".to_vec(), DeliveryPolicy::builder(retry).build()?)
+///     .run_at(std::time::SystemTime::now() + Duration::from_secs(24 * 3600));
 /// # Ok::<(), persevere::PolicyError>(())
 /// ```
 #[derive(Clone, Debug, PartialEq)]
@@ -141,6 +145,7 @@ pub struct NewTask {
     pub(crate) payload: Vec<u8>,
     pub(crate) policy: TaskPolicy,
     pub(crate) delay: Duration,
+    pub(crate) run_at: Option<SystemTime>,
     pub(crate) key: Option<String>,
 }
 
@@ -152,6 +157,7 @@ impl NewTask {
             payload: payload.into(),
             policy: policy.into_task_policy(),
             delay: Duration::ZERO,
+            run_at: None,
             key: None,
         }
     }
@@ -160,6 +166,15 @@ impl NewTask {
     #[must_use]
     pub fn delay(mut self, delay: Duration) -> Self {
         self.delay = delay;
+        self
+    }
+
+    /// No worker gets it before `at`, compared with the database's clock (Q2): an instant in
+    /// the past makes it due at once. With [`delay`](Self::delay) too, it is due at the later
+    /// of the two.
+    #[must_use]
+    pub fn run_at(mut self, at: SystemTime) -> Self {
+        self.run_at = Some(at);
         self
     }
 
@@ -232,6 +247,10 @@ pub struct TaskInfo {
     pub status: Status,
     /// The idempotency key it was enqueued with (Q5), if any.
     pub key: Option<String>,
+    /// When it next needs a claim or a sweep, on the database's clock: while pending, when it
+    /// becomes due (after its start delay or `run_at`, or its retry delay); while out, its
+    /// lease or heartbeat deadline; `None` once it is finished.
+    pub due_at: Option<Instant>,
     /// Its full redelivery state: attempts, retries used, free returns, progress, last failure,
     /// checkpoint and terminal state.
     pub state: TaskState,

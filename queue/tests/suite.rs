@@ -3,7 +3,7 @@
 
 mod common;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
@@ -309,12 +309,39 @@ fn q2_a_task_is_created_and_delayed_on_the_database_clock<D: Db>(db: &D) {
     let mut fresh = persevere_queue::TaskState::new(&policy(3), created, (), 1);
     while fresh.poll_action().is_some() {}
     assert_eq!(queue.task(id).unwrap().state, fresh);
+    assert_eq!(queue.task(id).unwrap().due_at, Some(created + Duration::from_secs(5)), "the query shows the delay");
     assert!(queue.claim("w", &["t"]).unwrap().is_none(), "not due before its delay on the database's clock");
     queue.advance_clock(Duration::from_secs(5));
     let job = queue.claim("w", &["t"]).unwrap().expect("due once the database's clock passed the delay");
     assert_eq!(job.attempt, 1);
     let info = queue.task(id).unwrap();
     assert!(matches!(info.state.status(), DeliveryStatus::HandedOut { attempt: 1, .. }));
+}
+
+fn q2_a_task_runs_no_earlier_than_its_run_at_on_the_database_clock<D: Db>(db: &D) {
+    let mut queue = db.queue();
+    let now = queue.store().now().unwrap();
+    let wall = |at: persevere::Instant| std::time::UNIX_EPOCH + Duration::from_nanos(at.as_nanos());
+    let at = now + Duration::from_secs(60);
+    let later = queue.enqueue(NewTask::new("t", "at", policy(3)).run_at(wall(at))).unwrap().id;
+    // With a delay too, the later of the two bounds wins, either way round.
+    let delayed = queue
+        .enqueue(NewTask::new("t", "both", policy(3)).run_at(wall(now)).delay(Duration::from_secs(120)))
+        .unwrap()
+        .id;
+    let at_wins =
+        queue.enqueue(NewTask::new("t", "both", policy(3)).delay(Duration::from_secs(1)).run_at(wall(at))).unwrap().id;
+    let past = queue.enqueue(NewTask::new("t", "past", policy(3)).run_at(std::time::UNIX_EPOCH)).unwrap().id;
+    assert_eq!(queue.task(later).unwrap().due_at, Some(at));
+    assert_eq!(queue.task(at_wins).unwrap().due_at, Some(at));
+    assert!(queue.task(delayed).unwrap().due_at.unwrap() >= now + Duration::from_secs(120));
+    let job = queue.claim("w", &["t"]).unwrap().unwrap();
+    assert_eq!(job.id, past, "an instant in the past: due at once");
+    queue.complete(&job).unwrap();
+    assert!(queue.claim("w", &["t"]).unwrap().is_none(), "nothing else is due before its instant");
+    queue.advance_clock(Duration::from_secs(61));
+    let due: BTreeSet<TaskId> = std::iter::from_fn(|| queue.claim("w", &["t"]).unwrap().map(|j| j.id)).collect();
+    assert_eq!(due, BTreeSet::from([later, at_wins]), "due at their instant, the 120 s delay still running");
 }
 
 fn q3_concurrent_workers_run_each_task_exactly_once<D: Db>(db: &D) {
@@ -506,6 +533,7 @@ on_both_stores!(
     q1_the_row_holds_the_cores_state_and_every_write_bumps_its_version,
     q2_deadlines_are_read_from_the_database_clock,
     q2_a_task_is_created_and_delayed_on_the_database_clock,
+    q2_a_task_runs_no_earlier_than_its_run_at_on_the_database_clock,
     q3_concurrent_workers_run_each_task_exactly_once,
     q3_a_claim_takes_only_the_types_it_asks_for_and_due_tasks_first,
     q3_tasks_due_at_one_instant_are_claimed_in_the_order_they_were_enqueued,
