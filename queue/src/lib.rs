@@ -14,7 +14,10 @@
 //!   task no claim has visited yet holds none: its state is its policy's fresh one at its
 //!   `created_at`, so an enqueue is one `INSERT` that reads the clock itself.)
 //! - **Q2** `now` is read from the database's clock in that transaction; no worker's clock
-//!   sets or keeps a lease.
+//!   sets or keeps a lease. (The one exception is the completion of a job its queue holds,
+//!   decided at this connection's last reading of that clock moved on by the time elapsed
+//!   since, and written only while the lease is ahead of the database's clock: see
+//!   [`Queue::complete`].)
 //! - **Q3** a claim leases one due attempt to one worker (`FOR UPDATE SKIP LOCKED` on
 //!   PostgreSQL, one `BEGIN IMMEDIATE` transaction on SQLite); an expired lease is interrupted
 //!   by whichever worker's claim or [`sweep`](Queue::sweep) meets it first.

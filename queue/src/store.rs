@@ -4,7 +4,9 @@
 //! a row, hands the row to the queue's `visit` closure (which runs the redelivery machine) and
 //! writes back what the closure returns, guarded by the row's version: a write applies only if
 //! the version it read is still the row's, and bumps it. That guard is what makes two writers
-//! unable to both win; locks only spare them the wasted work.
+//! unable to both win; locks only spare them the wasted work. (A completion of a job the queue
+//! holds reads nothing: [`Store::write_if_leased`] is guarded by the version the queue's own
+//! last write left, and by the lease on the database's clock.)
 
 use persevere::Instant;
 
@@ -145,9 +147,12 @@ pub trait Store {
     fn list(&mut self, status: Status, limit: u32) -> Result<Vec<Row>, QueueError>;
 
     /// This connection's latest reading of the database's clock, moved on by the time this
-    /// machine's monotonic clock has counted since: a little behind the database's clock (by
-    /// the reading's trip back), never a worker's wall clock. `None` before any reading; the
-    /// default, for a store that keeps none, which then decides every report on a fresh read.
+    /// machine's monotonic clock has counted since (never its wall clock). It is usually a
+    /// little behind the database's clock (by the reading's trip back), up to a millisecond
+    /// either way on SQLite (whose clock has millisecond precision), and further behind after
+    /// the machine was suspended (the monotonic clock does not count that). `None` before any
+    /// reading; the default, for a store that keeps none, which then decides every report on a
+    /// fresh read.
     ///
     /// The queue decides a completion of a job it claimed at this estimate and writes it with
     /// [`write_if_leased`](Self::write_if_leased), which checks the lease on the database's

@@ -309,7 +309,10 @@ fn stores() -> Vec<(&'static str, Spec, CrashPoints)> {
     // Statements (round trips on PostgreSQL) per operation: SQLite's claim is BEGIN IMMEDIATE,
     // clock, select, write, COMMIT; PostgreSQL's claim is BEGIN with the select (and the
     // clock), then the write with COMMIT; on both, a report is a select (with the clock) and a
-    // version-guarded write.
+    // version-guarded write, except the completion of a job the worker's queue holds (after
+    // its heartbeat), which is one write guarded by version and lease. So `update:3` aborts
+    // after that write when the worker's first job completes, and after the failure's select
+    // when it fails; `update:4` after the failure's write, or the next job's heartbeat select.
     let sqlite = common::sqlite("crash_q4");
     stores.push(("sqlite", Spec(format!("sqlite:{}", sqlite.path.display())), vec![("claim", 5), ("update", 2)]));
     #[cfg(feature = "postgres")]

@@ -385,8 +385,9 @@ fn q3_a_claim_takes_only_the_types_it_asks_for_and_due_tasks_first<D: Db>(db: &D
 fn q3_tasks_due_at_one_instant_are_claimed_in_the_order_they_were_enqueued<D: Db>(db: &D) {
     let mut queue = db.queue();
     let ids: Vec<i64> = (0..6).map(|_| queue.enqueue(NewTask::new("t", "p", policy(3))).unwrap().id.0).collect();
-    // Every task due at the same instant, each row rewritten from the newest to the oldest, so
-    // that the newest rows come first in the table and in the index's entries for that instant.
+    // Every task due at the same instant, each row rewritten from the newest to the oldest (on
+    // PostgreSQL, an update writes a new row version: the newest rows then come first in the
+    // table, and in the index's entries for that instant unless the index orders by id).
     let due = "(SELECT min(due_at) FROM persevere_tasks)";
     let rewrites: String =
         ids.iter().rev().map(|id| format!("UPDATE persevere_tasks SET due_at = {due} WHERE id = {id};")).collect();
@@ -547,6 +548,7 @@ on_both_stores!(
     q1_a_report_that_keeps_losing_the_race_is_a_conflict_and_writes_nothing,
     q1_a_held_completion_is_one_guarded_write_and_reads_again_when_the_row_moved,
     q2_the_guarded_write_checks_the_lease_on_the_database_clock,
+    q2_a_held_completion_is_decided_on_the_database_clock_as_it_moves,
     q2_a_completion_decided_on_a_lagging_estimate_is_not_written_past_the_lease,
 );
 
@@ -741,6 +743,34 @@ fn q2_the_guarded_write_checks_the_lease_on_the_database_clock<D: Db>(db: &D) {
     assert_eq!((written.version, written.state), (row.version + 1, row.state));
     let listed = fresh.store().list(Status::Completed, 10).unwrap();
     assert_eq!(listed.iter().map(|r| r.id).collect::<Vec<_>>(), [id.0], "its status column was written");
+
+    // A running attempt: its heartbeat deadline is the lease.
+    let id = queue.enqueue(NewTask::new("t", "p", policy(3))).unwrap().id;
+    let job = queue.claim("w", &["t"]).unwrap().unwrap();
+    queue.heartbeat(&job, None).unwrap();
+    let row = queue.store().get(id.0).unwrap().unwrap();
+    queue.advance_clock(Duration::from_secs(31));
+    assert!(!queue.store().write_if_leased(id.0, row.version, &write).unwrap(), "past the heartbeat deadline");
+    assert_eq!(queue.store().get(id.0).unwrap().unwrap(), row, "nothing was written");
+}
+
+fn q2_a_held_completion_is_decided_on_the_database_clock_as_it_moves<D: Db>(db: &D) {
+    // The estimate follows the database's clock, a test's advance of it included: a completion
+    // 5 s into a 10 s lease still needs no read, and the state records it 5 s after the claim.
+    let mut queue = watched(db, false);
+    let id = queue.enqueue(NewTask::new("t", "p", policy(3))).unwrap().id;
+    let job = queue.claim("w", &["t"]).unwrap().unwrap();
+    let claimed_at = queue.task(id).unwrap().state.now();
+    queue.advance_clock(Duration::from_secs(5));
+    assert_eq!(queue.complete(&job).unwrap(), Status::Completed);
+    let store = queue.store();
+    assert_eq!((store.guarded_writes, store.applied, store.updates), (1, 1, 0));
+    let done_at = queue.task(id).unwrap().state.now();
+    assert!(
+        done_at >= claimed_at + Duration::from_secs(5) && done_at < job.deadline,
+        "{claimed_at:?} + 5 s <= {done_at:?} < {:?}",
+        job.deadline
+    );
 }
 
 fn q2_a_completion_decided_on_a_lagging_estimate_is_not_written_past_the_lease<D: Db>(db: &D) {
