@@ -36,6 +36,8 @@ pub mod blocking;
 mod breaker;
 mod budget;
 mod classify;
+#[cfg(any(feature = "supervisor", feature = "scheduler"))]
+mod fault;
 mod hedge;
 #[cfg(any(feature = "supervisor", feature = "scheduler"))]
 mod job;
@@ -58,6 +60,9 @@ mod sync;
 pub use breaker::{Breaker, BreakerCall, ByResult, CallClassifier, CallError};
 pub use budget::{Budget, BudgetRequest, BudgetTicket};
 pub use classify::{ByTrait, Classifier, Classify, Notify, RetryAll, RetryEvent, RetryGate};
+#[cfg(all(feature = "fault-injection", any(feature = "supervisor", feature = "scheduler")))]
+#[doc(hidden)]
+pub use fault::Fault;
 pub use hedge::{HedgeFuture, Hedged, hedge};
 #[cfg(any(feature = "supervisor", feature = "scheduler"))]
 pub use job::JobError;

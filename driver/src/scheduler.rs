@@ -24,6 +24,7 @@ use persevere::{
 };
 
 use crate::classify::Classifier;
+use crate::fault::{Fault, Faults};
 
 /// A `tracing` event of target `persevere::scheduler` (the README's Observability table) when
 /// the `tracing` feature is on; nothing otherwise.
@@ -183,6 +184,7 @@ pub struct Scheduler<Rt, Sp, K, E> {
     default_policy: FlowPolicy,
     seed: Option<u64>,
     wall: Option<SystemTime>,
+    faults: Faults,
 }
 
 impl<Rt: Default, Sp: Default, K, E> Default for Scheduler<Rt, Sp, K, E> {
@@ -201,7 +203,15 @@ impl<Rt: Default, Sp: Default, K, E> Scheduler<Rt, Sp, K, E> {
 impl<Rt, Sp, K, E> Scheduler<Rt, Sp, K, E> {
     /// A scheduler with no flows, on `rt` and `spawner`.
     pub fn with(rt: Rt, spawner: Sp) -> Self {
-        Scheduler { rt, spawner, specs: BTreeMap::new(), default_policy: FlowPolicy::default(), seed: None, wall: None }
+        Scheduler {
+            rt,
+            spawner,
+            specs: BTreeMap::new(),
+            default_policy: FlowPolicy::default(),
+            seed: None,
+            wall: None,
+            faults: Faults::default(),
+        }
     }
 }
 
@@ -309,6 +319,14 @@ where
         self
     }
 
+    /// Injects `fault` into the scheduler (test-only, feature `fault-injection`).
+    #[cfg(feature = "fault-injection")]
+    #[doc(hidden)]
+    pub fn inject_fault(&mut self, fault: crate::fault::Fault) -> &mut Self {
+        self.faults.inject(fault);
+        self
+    }
+
     /// The number of flows.
     pub fn len(&self) -> usize {
         self.specs.len()
@@ -376,6 +394,7 @@ where
             wake: Nudge::default(),
             done: Event::new(),
             listeners: Listeners::new(),
+            faults: self.faults,
         });
         shared.spawner.spawn(timer_loop(shared.clone()));
         SchedulerHandle { shared }
@@ -479,6 +498,8 @@ struct Shared<Rt, Sp, K, E> {
     wake: Nudge,
     done: Event,
     listeners: Listeners<FlowTransition<K>>,
+    /// Test-only defects (none without the `fault-injection` feature).
+    faults: Faults,
 }
 
 impl<Rt, Sp, K, E> Shared<Rt, Sp, K, E>
@@ -782,7 +803,13 @@ where
         if state.stopped {
             return Err(SchedulerError::Stopped);
         }
-        state.flows.trigger(now, id)?;
+        match state.flows.trigger(now, id) {
+            // The injected defect: a tripped flow is dispatched all the same.
+            Err(FlowError::Tripped { .. }) if self.shared.faults.has(Fault::DispatchWhileTripped) => {}
+            result => {
+                result?;
+            }
+        }
         let mut batch = Vec::with_capacity(1);
         Shared::<Rt, Sp, K, E>::take_run(&mut state, id.clone(), &mut batch);
         drop(state);

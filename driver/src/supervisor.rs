@@ -22,6 +22,7 @@ use persevere::{
 use pin_project_lite::pin_project;
 
 use crate::classify::{Classifier, RetryAll};
+use crate::fault::{Fault, Faults};
 use crate::job::{JobError, catch_create, drop_caught, poll_caught};
 use crate::listeners::Listeners;
 use crate::runtime::Runtime;
@@ -145,6 +146,8 @@ struct Inner<Rt, Sp, K, E> {
     registry: Mutex<Registry<K, E>>,
     changed: Event,
     listeners: Listeners<SupervisorEvent<K, E>>,
+    /// Test-only defects (none without the `fault-injection` feature).
+    faults: Faults,
 }
 
 impl<Rt, Sp, K, E> Inner<Rt, Sp, K, E> {
@@ -241,6 +244,7 @@ pub struct SupervisorBuilder<Rt, Sp> {
     spawner: Sp,
     capacity: usize,
     seed: Option<u64>,
+    faults: Faults,
 }
 
 impl<Rt: Default, Sp: Default> SupervisorBuilder<Rt, Sp> {
@@ -253,6 +257,7 @@ impl<Rt: Default, Sp: Default> SupervisorBuilder<Rt, Sp> {
             spawner: Sp::default(),
             capacity: DEFAULT_EVENT_CAPACITY,
             seed: None,
+            faults: Faults::default(),
         }
     }
 }
@@ -260,7 +265,14 @@ impl<Rt: Default, Sp: Default> SupervisorBuilder<Rt, Sp> {
 impl<Rt, Sp> SupervisorBuilder<Rt, Sp> {
     /// A builder with the given task defaults, runtime and spawner.
     pub fn with(defaults: TaskDefaults, rt: Rt, spawner: Sp) -> Self {
-        SupervisorBuilder { defaults, rt, spawner, capacity: DEFAULT_EVENT_CAPACITY, seed: None }
+        SupervisorBuilder {
+            defaults,
+            rt,
+            spawner,
+            capacity: DEFAULT_EVENT_CAPACITY,
+            seed: None,
+            faults: Faults::default(),
+        }
     }
 
     /// Uses `rt` for clocks and timers.
@@ -271,12 +283,20 @@ impl<Rt, Sp> SupervisorBuilder<Rt, Sp> {
             spawner: self.spawner,
             capacity: self.capacity,
             seed: self.seed,
+            faults: self.faults,
         }
     }
 
     /// Uses `spawner` to start tasks.
     pub fn spawner<Sp2>(self, spawner: Sp2) -> SupervisorBuilder<Rt, Sp2> {
-        SupervisorBuilder { defaults: self.defaults, rt: self.rt, spawner, capacity: self.capacity, seed: self.seed }
+        SupervisorBuilder {
+            defaults: self.defaults,
+            rt: self.rt,
+            spawner,
+            capacity: self.capacity,
+            seed: self.seed,
+            faults: self.faults,
+        }
     }
 
     /// Holds at most `capacity` undelivered events (default [`DEFAULT_EVENT_CAPACITY`]; at least
@@ -291,6 +311,14 @@ impl<Rt, Sp> SupervisorBuilder<Rt, Sp> {
     /// for reproducible delays. By default each task is seeded from the runtime's entropy.
     pub fn seed(mut self, seed: u64) -> Self {
         self.seed = Some(seed);
+        self
+    }
+
+    /// Injects `fault` into the supervisor (test-only, feature `fault-injection`).
+    #[cfg(feature = "fault-injection")]
+    #[doc(hidden)]
+    pub fn inject_fault(mut self, fault: crate::fault::Fault) -> Self {
+        self.faults.inject(fault);
         self
     }
 
@@ -314,6 +342,7 @@ impl<Rt, Sp> SupervisorBuilder<Rt, Sp> {
                 }),
                 changed: Event::new(),
                 listeners: Listeners::new(),
+                faults: self.faults,
             }),
         }
     }
@@ -689,7 +718,9 @@ impl<Rt: Runtime, Sp, K: Ord + Clone + fmt::Debug, E: Clone> TaskGuard<Rt, Sp, K
                 registry.ended.push((self.id.clone(), outcome.kind(), self.aborted));
             }
         }
-        self.emit(at, SupervisionAction::TaskFinished { outcome: outcome.clone(), attempts });
+        if !self.inner.faults.has(Fault::DropTaskFinished) {
+            self.emit(at, SupervisionAction::TaskFinished { outcome: outcome.clone(), attempts });
+        }
         exit.send(TaskExit { outcome, attempts, aborted: self.aborted });
         self.inner.changed.notify(usize::MAX);
     }
@@ -800,6 +831,14 @@ async fn drive<Rt, Sp, K, E, C, F, Fut>(
                     }
                 }
                 SupervisionAction::TaskFinished { outcome, attempts } => {
+                    if inner.faults.has(Fault::RestartAfterFatal) && outcome.kind() == TaskOutcomeKind::Fatal {
+                        // The injected defect: one more attempt, unseen by the machine (polled
+                        // once, then dropped: it may hang).
+                        if let Ok(extra) = catch_create(&mut task) {
+                            let mut extra = pin!(extra);
+                            let _ = poll_fn(|cx| Poll::Ready(poll_caught(extra.as_mut(), cx))).await;
+                        }
+                    }
                     guard.finish(now, outcome, attempts);
                     return;
                 }

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use persevere::{FailureKind, FlowPolicy, FlowStatusKind, Hint};
-use persevere_driver::{FlowChange, Runtime, Scheduler, SchedulerHandle, Spawn};
+use persevere_driver::{Fault, FlowChange, Runtime, Scheduler, SchedulerHandle, Spawn};
 
 use crate::driven::{INJECTED_PANIC, silence_injected_panics};
 use crate::tasks::{Stop, Tasks, lock};
@@ -92,6 +92,9 @@ impl Drop for Running {
 pub enum SchedulerBug {
     /// The listener misses every reset: the flows it thinks tripped run again.
     LostReset,
+    /// In the driver ([`Fault::DispatchWhileTripped`]): a trigger of a tripped flow dispatches
+    /// a run.
+    DispatchWhileTripped,
 }
 
 /// Runs the scheduler scenario of `seed`.
@@ -109,6 +112,9 @@ pub fn run_with(seed: u64, bug: Option<SchedulerBug>) -> Result<Summary, Violati
     let log: Arc<Mutex<Log>> = Arc::default();
     let mut scheduler: Scheduler<Tasks, Tasks, u32, u32> = Scheduler::with(rt.clone(), rt.clone());
     scheduler.seed(seed);
+    if bug == Some(SchedulerBug::DispatchWhileTripped) {
+        scheduler.inject_fault(Fault::DispatchWhileTripped);
+    }
     let mut plans = Vec::new();
     for id in 0..count {
         let interval = Duration::from_millis(first.between(1, 100));

@@ -12,16 +12,18 @@
 //! tasks that ended after the shutdown began and before it returned, each in the list its exit
 //! names, and every task still supervised when it began among them), the event channel (what
 //! was received plus what was dropped is what was emitted), liveness (G13: every task ends),
-//! exactly one end per task (G11), and determinism (G0: the trace of a seed is the same every
-//! run).
+//! exactly one end per task (G11), every attempt that ran announced by the machine (none after
+//! a final `Fatal` or `Canceled`: G4), and determinism (G0: the trace of a seed is the same
+//! every run).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use persevere::TaskOutcomeKind;
 use persevere::{Backoff, FailureKind, Hint, SupervisionAction, TaskDefaults};
 use persevere_driver::{
-    Runtime, ShutdownReport, Spawn, Supervisor, SupervisorBuilder, SupervisorEvent, TaskExit, TaskSpec,
+    Fault, Runtime, ShutdownReport, Spawn, Supervisor, SupervisorBuilder, SupervisorEvent, TaskExit, TaskSpec,
 };
 
 use crate::driven::{INJECTED_PANIC, silence_injected_panics};
@@ -38,6 +40,8 @@ struct Log {
     exits: BTreeMap<u32, TaskExit<u32>>,
     /// Tasks added, with whether each has an attempt timeout.
     added: BTreeMap<u32, bool>,
+    /// Attempts each task's closure created (a panic while creating one included).
+    created: BTreeMap<u32, u64>,
     removed: Vec<u32>,
     /// `events.len()` when the shutdown began and when it returned.
     shutdown: Option<(usize, usize)>,
@@ -104,7 +108,7 @@ fn draw_spec(world: &mut World) -> (TaskSpec, bool) {
 fn add(sup: &Sup, rt: &Tasks, world: &Arc<Mutex<World>>, log: &Arc<Mutex<Log>>, id: u32) {
     let (spec, timed) = draw_spec(&mut lock(world));
     let attempt = {
-        let (world, rt) = (world.clone(), rt.clone());
+        let (world, rt, log_of_attempts) = (world.clone(), rt.clone(), log.clone());
         move || {
             let (took, act, panics_now) = {
                 let mut w = lock(&world);
@@ -120,6 +124,7 @@ fn add(sup: &Sup, rt: &Tasks, world: &Arc<Mutex<World>>, log: &Arc<Mutex<Log>>, 
                 w.record(id, "attempt created", took.as_millis() as u64, 0);
                 (took, act, panics_now)
             };
+            *lock(&log_of_attempts).created.entry(id).or_default() += 1;
             if panics_now {
                 std::panic::panic_any(INJECTED_PANIC);
             }
@@ -152,13 +157,19 @@ fn add(sup: &Sup, rt: &Tasks, world: &Arc<Mutex<World>>, log: &Arc<Mutex<Log>>, 
     });
 }
 
-/// A defect injected into what the run observes, to prove the checks catch it.
+/// A defect injected into the supervisor or into what the run observes, to prove the checks
+/// catch it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SupervisorBug {
     /// Every `TaskFinished` is heard twice (a second end of the same task).
     SecondFinish,
     /// The shutdown report forgets the first task it aborted.
     ForgottenAbort,
+    /// In the driver ([`Fault::RestartAfterFatal`]): a task finished `Fatal` runs one more
+    /// attempt.
+    RestartAfterFatal,
+    /// In the driver ([`Fault::DropTaskFinished`]): no `TaskFinished` is emitted.
+    DroppedFinish,
 }
 
 /// Runs the supervisor scenario of `seed`.
@@ -177,10 +188,14 @@ pub fn run_with(seed: u64, bug: Option<SupervisorBug>) -> Result<Summary, Violat
     let world = Arc::new(Mutex::new(first));
     let log: Arc<Mutex<Log>> = Arc::default();
     let rt = Tasks::new(seed);
-    let sup: Sup = SupervisorBuilder::with(TaskDefaults::default(), rt.clone(), rt.clone())
-        .event_capacity(capacity)
-        .seed(seed)
-        .build();
+    let mut builder =
+        SupervisorBuilder::with(TaskDefaults::default(), rt.clone(), rt.clone()).event_capacity(capacity).seed(seed);
+    match bug {
+        Some(SupervisorBug::RestartAfterFatal) => builder = builder.inject_fault(Fault::RestartAfterFatal),
+        Some(SupervisorBug::DroppedFinish) => builder = builder.inject_fault(Fault::DropTaskFinished),
+        _ => {}
+    }
+    let sup: Sup = builder.build();
     {
         let (log, world) = (log.clone(), world.clone());
         sup.on_event(move |event| {
@@ -356,6 +371,23 @@ fn check(world: &mut World, sup: &Sup, log: &Log, late: u64) -> Result<(), Viola
     for id in log.added.keys() {
         let place = places.get(id).map(|p| p.0);
         world.check("G11", place == Some(Place::Finished), || format!("task {id} never finished: {place:?}"))?;
+    }
+    // Every attempt that ran is one the machine started: none after the task's end (G4 after a
+    // final `Fatal` or `Canceled`), none unannounced.
+    let mut started: BTreeMap<u32, u64> = BTreeMap::new();
+    for SupervisorEvent { id, event, .. } in &log.events {
+        if let SupervisionAction::AttemptStarting { .. } = event {
+            *started.entry(*id).or_default() += 1;
+        }
+    }
+    for (id, created) in &log.created {
+        let announced = started.get(id).copied().unwrap_or(0);
+        let outcome = log.exits.get(id).map(|e| e.outcome.kind());
+        let rule =
+            if matches!(outcome, Some(TaskOutcomeKind::Fatal | TaskOutcomeKind::Canceled)) { "G4" } else { "S6" };
+        world.check(rule, *created == announced, || {
+            format!("task {id}: {created} attempts ran, {announced} started by the machine; it ended {outcome:?}")
+        })?;
     }
     world.check("G11", log.exits.len() == log.added.len(), || {
         format!("{} tasks added, {} handles resolved", log.added.len(), log.exits.len())

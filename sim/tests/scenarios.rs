@@ -212,6 +212,24 @@ fn an_injected_lost_reset_of_a_scheduled_flow_is_caught_as_f10() {
 }
 
 #[test]
+fn an_injected_restart_after_fatal_in_the_drivers_supervisor_is_caught_as_g4() {
+    let bug = Some(sim::supervisor::SupervisorBug::RestartAfterFatal);
+    assert_eq!(caught_by("supervisor", |seed| sim::supervisor::run_with(seed, bug)), "G4");
+}
+
+#[test]
+fn an_injected_dropped_task_finished_in_the_drivers_supervisor_is_caught_as_g11() {
+    let bug = Some(sim::supervisor::SupervisorBug::DroppedFinish);
+    assert_eq!(caught_by("supervisor", |seed| sim::supervisor::run_with(seed, bug)), "G11");
+}
+
+#[test]
+fn an_injected_dispatch_while_tripped_in_the_drivers_scheduler_is_caught_as_g5() {
+    let bug = Some(sim::scheduler::SchedulerBug::DispatchWhileTripped);
+    assert_eq!(caught_by("scheduler", |seed| sim::scheduler::run_with(seed, bug)), "G5");
+}
+
+#[test]
 fn a_violation_names_the_seed_and_the_replay_commands() {
     let violation = (0..5_000).find_map(|seed| sim::retry::run(seed, Some(RetryBug::RetryFatal)).err()).unwrap();
     let text = violation.to_string();
