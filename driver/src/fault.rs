@@ -19,6 +19,9 @@ pub enum Fault {
     DropTaskFinished,
     /// Scheduler: a `trigger` of a tripped flow dispatches a run anyway.
     DispatchWhileTripped,
+    /// Scheduler: a cron tick skipped because its flow was backing off is replayed when the
+    /// window ends.
+    ReplaySkippedTick,
 }
 
 /// The faults injected into one supervisor or scheduler (none, without the feature).

@@ -20,7 +20,8 @@ use chrono::{DateTime, Utc};
 use croner::Cron;
 use event_listener::Event;
 use persevere::{
-    Failure, FailureKind, Flow, FlowAction, FlowError, FlowInfo, FlowPolicy, Flows, Instant, PolicyError, TripReason,
+    Failure, FailureKind, Flow, FlowAction, FlowError, FlowInfo, FlowPolicy, Flows, Instant, PolicyError, SkipReason,
+    TripReason,
 };
 
 use crate::classify::Classifier;
@@ -557,6 +558,12 @@ where
                 Ok(skipped) => {
                     if let FlowAction::TickSkipped { reason, .. } = skipped {
                         event!(debug, flow = ?id, reason = ?reason, "tick skipped");
+                        if let SkipReason::InBackoff { until } = reason
+                            && self.faults.has(Fault::ReplaySkippedTick)
+                        {
+                            // The injected defect: the skipped tick comes back when the window ends.
+                            state.cron_due.insert((until, id.clone()));
+                        }
                         let _ = reason;
                     }
                     state.skipped_ticks += 1;

@@ -1,20 +1,22 @@
 //! The real [`Scheduler`] of `persevere-driver` on the simulator's many-task executor
-//! ([`crate::tasks`]): every-flows with drawn intervals and trip policies, runs that succeed,
+//! ([`crate::tasks`]): every-flows with drawn intervals, or cron flows ticking every second
+//! for at least 5 s, with drawn trip policies, runs that succeed,
 //! fail (retryable, fatal, do-not-retry, canceled, throttled), push back with a short hint, or
 //! panic, and take drawn times; an operator that triggers and resets flows and stalls the
 //! executor, then stops the scheduler and waits for it.
 //!
 //! Checked as each run starts: runs of one flow never overlap (F3), no run of a tripped flow is
 //! dispatched (F10, G5), a run dispatched by the schedule starts no earlier than the previous
-//! run's end plus the interval (F5, G6). Checked as the operator acts: every trip and reset told
+//! run's end plus the interval (F5, G6), a cron run at its tick or at the end of a stall that
+//! held it, never at a replayed tick (F6, G6). Checked as the operator acts: every trip and reset told
 //! to the listeners matches the flow's status. After the run: every task ended (G13). And
-//! determinism (G0). Not drawn yet: cron flows, runs that hang, runs dropped before they end.
+//! determinism (G0). Not drawn yet: runs that hang, runs dropped before they end.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use persevere::{FailureKind, FlowPolicy, FlowStatusKind, Hint};
+use persevere::{FailureKind, FlowPolicy, FlowStatusKind, Hint, Instant};
 use persevere_driver::{Fault, FlowChange, Runtime, Scheduler, SchedulerHandle, Spawn};
 
 use crate::driven::{INJECTED_PANIC, silence_injected_panics};
@@ -26,7 +28,10 @@ type Handle = SchedulerHandle<Tasks, Tasks, u32, u32>;
 /// One flow, as the runs and the listener see it.
 #[derive(Default)]
 struct Seen {
+    /// The every-flow's interval; zero for a cron flow.
     interval: Duration,
+    /// A cron flow, ticking every second.
+    cron: bool,
     running: u32,
     /// Heard tripped and not yet reset.
     tripped: bool,
@@ -47,6 +52,11 @@ struct Log {
     trips: u64,
     resets: u64,
     done: bool,
+    /// When the scheduler started (its cron ticks fall on whole seconds after it), in virtual ns.
+    started: u64,
+    /// The instants executor stalls ended at, in virtual ns: a timer due during a stall fires
+    /// then, so a tick that fell in it is dispatched late.
+    stall_ends: Vec<u64>,
 }
 
 impl Log {
@@ -95,6 +105,9 @@ pub enum SchedulerBug {
     /// In the driver ([`Fault::DispatchWhileTripped`]): a trigger of a tripped flow dispatches
     /// a run.
     DispatchWhileTripped,
+    /// In the driver ([`Fault::ReplaySkippedTick`]): a cron tick skipped in a backoff window is
+    /// replayed when the window ends.
+    ReplaySkippedTick,
 }
 
 /// Runs the scheduler scenario of `seed`.
@@ -112,17 +125,32 @@ pub fn run_with(seed: u64, bug: Option<SchedulerBug>) -> Result<Summary, Violati
     let log: Arc<Mutex<Log>> = Arc::default();
     let mut scheduler: Scheduler<Tasks, Tasks, u32, u32> = Scheduler::with(rt.clone(), rt.clone());
     scheduler.seed(seed);
-    if bug == Some(SchedulerBug::DispatchWhileTripped) {
-        scheduler.inject_fault(Fault::DispatchWhileTripped);
+    match bug {
+        Some(SchedulerBug::DispatchWhileTripped) => {
+            scheduler.inject_fault(Fault::DispatchWhileTripped);
+        }
+        Some(SchedulerBug::ReplaySkippedTick) => {
+            scheduler.inject_fault(Fault::ReplaySkippedTick);
+        }
+        _ => {}
     }
+    // Cron ticks fall on whole seconds of this wall clock, so on whole seconds after the start.
+    scheduler.wall_clock_at_start(std::time::UNIX_EPOCH + Duration::from_secs(1_700_000_000));
     let mut plans = Vec::new();
+    // A third of the scenarios schedule cron flows (ticking every second, with windows long
+    // enough to cover ticks, run for at least 5 s); the others every-flows.
+    let cron = first.chance(330);
     for id in 0..count {
-        let interval = Duration::from_millis(first.between(1, 100));
+        let interval = if cron { Duration::ZERO } else { Duration::from_millis(first.between(1, 100)) };
         let trip = first.between(1, 4) as u32;
-        let backoff = crate::world::draw_backoff(&mut first, 5, 200);
+        let backoff = if cron {
+            crate::world::draw_backoff(&mut first, 1_500, 3_000)
+        } else {
+            crate::world::draw_backoff(&mut first, 5, 200)
+        };
         let policy = FlowPolicy::builder().backoff(backoff).with_trip(trip).build().unwrap();
         plans.push((id, interval, policy));
-        lock(&log).flows.insert(id, Seen { interval, ..Seen::default() });
+        lock(&log).flows.insert(id, Seen { interval, cron, ..Seen::default() });
     }
     let world = Arc::new(Mutex::new(first));
     for (id, interval, policy) in plans {
@@ -146,7 +174,7 @@ pub fn run_with(seed: u64, bug: Option<SchedulerBug>) -> Result<Summary, Violati
                 log.runs += 1;
                 log.checked += 3;
                 let seen = log.flows.get_mut(&id).expect("a flow of the scenario");
-                let (running, tripped, triggered) = (seen.running, seen.tripped, seen.triggered);
+                let (running, tripped, triggered, cron) = (seen.running, seen.tripped, seen.triggered, seen.cron);
                 let early =
                     seen.last_end.map(|end| end + seen.interval.as_nanos() as u64).filter(|due| now.as_nanos() < *due);
                 seen.running += 1;
@@ -162,6 +190,12 @@ pub fn run_with(seed: u64, bug: Option<SchedulerBug>) -> Result<Summary, Violati
                 {
                     log.breaks("G6", || format!("flow {id}: a scheduled run started at {now:?}, before {due} ns"));
                 }
+                // F6: a cron run starts at its tick, or late when a stall held the timer;
+                // a skipped tick is never replayed (it would start between ticks).
+                let since = now.as_nanos().saturating_sub(log.started);
+                if cron && !triggered && since % 1_000_000_000 != 0 && !log.stall_ends.contains(&now.as_nanos()) {
+                    log.breaks("G6", || format!("flow {id}: a cron run started at {now:?}, on no tick"));
+                }
             }
             let guard = Running { log: log.clone(), rt: job_rt.clone(), id };
             let rt = job_rt.clone();
@@ -174,10 +208,15 @@ pub fn run_with(seed: u64, bug: Option<SchedulerBug>) -> Result<Summary, Violati
                 }
             }
         };
-        scheduler.every(id, interval, job).unwrap();
+        if interval.is_zero() {
+            scheduler.cron(id, "* * * * * *", job).unwrap();
+        } else {
+            scheduler.every(id, interval, job).unwrap();
+        }
         scheduler.classify(&id, classify).unwrap();
         scheduler.set_backoff(&id, policy).unwrap();
     }
+    lock(&log).started = rt.now().as_nanos();
     let handle: Handle = scheduler.start();
     {
         let (log, world) = (log.clone(), world.clone());
@@ -238,6 +277,7 @@ pub fn run_with(seed: u64, bug: Option<SchedulerBug>) -> Result<Summary, Violati
                         let by = Duration::from_millis(lock(&world).between(1, 300));
                         lock(&world).record(0, "executor stalls", by.as_millis() as u64, 0);
                         op_rt.jump(by);
+                        lock(&log).stall_ends.push(op_rt.now().as_nanos());
                     }
                 }
                 // What the listener heard agrees with the flows' status.
@@ -250,6 +290,10 @@ pub fn run_with(seed: u64, bug: Option<SchedulerBug>) -> Result<Summary, Violati
                             .breaks("F10", || format!("flow {id} is {status:?}, the listener heard tripped: {heard}"));
                     }
                 }
+            }
+            if cron {
+                let until = Instant::from_nanos(lock(&log).started).saturating_add(Duration::from_secs(5));
+                op_rt.sleep_until(until).await;
             }
             handle.stop();
             handle.wait().await;

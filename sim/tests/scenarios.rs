@@ -230,6 +230,12 @@ fn an_injected_dispatch_while_tripped_in_the_drivers_scheduler_is_caught_as_g5()
 }
 
 #[test]
+fn an_injected_replay_of_a_skipped_tick_in_the_drivers_scheduler_is_caught_as_g6() {
+    let bug = Some(sim::scheduler::SchedulerBug::ReplaySkippedTick);
+    assert_eq!(caught_by("scheduler", |seed| sim::scheduler::run_with(seed, bug)), "G6");
+}
+
+#[test]
 fn a_violation_names_the_seed_and_the_replay_commands() {
     let violation = (0..5_000).find_map(|seed| sim::retry::run(seed, Some(RetryBug::RetryFatal)).err()).unwrap();
     let text = violation.to_string();
