@@ -831,6 +831,9 @@ async fn drive<Rt, Sp, K, E, C, F, Fut>(
                     }
                 }
                 SupervisionAction::TaskFinished { outcome, attempts } => {
+                    // Compiled only with the feature: the extra attempt's await would otherwise
+                    // take room in every task's future.
+                    #[cfg(feature = "fault-injection")]
                     if inner.faults.has(Fault::RestartAfterFatal) && outcome.kind() == TaskOutcomeKind::Fatal {
                         // The injected defect: one more attempt, unseen by the machine (polled
                         // once, then dropped: it may hang).

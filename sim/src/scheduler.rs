@@ -7,13 +7,14 @@
 //!
 //! Checked as each run starts: runs of one flow never overlap (F3), no run of a tripped flow is
 //! dispatched (F10, G5), a run dispatched by the schedule starts no earlier than the previous
-//! run's end plus the interval (F5, G6), a cron run at its tick or at the end of a stall that
-//! held it, never at a replayed tick (F6, G6). Checked as the operator acts: every trip and reset told
+//! run's end plus the interval (F5, G6), the flow's machine running it and, unless it was
+//! triggered, its backoff window over (F3, F5, F6), a cron run at its tick or at the end of a
+//! stall that held it, never at a replayed tick (F6, G6). Checked as the operator acts: every trip and reset told
 //! to the listeners matches the flow's status. After the run: every task ended (G13). And
 //! determinism (G0). Not drawn yet: runs that hang, runs dropped before they end.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use persevere::{FailureKind, FlowPolicy, FlowStatusKind, Hint, Instant};
@@ -137,8 +138,8 @@ pub fn run_with(seed: u64, bug: Option<SchedulerBug>) -> Result<Summary, Violati
     // Cron ticks fall on whole seconds of this wall clock, so on whole seconds after the start.
     scheduler.wall_clock_at_start(std::time::UNIX_EPOCH + Duration::from_secs(1_700_000_000));
     let mut plans = Vec::new();
-    // A third of the scenarios schedule cron flows (ticking every second, with windows long
-    // enough to cover ticks, run for at least 5 s); the others every-flows.
+    // A third of the scenarios schedule cron flows (ticking every second, with windows often
+    // long enough to cover a tick, run for at least 5 s); the others every-flows.
     let cron = first.chance(330);
     for id in 0..count {
         let interval = if cron { Duration::ZERO } else { Duration::from_millis(first.between(1, 100)) };
@@ -153,9 +154,13 @@ pub fn run_with(seed: u64, bug: Option<SchedulerBug>) -> Result<Summary, Violati
         lock(&log).flows.insert(id, Seen { interval, cron, ..Seen::default() });
     }
     let world = Arc::new(Mutex::new(first));
+    // The handle, for the runs to ask the scheduler about their flow (set before any run).
+    let cell: Arc<OnceLock<Handle>> = Arc::default();
     for (id, interval, policy) in plans {
-        let (world, log, job_rt) = (world.clone(), log.clone(), rt.clone());
+        let (world, log, job_rt, cell) = (world.clone(), log.clone(), rt.clone(), cell.clone());
         let job = move || {
+            // What the scheduler says of this flow as its run starts.
+            let info = cell.get().map(|handle| handle.status(&id));
             let (took, outcome, now) = {
                 let mut w = lock(&world);
                 w.steps += 1;
@@ -190,6 +195,26 @@ pub fn run_with(seed: u64, bug: Option<SchedulerBug>) -> Result<Summary, Violati
                 {
                     log.breaks("G6", || format!("flow {id}: a scheduled run started at {now:?}, before {due} ns"));
                 }
+                // After G5 and G6, which name a defect better. F3: the run is one the flow's
+                // machine dispatched, so the flow is running; F5 and F6: one not triggered
+                // starts after its backoff window.
+                match &info {
+                    Some(Ok(info)) if info.status.kind() != FlowStatusKind::Running => {
+                        let status = info.status.kind();
+                        log.breaks("F3", || format!("flow {id}: a run started at {now:?}, the flow is {status:?}"));
+                    }
+                    Some(Ok(info)) if !triggered && info.next_eligible.is_some_and(|until| until > now) => {
+                        let until = info.next_eligible;
+                        log.breaks("G6", || {
+                            format!("flow {id}: a run started at {now:?}, inside its window to {until:?}")
+                        });
+                    }
+                    Some(Err(error)) => {
+                        let error = error.to_string();
+                        log.breaks("F9", || format!("flow {id}: no status as its run started: {error}"));
+                    }
+                    _ => {}
+                }
                 // F6: a cron run starts at its tick, or late when a stall held the timer;
                 // a skipped tick is never replayed (it would start between ticks).
                 let since = now.as_nanos().saturating_sub(log.started);
@@ -218,6 +243,7 @@ pub fn run_with(seed: u64, bug: Option<SchedulerBug>) -> Result<Summary, Violati
     }
     lock(&log).started = rt.now().as_nanos();
     let handle: Handle = scheduler.start();
+    let _ = cell.set(handle.clone());
     {
         let (log, world) = (log.clone(), world.clone());
         handle.on_transition(move |t| {
