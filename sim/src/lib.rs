@@ -31,6 +31,7 @@ pub mod executor;
 pub mod flow;
 pub mod fuzzing;
 pub mod hedge;
+pub mod model;
 pub mod outage;
 pub mod plot;
 pub mod retry;

@@ -4,9 +4,11 @@ use std::fmt;
 
 use std::time::Duration;
 
-use persevere::{Backoff, FailureClass, FailureKind, Hint, Instant, Jitter, Schedule};
+use persevere::{Backoff, FailureClass, FailureKind, Hint, Instant, Jitter};
 use rand_chacha::ChaCha8Rng;
 use rand_core::{Rng, SeedableRng};
+
+pub use crate::model::backoff::delay_bounds;
 
 /// How many recent events a violation report shows.
 pub const RECENT: usize = 48;
@@ -30,29 +32,6 @@ fn rule_index(rule: &str) -> usize {
         [b'G', b'1', d] if (b'0'..=b'3').contains(d) => 10 + usize::from(d - b'0'),
         _ => RULES - 1,
     }
-}
-
-/// The bounds `(least, most)` of the delay `backoff` may draw after the `failures`-th
-/// consecutive failure, `previous_ns` being the delay it drew before (B1–B3): the envelope
-/// jittered, raised to the floor and capped.
-pub fn delay_bounds(backoff: &Backoff, failures: u32, previous_ns: u64) -> (u64, u64) {
-    let cap = backoff.max_delay().as_nanos() as u64;
-    let floor = backoff.min_delay().as_nanos() as u64;
-    let envelope = backoff.envelope(failures).as_nanos() as u64;
-    let (lo, hi) = match (backoff.schedule(), backoff.jitter_kind()) {
-        (Schedule::Decorrelated { base }, _) => {
-            let base = base.as_nanos() as u64;
-            (base, previous_ns.max(base).saturating_mul(3))
-        }
-        (_, Jitter::None) => (envelope, envelope),
-        (_, Jitter::Full) => (0, envelope),
-        (_, Jitter::Equal) => (envelope / 2, envelope),
-        (_, Jitter::Proportional(f)) => {
-            let spread = (envelope as f64 * f) as u64 + 1;
-            (envelope.saturating_sub(spread), envelope.saturating_add(spread))
-        }
-    };
-    (lo.max(floor).min(cap), hi.max(floor).min(cap))
 }
 
 /// Where a model stands in a backoff schedule (B1–B3, B6): the failures since the schedule

@@ -6,6 +6,8 @@ use core::time::Duration;
 use arbitrary::Arbitrary;
 use persevere::{Backoff, BackoffBuilder, BackoffState, Jitter, Schedule};
 
+use crate::model::backoff::{Formula, delay_bounds, formula, tolerance};
+
 use super::{Ctx, ErrorKind, Fraction, SETUP, Span, ensure, nanos, nanos_sat, parse, rng, verdict};
 
 /// An exponential multiplier, valid or not.
@@ -175,28 +177,6 @@ fn check_policy(given: &BackoffIn, backoff: &Backoff) {
     ensure!(SETUP, rebuilt == Ok(*backoff), "B1", "the backoff does not rebuild to itself: {rebuilt:?}");
 }
 
-/// The envelope the formulas of B1 give for failure `n` (`n = 0` read as 1), before the cap,
-/// as an exact integer where the formula is integral and as a float otherwise.
-enum Formula {
-    Exact(u128),
-    Approx(f64),
-}
-
-fn formula(backoff: &Backoff, n: u32) -> Formula {
-    let n = n.max(1);
-    match backoff.schedule() {
-        Schedule::Constant(d) => Formula::Exact(d.as_nanos()),
-        Schedule::Linear { initial, step } => Formula::Exact(initial.as_nanos() + step.as_nanos() * u128::from(n - 1)),
-        Schedule::Exponential { initial, multiplier } if n == 1 || multiplier == 1.0 => {
-            Formula::Exact(initial.as_nanos())
-        }
-        Schedule::Exponential { initial, multiplier } => {
-            Formula::Approx(initial.as_nanos() as f64 * multiplier.powf(f64::from(n - 1)))
-        }
-        Schedule::Decorrelated { base } => Formula::Approx(base.as_nanos() as f64 * 3f64.powf(f64::from(n))),
-    }
-}
-
 /// B1, B4: the envelope of failure `n` against its formula, capped.
 pub(crate) fn check_envelope(ctx: Ctx<'_>, backoff: &Backoff, n: u32) -> u64 {
     let envelope = nanos_sat(backoff.envelope(n));
@@ -209,9 +189,8 @@ pub(crate) fn check_envelope(ctx: Ctx<'_>, backoff: &Backoff, n: u32) -> u64 {
         }
         Formula::Approx(raw) => {
             let expected = raw.min(cap as f64);
-            // Repeated squaring's rounding error grows with the exponent (about n·ε relative).
-            let relative = (1e-9_f64).max(f64::from(n) * 8.0 * f64::EPSILON);
-            let tolerance = expected * relative + 2.0;
+            let (relative, absolute) = tolerance(n);
+            let tolerance = expected * relative + absolute;
             ensure!(
                 ctx,
                 (envelope as f64 - expected).abs() <= tolerance,
@@ -251,30 +230,12 @@ pub(crate) fn check_delay(ctx: Ctx<'_>, backoff: &Backoff, n: u32, previous_ns: 
     let floor = nanos_sat(backoff.min_delay());
     ensure!(ctx, delay_ns <= cap, "B2", "delay {delay_ns} ns for failure {n} is above the cap {cap} ns");
     ensure!(ctx, delay_ns >= floor, "B2", "delay {delay_ns} ns for failure {n} is below the floor {floor} ns");
-    let envelope = nanos_sat(backoff.envelope(n));
-    let (lo, hi) = match (backoff.schedule(), backoff.jitter_kind()) {
-        (Schedule::Decorrelated { base }, _) => {
-            let base = nanos_sat(base);
-            (base, previous_ns.max(base).saturating_mul(3))
-        }
-        (_, Jitter::None) => (envelope, envelope),
-        (_, Jitter::Full) => (0, envelope),
-        (_, Jitter::Equal) => (envelope / 2, envelope),
-        (_, Jitter::Proportional(f)) => {
-            // As documented: `f` in fixed point, rounded to the nearest multiple of 2^-32.
-            let q32 = (f * 4_294_967_296.0).round() as u128;
-            let spread = ((u128::from(envelope) * q32) >> 32) as u64;
-            (envelope.saturating_sub(spread), envelope.saturating_add(spread))
-        }
-    };
-    let clamp = |x: u64| x.max(floor).min(cap);
+    let (lo, hi) = delay_bounds(backoff, n, previous_ns);
     ensure!(
         ctx,
-        (clamp(lo)..=clamp(hi)).contains(&delay_ns),
+        (lo..=hi).contains(&delay_ns),
         "B3",
-        "delay {delay_ns} ns for failure {n} (envelope {envelope} ns, previous {previous_ns} ns) is outside [{}, {}] ns",
-        clamp(lo),
-        clamp(hi)
+        "delay {delay_ns} ns for failure {n} (previous {previous_ns} ns) is outside [{lo}, {hi}] ns"
     );
 }
 

@@ -1,0 +1,122 @@
+//! The backoff schedule (B1–B4) from DESIGN's formulas: the envelope of the `n`-th consecutive
+//! failure and the bounds of the delay a schedule may draw there. Never computed from the core's
+//! `Backoff::envelope` or `delay`: the families' G1 checks and the fuzz targets' B1–B3 checks
+//! both hold the core to these.
+
+use persevere::{Backoff, Jitter, Schedule};
+
+/// The envelope B1's formula gives for failure `n` (`n = 0` read as 1), before the cap: an
+/// exact integer where the formula is integral, a float otherwise.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Formula {
+    /// `Constant` and `Linear`, and `Exponential` at its first failure or with multiplier 1.
+    Exact(u128),
+    /// `Exponential` past its first failure (`initial · multiplier^(n−1)`), and the
+    /// decorrelated schedule's `base · 3^n` (its largest possible delay).
+    Approx(f64),
+}
+
+/// B1: the uncapped envelope of failure `n`.
+pub fn formula(backoff: &Backoff, n: u32) -> Formula {
+    let n = n.max(1);
+    match backoff.schedule() {
+        Schedule::Constant(d) => Formula::Exact(d.as_nanos()),
+        Schedule::Linear { initial, step } => Formula::Exact(initial.as_nanos() + step.as_nanos() * u128::from(n - 1)),
+        Schedule::Exponential { initial, multiplier } if n == 1 || multiplier == 1.0 => {
+            Formula::Exact(initial.as_nanos())
+        }
+        Schedule::Exponential { initial, multiplier } => {
+            Formula::Approx(initial.as_nanos() as f64 * multiplier.powf(f64::from(n - 1)))
+        }
+        Schedule::Decorrelated { base } => Formula::Approx(base.as_nanos() as f64 * 3f64.powf(f64::from(n))),
+    }
+}
+
+/// How far a float formula may be from an exact computation of it at failure `n`: relative
+/// (repeated squaring's rounding error grows with the exponent, about `n·ε`), plus 2 ns.
+pub fn tolerance(n: u32) -> (f64, f64) {
+    ((1e-9_f64).max(f64::from(n) * 8.0 * f64::EPSILON), 2.0)
+}
+
+/// B1, B2: the least and most the envelope of failure `n` can be, capped at `max_delay`
+/// (equal, for an exact formula).
+pub fn envelope_bounds(backoff: &Backoff, n: u32) -> (u64, u64) {
+    let cap = nanos(backoff.max_delay());
+    match formula(backoff, n) {
+        Formula::Exact(raw) => {
+            let capped = raw.min(u128::from(cap)) as u64;
+            (capped, capped)
+        }
+        Formula::Approx(raw) => {
+            let (relative, absolute) = tolerance(n);
+            // `as` saturates: an infinite formula is past any cap.
+            let lo = (raw * (1.0 - relative) - absolute).max(0.0) as u64;
+            let hi = (raw * (1.0 + relative) + absolute) as u64;
+            (lo.min(cap), hi.min(cap))
+        }
+    }
+}
+
+/// B3: the spread proportional jitter `f` allows around an envelope of `envelope_ns`, as
+/// documented: `f` in fixed point, rounded to the nearest multiple of 2^-32.
+pub fn proportional_spread(envelope_ns: u64, f: f64) -> u64 {
+    let q32 = (f * 4_294_967_296.0).round() as u128;
+    ((u128::from(envelope_ns) * q32) >> 32) as u64
+}
+
+/// B2, B3: the least and most delay `backoff` may draw after the `n`-th consecutive failure,
+/// `previous_ns` being the delay it drew before (which bounds a decorrelated schedule's next):
+/// the envelope jittered, raised to the floor and capped.
+pub fn delay_bounds(backoff: &Backoff, n: u32, previous_ns: u64) -> (u64, u64) {
+    let cap = nanos(backoff.max_delay());
+    let floor = nanos(backoff.min_delay());
+    let (env_lo, env_hi) = envelope_bounds(backoff, n);
+    let (lo, hi) = match (backoff.schedule(), backoff.jitter_kind()) {
+        (Schedule::Decorrelated { base }, _) => {
+            let base = nanos(base);
+            (base, previous_ns.max(base).saturating_mul(3))
+        }
+        (_, Jitter::None) => (env_lo, env_hi),
+        (_, Jitter::Full) => (0, env_hi),
+        (_, Jitter::Equal) => (env_lo / 2, env_hi),
+        // `e − spread(e)` and `e + spread(e)` both grow with `e`.
+        (_, Jitter::Proportional(f)) => (
+            env_lo.saturating_sub(proportional_spread(env_lo, f)),
+            env_hi.saturating_add(proportional_spread(env_hi, f)),
+        ),
+    };
+    let clamp = |x: u64| x.max(floor).min(cap);
+    (clamp(lo), clamp(hi))
+}
+
+/// A span in nanoseconds, saturating at `u64::MAX`.
+fn nanos(span: core::time::Duration) -> u64 {
+    u64::try_from(span.as_nanos()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use core::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn bounds_follow_the_formulas() {
+        let ms = Duration::from_millis;
+        let linear = Backoff::linear(ms(10), ms(5)).max_delay(ms(100)).build().unwrap();
+        assert_eq!(delay_bounds(&linear, 3, 0), (20_000_000, 20_000_000));
+        assert_eq!(delay_bounds(&linear, 1_000, 0), (100_000_000, 100_000_000), "capped");
+        let full = Backoff::constant(ms(8)).jitter(Jitter::Full).build().unwrap();
+        assert_eq!(delay_bounds(&full, 7, 0), (0, 8_000_000));
+        let equal = Backoff::constant(ms(8)).jitter(Jitter::Equal).min_delay(ms(5)).build().unwrap();
+        assert_eq!(delay_bounds(&equal, 1, 0), (5_000_000, 8_000_000), "raised to the floor");
+        let half = Backoff::constant(ms(8)).jitter(Jitter::Proportional(0.5)).build().unwrap();
+        assert_eq!(delay_bounds(&half, 1, 0), (4_000_000, 12_000_000));
+        let exponential = Backoff::exponential(ms(1), 2.0).max_delay(ms(1_000)).build().unwrap();
+        let (lo, hi) = delay_bounds(&exponential, 4, 0);
+        assert!(lo <= 8_000_000 && 8_000_000 <= hi && hi - lo < 100, "{lo}..{hi}");
+        assert_eq!(delay_bounds(&exponential, 60, 0), (1_000_000_000, 1_000_000_000));
+        let decorrelated = Backoff::decorrelated(ms(2)).max_delay(ms(50)).build().unwrap();
+        assert_eq!(delay_bounds(&decorrelated, 9, 10_000_000), (2_000_000, 30_000_000));
+    }
+}
