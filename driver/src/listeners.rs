@@ -49,3 +49,68 @@ impl<T> Listeners<T> {
         }
     }
 }
+
+/// Listeners added and told from threads at once, model-checked: no add is lost, and a listener
+/// added before an event is told hears it exactly once. Run with the loom cfg (see
+/// `crate::sync::shared`):
+/// `RUSTFLAGS="--cfg persevere_loom" CARGO_TARGET_DIR=target/loom cargo test -p persevere-driver --lib --release`.
+#[cfg(all(test, persevere_loom))]
+mod loom_tests {
+    use std::sync::Arc;
+
+    use loom::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use loom::thread;
+
+    use super::Listeners;
+
+    /// A listener that counts what it heard into `heard`.
+    fn counting(listeners: &Listeners<u64>, heard: &Arc<AtomicU64>) {
+        let heard = heard.clone();
+        listeners.add(move |event| {
+            heard.fetch_add(*event, Ordering::SeqCst);
+        });
+    }
+
+    #[test]
+    fn o1_two_listeners_added_at_once_are_both_kept() {
+        loom::model(|| {
+            let listeners = Arc::new(Listeners::new());
+            let (a, b) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+            let adders: Vec<_> = [a.clone(), b.clone()]
+                .into_iter()
+                .map(|heard| {
+                    let listeners = listeners.clone();
+                    thread::spawn(move || counting(&listeners, &heard))
+                })
+                .collect();
+            for adder in adders {
+                adder.join().unwrap();
+            }
+            listeners.tell(&1);
+            assert_eq!((a.load(Ordering::SeqCst), b.load(Ordering::SeqCst)), (1, 1), "an add was lost");
+        });
+    }
+
+    #[test]
+    fn o1_a_listener_added_before_an_event_hears_it_exactly_once() {
+        loom::model(|| {
+            let listeners = Arc::new(Listeners::new());
+            let heard = Arc::new(AtomicU64::new(0));
+            let added = Arc::new(AtomicBool::new(false));
+            let adder = {
+                let (listeners, heard, added) = (listeners.clone(), heard.clone(), added.clone());
+                thread::spawn(move || {
+                    counting(&listeners, &heard);
+                    added.store(true, Ordering::Release);
+                })
+            };
+            // The teller looks whether the add has finished, then tells one event.
+            let was_added = added.load(Ordering::Acquire);
+            listeners.tell(&1);
+            let told = heard.load(Ordering::SeqCst);
+            adder.join().unwrap();
+            assert!(told <= 1, "one event heard {told} times");
+            assert!(!was_added || told == 1, "a listener added before the event did not hear it");
+        });
+    }
+}
