@@ -279,3 +279,45 @@ fn g12_the_decliners_ring_loads_only_as_handle_returned_fills_it() {
         "a gap before a used slot"
     );
 }
+
+// `.ci/mutants core/src/attempt.rs`: the survivors these two kill are the refusal of an input
+// that needs a started machine, on one that has not started (the `Idle` arm of
+// `check_started`), and the count of a failure that ends a task by itself (`count_failure`).
+
+#[test]
+fn g12_a_rejection_or_an_abandon_before_the_start_is_refused_and_changes_nothing() {
+    use persevere::{Retry, RetryError, Supervision, SupervisionError, SupervisionPolicy, TaskDefaults};
+    let policy = RetryPolicy::builder(Backoff::constant(ms(1)).build().unwrap()).max_attempts(3).build().unwrap();
+    let mut retry: Retry<()> = Retry::new();
+    let before = retry;
+    assert_eq!(retry.handle_rejected(&policy, Instant::from_nanos(5)), Err(RetryError::NotStarted));
+    assert_eq!(retry, before);
+
+    let policy = SupervisionPolicy::restartable().build(&TaskDefaults::new()).unwrap();
+    let mut task = Supervision::<u32>::new();
+    let before = task;
+    let refused = task.handle_abandoned(&policy, Instant::from_nanos(5), 1, Some(3), &mut Fixed(0)).unwrap_err();
+    assert_eq!((refused.error, refused.input), (SupervisionError::NotStarted, Some(3)));
+    assert_eq!(task, before);
+}
+
+#[test]
+fn s4_a_timed_out_attempt_whose_drop_panics_counts_into_the_streak() {
+    use persevere::{Supervision, SupervisionAction, SupervisionPolicy, TaskDefaults, TaskOutcome};
+    let defaults = TaskDefaults { backoff: Backoff::constant(ms(100)).build().unwrap(), ..TaskDefaults::new() };
+    let policy = SupervisionPolicy::restartable().attempt_timeout(ms(30)).build(&defaults).unwrap();
+    let at = |n: u64| Instant::from_nanos(n * 1_000_000);
+    let mut task = Supervision::<u32>::new();
+    let drain = |task: &mut Supervision<u32>| while task.poll_action().is_some() {};
+    task.handle_start(&policy, at(0)).unwrap();
+    drain(&mut task);
+    task.handle_timeout(&policy, at(30), &mut Fixed(0));
+    assert_eq!(task.poll_action(), Some(SupervisionAction::AttemptTimedOut { attempt: 1 }));
+    assert_eq!(task.streak(), 0, "the timeout is not decided until the attempt is dropped");
+    task.handle_abandoned(&policy, at(31), 1, Some(5), &mut Fixed(0)).unwrap();
+    assert_eq!(task.streak(), 1, "the timed-out attempt failed: it counts");
+    assert_eq!(
+        task.poll_action(),
+        Some(SupervisionAction::TaskFinished { outcome: TaskOutcome::Panicked { error: 5 }, attempts: 1 })
+    );
+}
