@@ -1,17 +1,19 @@
 //! The real [`Scheduler`] of `persevere-driver` on the simulator's many-task executor
 //! ([`crate::tasks`]): every-flows with drawn intervals, or cron flows ticking every second
-//! for at least 5 s, with drawn trip policies, runs that succeed,
-//! fail (retryable, fatal, do-not-retry, canceled, throttled), push back with a short hint, or
-//! panic, and take drawn times; an operator that triggers and resets flows and stalls the
-//! executor, then stops the scheduler and waits for it.
+//! for at least 5 s, with drawn trip policies; runs that succeed, fail (retryable, fatal,
+//! do-not-retry, canceled, throttled), push back with a short hint, panic or hang, and take
+//! drawn times; an operator that triggers and resets flows and stalls the executor, then stops
+//! the scheduler.
 //!
 //! Checked as each run starts: runs of one flow never overlap (F3), no run of a tripped flow is
 //! dispatched (F10, G5), a run dispatched by the schedule starts no earlier than the previous
-//! run's end plus the interval (F5, G6), the flow's machine running it and, unless it was
-//! triggered, its backoff window over (F3, F5, F6), a cron run at its tick or at the end of a
-//! stall that held it, never at a replayed tick (F6, G6). Checked as the operator acts: every trip and reset told
-//! to the listeners matches the flow's status. After the run: every task ended (G13). And
-//! determinism (G0). Not drawn yet: runs that hang, runs dropped before they end.
+//! run's end plus the interval (F5, G6), the flow's machine is running it and, unless it was
+//! triggered, its backoff window is over (F3, F5, F6), a cron run starts at its tick or at the
+//! end of a stall that held it, never at a replayed tick (F6, G6). Checked as the operator
+//! acts: every trip and reset told to the listeners matches the flow's status. After the run:
+//! runs that hang are dropped as the executor shuts down, each drop a clean cancel (F4: the
+//! flow is `Idle`, its streak as it was, or zero after a reset); the scheduler stops with
+//! nothing in flight and every task ends (G13). And determinism (G0).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -40,6 +42,8 @@ struct Seen {
     last_end: Option<u64>,
     /// A trigger was accepted and its run has not started yet.
     triggered: bool,
+    /// A run of the flow hangs; the streak when it started, and whether a reset was heard since.
+    hung: Option<(u32, bool)>,
 }
 
 #[derive(Default)]
@@ -67,6 +71,9 @@ impl Log {
         }
     }
 }
+
+/// The error code of a run that hangs.
+const HANG: u32 = u32::MAX - 1;
 
 /// The classes the runs' error codes stand for.
 fn classify(code: &u32) -> FailureKind {
@@ -168,7 +175,8 @@ pub fn run_with(seed: u64, bug: Option<SchedulerBug>) -> Result<Summary, Violati
                 let outcome = match w.between(0, 99) {
                     0..=49 => Ok(()),
                     50..=89 => Err(w.between(0, 1_000) as u32),
-                    _ => Err(u32::MAX),
+                    90..=95 => Err(u32::MAX),
+                    _ => Err(HANG),
                 };
                 let now = job_rt.now();
                 w.record(id, "run starts", now.as_nanos(), 0);
@@ -224,8 +232,18 @@ pub fn run_with(seed: u64, bug: Option<SchedulerBug>) -> Result<Summary, Violati
             }
             let guard = Running { log: log.clone(), rt: job_rt.clone(), id };
             let rt = job_rt.clone();
+            if outcome == Err(HANG) {
+                let streak = info.as_ref().and_then(|i| i.as_ref().ok()).map_or(0, |i| i.failure_streak);
+                if let Some(seen) = lock(&log).flows.get_mut(&id) {
+                    seen.hung = Some((streak, false));
+                }
+            }
             async move {
                 rt.sleep_until(now.saturating_add(took)).await;
+                if outcome == Err(HANG) {
+                    // Never ends: dropped when the executor shuts down (the guard with it).
+                    std::future::pending::<()>().await;
+                }
                 drop(guard);
                 match outcome {
                     Err(u32::MAX) => std::panic::panic_any(INJECTED_PANIC),
@@ -265,6 +283,9 @@ pub fn run_with(seed: u64, bug: Option<SchedulerBug>) -> Result<Summary, Violati
                 FlowChange::Reset => {
                     w.record(t.flow, "flow reset", 0, t.at.as_nanos());
                     seen.tripped = false;
+                    if let Some((_, reset)) = &mut seen.hung {
+                        *reset = true;
+                    }
                     log.resets += 1;
                 }
                 _ => {}
@@ -322,15 +343,39 @@ pub fn run_with(seed: u64, bug: Option<SchedulerBug>) -> Result<Summary, Violati
                 op_rt.sleep_until(until).await;
             }
             handle.stop();
+        });
+    }
+    let stop = rt.run(2_000_000);
+    // Only runs that hang are left: the executor shuts down and drops them, and each drop is
+    // a clean cancel (F4).
+    let dropped = if stop == Stop::Stuck { rt.drop_unfinished() } else { 0 };
+    {
+        let (handle, log) = (handle.clone(), log.clone());
+        rt.spawn(async move {
             handle.wait().await;
             lock(&log).done = true;
         });
     }
-    let stop = rt.run(2_000_000);
+    let after = rt.run(2_000_000);
     let mut world = lock(&world);
-    world.check("G13", stop == Stop::Done, || format!("the run stopped {stop:?}: a task never ended"))?;
-    let log = lock(&log);
-    world.check("G13", log.done, || "the operator never saw the scheduler stop".into())?;
+    world.check("G13", stop != Stop::OutOfPolls && after == Stop::Done, || {
+        format!("the run stopped {stop:?}, then {after:?} after {dropped} hung tasks were dropped")
+    })?;
+    let mut log = lock(&log);
+    world.check("G13", log.done, || "the scheduler never stopped with nothing in flight".into())?;
+    let hung: Vec<(u32, (u32, bool))> = log.flows.iter().filter_map(|(id, s)| s.hung.map(|h| (*id, h))).collect();
+    for (id, (streak, reset)) in hung {
+        log.checked += 1;
+        let info = handle.status(&id);
+        let expected = if reset { 0 } else { streak };
+        let ok = info.as_ref().is_ok_and(|i| i.status.kind() == FlowStatusKind::Idle && i.failure_streak == expected);
+        if !ok {
+            let info = info.map(|i| (i.status.kind(), i.failure_streak));
+            log.breaks("F4", || {
+                format!("flow {id}: its hung run was dropped; it is {info:?}, expected Idle with streak {expected}")
+            });
+        }
+    }
     if let Some((rule, why)) = &log.broken {
         return Err(world.violation(rule, why.clone()));
     }

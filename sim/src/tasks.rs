@@ -98,6 +98,23 @@ impl Tasks {
         self.shared.lock().polls
     }
 
+    /// Drops every task that has not finished, as an executor that shuts down does (each
+    /// future's locals are dropped: their guards run). Returns how many it dropped.
+    pub fn drop_unfinished(&self) -> usize {
+        let dropped: Vec<Task> = {
+            let mut state = self.shared.lock();
+            let state = &mut *state;
+            state.ready.clear();
+            state.queued.iter_mut().for_each(|queued| *queued = false);
+            state.finished.iter_mut().for_each(|finished| *finished = true);
+            state.tasks.iter_mut().filter_map(Option::take).collect()
+        };
+        // Outside the lock: a dropped future may wake, spawn or read the clock.
+        let count = dropped.len();
+        drop(dropped);
+        count
+    }
+
     /// Polls ready tasks, in the order they were woken, and moves virtual time to the next
     /// timer whenever none is ready, until every task has finished, nothing can make progress,
     /// or `max_polls` polls.
