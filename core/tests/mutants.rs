@@ -321,3 +321,17 @@ fn s4_a_timed_out_attempt_whose_drop_panics_counts_into_the_streak() {
         Some(SupervisionAction::TaskFinished { outcome: TaskOutcome::Panicked { error: 5 }, attempts: 1 })
     );
 }
+
+#[test]
+fn r6_a_wake_up_at_the_end_of_time_does_not_time_out_an_attempt_with_no_deadline() {
+    use persevere::{Retry, RetryAction};
+    let policy = RetryPolicy::builder(Backoff::constant(ms(1)).build().unwrap()).max_attempts(3).build().unwrap();
+    let mut retry: Retry<()> = Retry::new();
+    retry.handle_start(&policy, Instant::ZERO).unwrap();
+    assert_eq!(retry.poll_action(), Some(RetryAction::Start { attempt: 1, deadline: None }));
+    let before = retry;
+    // A deadline-less attempt's timer is the end of time itself: a wake-up there is spurious.
+    retry.handle_timeout(&policy, Instant::MAX, &mut Fixed(0));
+    assert_eq!(retry, before);
+    assert_eq!(retry.poll_action(), None);
+}
