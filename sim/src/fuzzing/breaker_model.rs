@@ -7,8 +7,9 @@ use core::time::Duration;
 
 use arbitrary::Arbitrary;
 use persevere::{
-    Breaker, BreakerError, BreakerPolicy, BreakerPolicyBuilder, BreakerStatus, BreakerWindow, CallOutcome, Instant,
-    MAX_PERMITS, MAX_WINDOW_BUCKETS, MAX_WINDOW_CALLS, Permit, Rejected, WindowCounts,
+    Breaker, BreakerError, BreakerPolicy, BreakerPolicyBuilder, BreakerReason, BreakerState, BreakerStatus,
+    BreakerWindow, CallOutcome, Instant, MAX_PERMITS, MAX_WINDOW_BUCKETS, MAX_WINDOW_CALLS, Permit, Rejected,
+    WindowCounts,
 };
 use rand_chacha::ChaCha8Rng;
 
@@ -701,14 +702,16 @@ pub(crate) fn run(data: &[u8]) {
             check_delay(ctx, policy.open_backoff(), model.openings, was.last_open_ns, model.last_open_ns);
         }
         check_state(ctx, &policy, switched, &machine, &model);
-        check_events(ctx, &before, &mut machine);
+        let by_hand = matches!(op.meaning(), Op::Isolate(_) | Op::Disable(_) | Op::Reset(_));
+        check_events(ctx, &rules, by_hand, &before, &mut machine);
     }
 }
 
 /// O1: the events of one input lead, one per change of kind, from where the breaker was before
 /// it to where it is after it, each in a newer generation and at an instant within the input's
-/// span of time, and none is pushed out unseen.
-fn check_events(ctx: Ctx<'_>, before: &Breaker, machine: &mut Breaker) {
+/// span of time, each with a reason that can make that change (a change by hand for an input
+/// by hand; a rate only when the policy has that rate), and none is pushed out unseen.
+fn check_events(ctx: Ctx<'_>, rules: &Rules, by_hand: bool, before: &Breaker, machine: &mut Breaker) {
     let (mut kind, mut generation) = (before.status().state(), before.generation());
     let mut count = 0;
     while let Some(event) = machine.poll_event() {
@@ -731,11 +734,35 @@ fn check_events(ctx: Ctx<'_>, before: &Breaker, machine: &mut Breaker) {
             "O1",
             "{event:?}"
         );
+        ensure!(
+            ctx,
+            reason_fits(rules, by_hand, event.from.state(), event.to.state(), event.reason),
+            "O1",
+            "{event:?} gives a reason that cannot make this change ({})",
+            if by_hand { "an input by hand" } else { "an input of the breaker's own" }
+        );
         (kind, generation) = (event.to.state(), event.generation);
     }
     let status = machine.status();
     ensure!(ctx, kind == status.state(), "O1", "the breaker is {status:?}, its events end at {kind:?}");
     ensure!(ctx, count <= 3 && machine.dropped_events() == 0, "O1", "{count} events from one input");
+}
+
+/// Whether `reason` can make the change `from` → `to` (K2–K4, O1).
+fn reason_fits(rules: &Rules, by_hand: bool, from: BreakerState, to: BreakerState, reason: BreakerReason) -> bool {
+    use BreakerReason as R;
+    use BreakerState as S;
+    if by_hand {
+        return reason == R::ByHand;
+    }
+    match (from, to, reason) {
+        (S::Open, S::HalfOpen, R::OpenPeriodEnded) | (S::HalfOpen, S::Closed, R::ProbesSucceeded) => true,
+        (S::HalfOpen, S::Open, R::ProbeFailed | R::ProbeExpired) => true,
+        (S::Closed, S::Open, R::ConsecutiveFailures) => rules.consecutive != u64::MAX,
+        (S::Closed | S::HalfOpen, S::Open, R::FailureRate) => rules.failure_ppm <= PPM,
+        (S::Closed | S::HalfOpen, S::Open, R::SlowCallRate) => rules.slow_ppm <= PPM,
+        _ => false,
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
