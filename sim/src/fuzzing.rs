@@ -199,6 +199,27 @@ pub(crate) struct Ctx<'a> {
     pub(crate) op: &'a dyn Debug,
 }
 
+impl<'a> Ctx<'a> {
+    /// This context as a [`Judge`](crate::model::Judge): a broken rule panics, as `ensure!` does.
+    pub(crate) fn judge(self) -> CtxJudge<'a> {
+        CtxJudge(self)
+    }
+}
+
+/// A fuzz context judging a shared model's rules (see [`Ctx::judge`]).
+pub(crate) struct CtxJudge<'a>(Ctx<'a>);
+
+impl crate::model::Judge for CtxJudge<'_> {
+    type Error = core::convert::Infallible;
+
+    fn check(&mut self, rule: &'static str, holds: bool, why: impl FnOnce() -> String) -> Result<(), Self::Error> {
+        if !holds {
+            violated(self.0, rule, format_args!("{}", why()));
+        }
+        Ok(())
+    }
+}
+
 /// The context of the configuration, before any operation.
 pub(crate) const SETUP: Ctx<'static> = Ctx { step: 0, op: &"(configuration)" };
 

@@ -3,5 +3,28 @@
 //!
 //! - [`backoff`]: the envelope of a schedule (B1, B4) and the bounds of every jittered delay
 //!   (B2, B3).
+//! - [`supervision`]: a supervised task's event stream (S1, S3, S5, S6, B6).
+//!
+//! A model says whether a rule holds through a [`Judge`]: the simulator's
+//! [`World`](crate::world::World) turns a broken rule into a `Violation` (with the seed and the
+//! trace), a fuzz target's context panics with it.
 
 pub mod backoff;
+pub mod supervision;
+
+/// Where a model's verdicts go.
+pub trait Judge {
+    /// What a broken rule becomes.
+    type Error;
+
+    /// Records that `rule` was checked; `Err` if it does not hold (`why` says how).
+    fn check(&mut self, rule: &'static str, holds: bool, why: impl FnOnce() -> String) -> Result<(), Self::Error>;
+}
+
+impl Judge for crate::world::World {
+    type Error = crate::world::Violation;
+
+    fn check(&mut self, rule: &'static str, holds: bool, why: impl FnOnce() -> String) -> Result<(), Self::Error> {
+        crate::world::World::check(self, rule, holds, why)
+    }
+}

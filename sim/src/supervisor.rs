@@ -7,7 +7,8 @@
 //! slowly.
 //!
 //! Checked after the run: S6 (each task's events form the lifecycle grammar, attempts numbered
-//! from 1, one `TaskFinished`, last), S4 (a timeout only where one is configured; the exit a
+//! from 1, one `TaskFinished`, last; with S1, S3, S5 and B6 where the stream shows them: the
+//! one grammar of [`crate::model::supervision`], which the fuzz target holds the core to), S4 (a timeout only where one is configured; the exit a
 //! handle resolves to is the `TaskFinished` outcome and count), the shutdown report (exactly the
 //! tasks that ended after the shutdown began and before it returned, each in the list its exit
 //! names, and every task still supervised when it began among them), the event channel (what
@@ -21,12 +22,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use persevere::TaskOutcomeKind;
-use persevere::{Backoff, FailureKind, Hint, SupervisionAction, TaskDefaults};
+use persevere::{Backoff, FailureKind, Hint, SupervisionAction, SupervisionPolicy, TaskDefaults};
 use persevere_driver::{
     Fault, Runtime, ShutdownReport, Spawn, Supervisor, SupervisorBuilder, SupervisorEvent, TaskExit, TaskSpec,
 };
 
 use crate::driven::{INJECTED_PANIC, silence_injected_panics};
+use crate::model::supervision::Grammar;
 use crate::tasks::{Stop, Tasks, lock};
 use crate::world::{Summary, Violation, World};
 
@@ -42,6 +44,8 @@ struct Log {
     added: BTreeMap<u32, bool>,
     /// Attempts each task's closure created (a panic while creating one included).
     created: BTreeMap<u32, u64>,
+    /// Each task's policy, as the supervisor builds it from its spec.
+    policies: BTreeMap<u32, SupervisionPolicy>,
     removed: Vec<u32>,
     /// `events.len()` when the shutdown began and when it returned.
     shutdown: Option<(usize, usize)>,
@@ -107,6 +111,8 @@ fn draw_spec(world: &mut World) -> (TaskSpec, bool) {
 /// Adds task `id` with a drawn spec; its attempts draw what they do from the world.
 fn add(sup: &Sup, rt: &Tasks, world: &Arc<Mutex<World>>, log: &Arc<Mutex<Log>>, id: u32) {
     let (spec, timed) = draw_spec(&mut lock(world));
+    // The supervisor's defaults are `TaskDefaults::default()`; the specs drawn are valid.
+    let policy = spec.build(&TaskDefaults::default()).expect("a drawn spec builds");
     let attempt = {
         let (world, rt, log_of_attempts) = (world.clone(), rt.clone(), log.clone());
         move || {
@@ -149,7 +155,10 @@ fn add(sup: &Sup, rt: &Tasks, world: &Arc<Mutex<World>>, log: &Arc<Mutex<Log>>, 
             return;
         }
     };
-    lock(log).added.insert(id, timed);
+    let mut log_of_adds = lock(log);
+    log_of_adds.added.insert(id, timed);
+    log_of_adds.policies.insert(id, policy);
+    drop(log_of_adds);
     let log = log.clone();
     rt.spawn(async move {
         let exit = handle.await;
@@ -302,64 +311,26 @@ pub fn run_with(seed: u64, bug: Option<SupervisorBug>) -> Result<Summary, Violat
     Ok(world.summary())
 }
 
-/// Where a task is in the S6 grammar.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Place {
-    /// Before attempt `n`, with no wait scheduled (only attempt 1).
-    Before(u64),
-    Running(u64),
-    Ended(u64),
-    /// Waiting for attempt `n`.
-    Waiting(u64),
-    Finished,
-}
-
 fn check(world: &mut World, sup: &Sup, log: &Log, late: u64) -> Result<(), Violation> {
     if let Some(refused) = &log.refused {
         return Err(world.violation("S1", refused.clone()));
     }
-    // S6 and S4, per task.
-    let mut places: BTreeMap<u32, (Place, u64)> = BTreeMap::new();
+    // S6 (with S1, S3, S5 and B6 where the stream shows them) and S4, per task.
+    let mut grammars: BTreeMap<u32, (Grammar, u64)> = BTreeMap::new();
     let mut finished_at: BTreeMap<u32, usize> = BTreeMap::new();
     for (index, SupervisorEvent { id, at, event }) in log.events.iter().enumerate() {
-        let (place, last_at) = places.entry(*id).or_insert((Place::Before(1), 0));
+        let (grammar, last_at) = grammars.entry(*id).or_default();
         world.check("S6", at.as_nanos() >= *last_at, || format!("task {id}: an event at {at:?} after a later one"))?;
         *last_at = at.as_nanos();
-        let next = match (*place, event) {
-            (Place::Before(n) | Place::Waiting(n), SupervisionAction::AttemptStarting { attempt, .. })
-                if *attempt == n =>
-            {
-                Some(Place::Running(n))
-            }
-            (
-                Place::Running(n),
-                SupervisionAction::AttemptSucceeded { attempt }
-                | SupervisionAction::AttemptFailed { attempt, .. }
-                | SupervisionAction::AttemptCanceled { attempt },
-            ) if *attempt == n => Some(Place::Ended(n)),
-            (Place::Running(n), SupervisionAction::AttemptTimedOut { attempt }) if *attempt == n => {
-                let timed = log.added.get(id).copied().unwrap_or(false);
-                world.check("S4", timed, || format!("task {id}: attempt {n} timed out with no timeout configured"))?;
-                Some(Place::Ended(n))
-            }
-            (Place::Ended(n), SupervisionAction::BackoffScheduled { next_attempt, .. }) if *next_attempt == n + 1 => {
-                Some(Place::Waiting(n + 1))
-            }
-            (Place::Before(1), SupervisionAction::TaskFinished { attempts: 0, .. }) => Some(Place::Finished),
-            (Place::Ended(n), SupervisionAction::TaskFinished { attempts, .. }) if *attempts == n => {
-                Some(Place::Finished)
-            }
-            (Place::Waiting(n), SupervisionAction::TaskFinished { attempts, .. }) if *attempts + 1 == n => {
-                Some(Place::Finished)
-            }
-            _ => None,
+        let Some(policy) = log.policies.get(id) else {
+            return Err(world.violation("S6", format!("task {id}: {event:?}, but no such task was added")));
         };
-        let Some(next) = next else {
-            // An event after the end is a second end, or something a finished task cannot do.
-            let rule = if *place == Place::Finished { "G11" } else { "S6" };
-            return Err(world.violation(rule, format!("task {id}: {event:?} after {place:?}")));
-        };
-        *place = next;
+        grammar.event(world, policy, *at, event)?;
+        if let SupervisionAction::AttemptTimedOut { attempt } = event {
+            let timed = log.added.get(id).copied().unwrap_or(false);
+            world
+                .check("S4", timed, || format!("task {id}: attempt {attempt} timed out with no timeout configured"))?;
+        }
         if let SupervisionAction::TaskFinished { outcome, attempts } = event {
             finished_at.insert(*id, index);
             let exit = log.exits.get(id);
@@ -369,8 +340,8 @@ fn check(world: &mut World, sup: &Sup, log: &Log, late: u64) -> Result<(), Viola
         }
     }
     for id in log.added.keys() {
-        let place = places.get(id).map(|p| p.0);
-        world.check("G11", place == Some(Place::Finished), || format!("task {id} never finished: {place:?}"))?;
+        let finished = grammars.get(id).is_some_and(|(grammar, _)| grammar.finished());
+        world.check("G11", finished, || format!("task {id} never finished"))?;
     }
     // Every attempt that ran is one the machine started: none after the task's end (G4 after a
     // final `Fatal` or `Canceled`), none unannounced.

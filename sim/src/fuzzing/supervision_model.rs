@@ -24,6 +24,7 @@ use rand_chacha::ChaCha8Rng;
 use super::backoff_model::BackoffIn;
 use super::retry_model::{AttemptIn, KindIn};
 use super::{At, Clock, Count, Ctx, ErrorKind, SETUP, Span, ensure, nanos_sat, parse, rng, verdict};
+use crate::model::supervision::Grammar;
 
 #[derive(Arbitrary, Clone, Copy, Debug, PartialEq)]
 enum RestartIn {
@@ -497,142 +498,6 @@ impl Model {
     }
 }
 
-/// S5, S6: the event stream's grammar, checked without the model.
-#[derive(Default)]
-struct Grammar {
-    started: u64,
-    open: Option<u64>,
-    ended: Option<u64>,
-    scheduled: Option<u64>,
-    finished: bool,
-    last_start: Option<Instant>,
-    streak: u64,
-}
-
-impl Grammar {
-    fn event(&mut self, ctx: Ctx<'_>, policy: &SupervisionPolicy, now: Instant, event: &SupervisionAction<u8>) {
-        ensure!(ctx, !self.finished, "S6", "{event:?} after TaskFinished");
-        match *event {
-            SupervisionAction::AttemptStarting { attempt, .. } => {
-                ensure!(ctx, self.open.is_none(), "S6", "attempt {attempt} starts while {:?} has not ended", self.open);
-                ensure!(
-                    ctx,
-                    attempt == self.started + 1,
-                    "S6",
-                    "attempt {attempt} starts after attempt {}",
-                    self.started
-                );
-                if attempt > 1 {
-                    ensure!(
-                        ctx,
-                        self.scheduled == Some(attempt),
-                        "S6",
-                        "attempt {attempt} starts without BackoffScheduled"
-                    );
-                }
-                if let Some(previous) = self.last_start {
-                    let earliest = previous.saturating_add(policy.min_spacing());
-                    ensure!(
-                        ctx,
-                        now >= earliest,
-                        "S5",
-                        "attempt {attempt} starts at {now:?}, before {earliest:?} (min_spacing)"
-                    );
-                }
-                self.last_start = Some(now);
-                self.started = attempt;
-                self.open = Some(attempt);
-                self.ended = None;
-                self.scheduled = None;
-            }
-            SupervisionAction::AttemptSucceeded { attempt }
-            | SupervisionAction::AttemptFailed { attempt, .. }
-            | SupervisionAction::AttemptTimedOut { attempt }
-            | SupervisionAction::AttemptCanceled { attempt } => {
-                ensure!(ctx, self.open == Some(attempt), "S6", "{event:?} but the open attempt is {:?}", self.open);
-                self.open = None;
-                self.ended = Some(attempt);
-                match event {
-                    SupervisionAction::AttemptSucceeded { .. } => self.streak = 0,
-                    SupervisionAction::AttemptFailed { class, .. } if class.is_retryable() => self.streak += 1,
-                    SupervisionAction::AttemptTimedOut { .. } => self.streak += 1,
-                    _ => {}
-                }
-            }
-            SupervisionAction::BackoffScheduled { next_attempt, until, .. } => {
-                ensure!(ctx, self.open.is_none(), "S6", "BackoffScheduled while attempt {:?} runs", self.open);
-                ensure!(
-                    ctx,
-                    self.ended == Some(self.started),
-                    "S6",
-                    "BackoffScheduled before attempt {} ended",
-                    self.started
-                );
-                ensure!(ctx, self.scheduled.is_none(), "S6", "a second BackoffScheduled");
-                ensure!(
-                    ctx,
-                    next_attempt == self.started + 1,
-                    "S6",
-                    "BackoffScheduled for {next_attempt} after {}",
-                    self.started
-                );
-                if let Some(max) = policy.max_retries() {
-                    ensure!(
-                        ctx,
-                        self.streak <= u64::from(max),
-                        "S3",
-                        "a retry after {} failures in a row (max_retries {max})",
-                        self.streak
-                    );
-                }
-                ensure!(ctx, policy.restart() != Restart::Once, "S1", "a `once` task schedules attempt {next_attempt}");
-                if let Some(start) = self.last_start {
-                    let earliest = start.saturating_add(policy.min_spacing());
-                    ensure!(
-                        ctx,
-                        until >= earliest,
-                        "S5",
-                        "attempt {next_attempt} scheduled at {until:?}, before {earliest:?}"
-                    );
-                }
-                self.scheduled = Some(next_attempt);
-            }
-            SupervisionAction::TaskFinished { attempts, ref outcome } => {
-                ensure!(ctx, self.open.is_none(), "S6", "TaskFinished while attempt {:?} runs", self.open);
-                if let TaskOutcome::Deferred { retry_at, last_failure } = outcome {
-                    // B6: only a hint past max_hint defers, and the limit is judged first.
-                    ensure!(
-                        ctx,
-                        last_failure.class == FailureClass::RetryAfter,
-                        "B6",
-                        "deferred by a {:?} failure",
-                        last_failure.class
-                    );
-                    // (A hint cut by the end of representable time cannot be measured.)
-                    let hinted = retry_at.saturating_duration_since(now);
-                    ensure!(
-                        ctx,
-                        hinted > policy.max_hint() || *retry_at == Instant::MAX,
-                        "B6",
-                        "deferred by a hint of {hinted:?} within max_hint"
-                    );
-                    let within = policy.restart() != Restart::Once
-                        && policy.max_retries().is_none_or(|max| self.streak <= u64::from(max));
-                    ensure!(ctx, within, "S3", "deferred after {} failures in a row, past the limit", self.streak);
-                }
-                ensure!(
-                    ctx,
-                    attempts == self.started,
-                    "S6",
-                    "TaskFinished counts {attempts} attempts, {} started",
-                    self.started
-                );
-                self.finished = true;
-            }
-        }
-    }
-}
-
 #[derive(Arbitrary, Debug)]
 struct Config {
     defaults: DefaultsIn,
@@ -743,7 +608,7 @@ pub(crate) fn run(data: &[u8]) {
                     feed_probe(ctx, probe, &policy, &mut machine, &mut model, clock.now, &mut rng);
                     let event = machine.poll_action();
                     ensure!(ctx, event.as_ref() == Some(want), "model", "event {event:?}, the model expects {want:?}");
-                    grammar.event(ctx, &policy, model.last_now, want);
+                    let _ = grammar.event(&mut ctx.judge(), &policy, model.last_now, want);
                 }
                 model.undrained = false;
                 let extra = machine.poll_action();
