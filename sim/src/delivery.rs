@@ -846,9 +846,8 @@ fn check_hint(
     match task.status() {
         DeliveryStatus::Done(terminal) => {
             let Some(error) = terminal.recovery_error() else { return Ok(()) };
-            let retry_at = at(error.stats).saturating_add(hint);
             let budget_end = retry.total().map_or(Instant::MAX, |t| m.inserted_at.saturating_add(t));
-            let deferred = hint > retry.max_hint() || retry_at > budget_end;
+            let (retry_at, deferred) = crate::model::hint::hinted(at(error.stats), hint, retry.max_hint(), budget_end);
             let limited = retry.max_attempts().is_some_and(|n| error.stats.attempts >= u64::from(n));
             let expected = if limited {
                 Some(OutcomeKind::Exhausted)

@@ -3,6 +3,8 @@
 //!
 //! - [`backoff`]: the envelope of a schedule (B1, B4) and the bounds of every jittered delay
 //!   (B2, B3).
+//! - [`hint`]: what a hinted failure does (B6): waited in full, or deferred past `max_hint` or
+//!   the total budget.
 //! - [`supervision`]: a supervised task's event stream (S1, S3, S5, S6, B6).
 //!
 //! A model says whether a rule holds through a [`Judge`]: the simulator's
@@ -10,6 +12,7 @@
 //! trace), a fuzz target's context panics with it.
 
 pub mod backoff;
+pub mod hint;
 pub mod supervision;
 
 /// Where a model's verdicts go.

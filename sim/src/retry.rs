@@ -590,12 +590,16 @@ fn check_outcome(
             let Some(hinted) = hint else {
                 return Err(world.violation("B6", format!("deferred after an unhinted {last:?} failure")));
             };
-            let expected = now.saturating_add(Duration::from_nanos(hinted));
+            let (expected, defers) = crate::model::hint::hinted(
+                now,
+                Duration::from_nanos(hinted),
+                policy.max_hint(),
+                budget_end.unwrap_or(Instant::MAX),
+            );
             world.check("B6", retry_at == expected, || {
                 format!("deferred to {retry_at:?}, the hint asked {expected:?}")
             })?;
-            let past = Duration::from_nanos(hinted) > policy.max_hint() || budget_end.is_some_and(|end| retry_at > end);
-            world.check("B6", past, || format!("a hint of {hinted} ns within max_hint and the budget deferred"))
+            world.check("B6", defers, || format!("a hint of {hinted} ns within max_hint and the budget deferred"))
         }
     }
 }

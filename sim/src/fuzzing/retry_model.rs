@@ -460,7 +460,12 @@ impl<E: Clone> RetryModel<E> {
                 match hinted_ns(kind, now) {
                     // B6: never shortened; past max_hint or the budget, deferred to the hint.
                     Some(hinted) => {
-                        let until = now.saturating_add(Duration::from_nanos(hinted));
+                        let (until, defers) = crate::model::hint::hinted(
+                            now,
+                            Duration::from_nanos(hinted),
+                            policy.max_hint(),
+                            budget_end,
+                        );
                         if policy.restarts_after_hint() {
                             self.place = 0;
                             self.last_delay_ns = 0;
@@ -468,7 +473,7 @@ impl<E: Clone> RetryModel<E> {
                             self.place = self.place.saturating_add(1);
                             self.last_delay_ns = hinted;
                         }
-                        if hinted > max_hint_ns(policy) || until > budget_end {
+                        if defers {
                             self.retry_at = Some(until);
                             Err(OutcomeKind::Deferred)
                         } else {
@@ -834,12 +839,16 @@ fn check_action(
                         DelayRule::Hint(hinted) => hinted,
                         _ => violated(ctx, "B6", format_args!("deferred without a hint ({class:?})")),
                     };
-                    let expected = model.last_now.saturating_add(Duration::from_nanos(hinted));
+                    let (expected, defers) = crate::model::hint::hinted(
+                        model.last_now,
+                        Duration::from_nanos(hinted),
+                        policy.max_hint(),
+                        budget_end.unwrap_or(Instant::MAX),
+                    );
                     ensure!(ctx, retry_at == expected, "B6", "deferred to {retry_at:?}, the hint asked {expected:?}");
-                    let past_budget = budget_end.is_some_and(|end| retry_at > end);
                     ensure!(
                         ctx,
-                        hinted > max_hint || past_budget,
+                        defers,
                         "B6",
                         "a hint of {hinted} ns within max_hint and the budget ended the operation"
                     );
