@@ -198,10 +198,8 @@ impl Model {
 
     /// When an every-flow is due (F5): `max(run_end + interval, next_eligible)`.
     fn due(&self) -> Option<Instant> {
-        match (self.spec.every, self.status) {
-            (None, _) | (_, FlowStatusKind::Running | FlowStatusKind::Tripped) => None,
-            (Some(_), _) => Some(self.next_eligible.map_or(self.interval_due, |u| u.later(self.interval_due))),
-        }
+        let busy = matches!(self.status, FlowStatusKind::Running | FlowStatusKind::Tripped);
+        self.spec.every.and_then(|_| crate::model::flow::due(busy, self.interval_due, self.next_eligible))
     }
 }
 
@@ -318,12 +316,12 @@ pub fn run(seed: u64, bug: Option<FlowBug>) -> Result<Summary, Violation> {
                     .map_err(|e| world.violation("G12", format!("flow {i}: tick refused: {e}")))?;
                 m.last_now = m.last_now.later(reported);
                 let now = m.last_now;
-                let expected = match (m.status, m.next_eligible) {
-                    (FlowStatusKind::Running, _) => Some(SkipReason::Running),
-                    (FlowStatusKind::Tripped, _) => Some(SkipReason::Tripped),
-                    (_, Some(until)) if tick < until => Some(SkipReason::InBackoff { until }),
-                    _ => None,
-                };
+                let expected = crate::model::flow::tick_skip(
+                    m.status == FlowStatusKind::Running,
+                    m.status == FlowStatusKind::Tripped,
+                    m.next_eligible,
+                    tick,
+                );
                 let ok = match (action, expected) {
                     (FlowAction::TickSkipped { tick: t, reason }, Some(e)) => t == tick && reason == e,
                     (FlowAction::Dispatch { .. }, None) => true,

@@ -6,7 +6,7 @@ use core::time::Duration;
 use arbitrary::Arbitrary;
 use persevere::{
     Failure, FailureKind, Flow, FlowAction, FlowError, FlowPolicy, FlowPolicyBuilder, FlowSchedule, FlowStatus,
-    FlowStatusKind, Hint, Instant, SkipReason, TripReason,
+    FlowStatusKind, Hint, Instant, TripReason,
 };
 use rand_chacha::ChaCha8Rng;
 
@@ -133,10 +133,8 @@ impl Model {
     /// F5: an every-flow is due at `max(run_end + interval, next_eligible)`; never while it runs
     /// or is tripped (F10).
     fn due(&self) -> Option<Instant> {
-        match (self.every, self.phase) {
-            (None, _) | (_, Phase::Running | Phase::Tripped { .. }) => None,
-            (Some(_), _) => Some(self.next_eligible.map_or(self.interval_due, |until| until.later(self.interval_due))),
-        }
+        let busy = matches!(self.phase, Phase::Running | Phase::Tripped { .. });
+        self.every.and_then(|_| crate::model::flow::due(busy, self.interval_due, self.next_eligible))
     }
 
     /// The drain rule: an input while an action waits is refused.
@@ -179,12 +177,12 @@ impl Model {
         }
         self.drained()?;
         self.last_now = self.last_now.later(now);
-        let reason = match (self.phase, self.next_eligible) {
-            (Phase::Running, _) => Some(SkipReason::Running),
-            (Phase::Tripped { .. }, _) => Some(SkipReason::Tripped),
-            (_, Some(until)) if tick < until => Some(SkipReason::InBackoff { until }),
-            _ => None,
-        };
+        let reason = crate::model::flow::tick_skip(
+            self.phase == Phase::Running,
+            matches!(self.phase, Phase::Tripped { .. }),
+            self.next_eligible,
+            tick,
+        );
         match reason {
             Some(reason) => self.pending = Some(FlowAction::TickSkipped { tick, reason }),
             None => self.dispatch(),
