@@ -445,12 +445,7 @@ fn ask_budget(
 ) -> Result<Option<Option<Grant>>, Violation> {
     if let Some((p, b)) = bucket.as_mut() {
         let cost = p.cost_milli(class);
-        let after = model.balance.checked_sub(cost);
-        let expected = match (after, p.settings().threshold_milli) {
-            (Some(after), Some(threshold)) => after > threshold,
-            (Some(_), None) => true,
-            (None, _) => false,
-        };
+        let (expected, after) = crate::model::budget::bucket_grants(model.balance, cost, p.settings().threshold_milli);
         let got = b.try_acquire(p, class);
         let granted = got.is_ok() || bug == Some(BreakerBug::Overgrant);
         world.record(u32::MAX, "bucket asked", cost, u64::from(granted));
@@ -480,7 +475,8 @@ fn ask_budget(
     if let Some((p, floor_ppm, r)) = ratio.as_mut() {
         model.advance(p, now);
         let (requests, retries) = model.counts(p);
-        let expected = (u64::from(retries) + 1) * 1_000_000 <= p.ratio_ppm() * u64::from(requests) + *floor_ppm;
+        let expected =
+            crate::model::budget::ratio_grants(u64::from(requests), u64::from(retries), p.ratio_ppm(), *floor_ppm);
         let granted = r.try_acquire(p, now).is_ok() || bug == Some(BreakerBug::Overgrant);
         world.record(u32::MAX, "ratio asked", u64::from(requests), u64::from(retries));
         world.check("G9", granted == expected, || {

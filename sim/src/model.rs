@@ -3,6 +3,7 @@
 //!
 //! - [`backoff`]: the envelope of a schedule (B1, B4) and the bounds of every jittered delay
 //!   (B2, B3).
+//! - [`budget`]: retry budgets' grants (U1, U2, G9).
 //! - [`flow`]: when an every-flow is due (F5, F10) and why a cron tick is skipped (F6).
 //! - [`hint`]: what a hinted failure does (B6): waited in full, or deferred past `max_hint` or
 //!   the total budget.
@@ -13,6 +14,7 @@
 //! trace), a fuzz target's context panics with it.
 
 pub mod backoff;
+pub mod budget;
 pub mod flow;
 pub mod hint;
 pub mod supervision;

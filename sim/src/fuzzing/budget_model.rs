@@ -326,7 +326,7 @@ impl Window {
         (1..=buckets).all(|stretch| {
             let recent = self.entries.iter().filter(|&&(epoch, _)| self.latest - epoch < stretch);
             let (requests, retries) = recent.fold((0u64, 0u64), |(q, r), e| if e.1 { (q + 1, r) } else { (q, r + 1) });
-            (retries + 1) * PPM <= ratio.ratio_ppm.saturating_mul(requests).saturating_add(floor_ppm)
+            crate::model::budget::ratio_grants(requests, retries, ratio.ratio_ppm, floor_ppm)
         })
     }
 }
@@ -400,8 +400,7 @@ fn check(config: &Config, ops: &[Op]) {
                 cut += u128::from(balance - capped);
                 balance = capped;
                 replaced = false;
-                let after = balance.checked_sub(cost);
-                let granted = after.is_some_and(|a| settings.threshold_milli.is_none_or(|t| a > t));
+                let (granted, after) = crate::model::budget::bucket_grants(balance, cost, settings.threshold_milli);
                 let got = bucket.try_acquire(policy, class);
                 let expected = bucket_turns.after(got.is_ok());
                 let told = bucket.poll_event();
@@ -483,9 +482,9 @@ fn check(config: &Config, ops: &[Op]) {
                 let now = clock.at(at, None);
                 window.advance(model, now);
                 let (requests, retries) = (window.requests(), window.retries());
-                let allowed = model.ratio_ppm.saturating_mul(requests).saturating_add(model.floor_ppm);
                 let burst_ok = model.burst.is_none_or(|(buckets, floor)| window.burst_allows(model, buckets, floor));
-                let granted = (retries + 1) * PPM <= allowed && burst_ok;
+                let granted =
+                    crate::model::budget::ratio_grants(requests, retries, model.ratio_ppm, model.floor_ppm) && burst_ok;
                 let got = ratio.try_acquire(policy, now);
                 let expected = ratio_turns.after(got.is_ok());
                 let told = ratio.poll_event();
