@@ -15,10 +15,11 @@
 use std::time::Duration;
 
 use persevere::{
-    Backoff, Failure, FailureClass, FailureKind, Instant, Restart, Setting, Supervision, SupervisionAction,
+    Failure, FailureClass, FailureKind, Instant, Restart, Setting, Supervision, SupervisionAction,
     SupervisionError, SupervisionPolicy, SupervisionPolicyBuilder, TaskDefaults, TaskOutcome, TaskOutcomeKind,
 };
 
+use crate::model::supervision::Resolved;
 use crate::world::{
     SchedulePlace, Summary, Violation, World, clamp_hint, delay_bounds, draw_backoff, draw_failure, draw_fault_weights,
 };
@@ -228,8 +229,9 @@ pub fn run(seed: u64, bug: Option<SupervisionBug>) -> Result<Summary, Violation>
     let mut world = World::new("supervision", seed);
     let scenario = SupervisionScenario::draw(&mut world);
     let n = scenario.tasks.len();
-    for (i, (builder, policy)) in scenario.tasks.iter().enumerate() {
-        check_resolution(&mut world, &scenario.defaults, i, builder, policy)?;
+    for (builder, policy) in &scenario.tasks {
+        // S1: explicit settings win over the defaults, `Off` switches an inherited one off.
+        Resolved::new(builder, &scenario.defaults).check(&mut world, policy)?;
     }
     let mut machines: Vec<Supervision<u64>> = vec![Supervision::new(); n];
     let mut models: Vec<Model> = vec![Model::default(); n];
@@ -340,60 +342,6 @@ fn periodic_done(scenario: &SupervisionScenario, i: usize, model: &Model) -> boo
     matches!(scenario.tasks[i].1.restart(), Restart::Periodic { .. })
         && !model.finished
         && model.successes_after_horizon >= scenario.periodic_runs
-}
-
-/// S1: explicit settings win over the defaults, `Off` switches an inherited one off.
-fn check_resolution(
-    world: &mut World,
-    defaults: &TaskDefaults,
-    i: usize,
-    builder: &SupervisionPolicyBuilder,
-    policy: &SupervisionPolicy,
-) -> Result<(), Violation> {
-    let restart = match builder.restart {
-        Setting::Inherit => defaults.restart,
-        Setting::Off => Restart::Once,
-        Setting::Set(r) => r,
-    };
-    let timeout = match builder.attempt_timeout {
-        Setting::Inherit => defaults.attempt_timeout,
-        Setting::Off => None,
-        Setting::Set(t) => Some(t),
-    };
-    let retries = match builder.max_retries {
-        Setting::Inherit => defaults.max_retries,
-        Setting::Off => None,
-        Setting::Set(r) => Some(r),
-    };
-    let spacing = match builder.min_spacing {
-        Setting::Inherit => defaults.min_spacing,
-        Setting::Off => Duration::ZERO,
-        Setting::Set(s) => s,
-    };
-    // "Off" honours any hint (B6).
-    let max_hint = match builder.max_hint {
-        Setting::Inherit => defaults.max_hint,
-        Setting::Off => Duration::MAX,
-        Setting::Set(d) => d,
-    };
-    let restart_after_hint = match builder.restart_after_hint {
-        Setting::Inherit => defaults.restart_after_hint,
-        Setting::Off => false,
-        Setting::Set(b) => b,
-    };
-    let backoff = match builder.backoff {
-        Setting::Inherit => defaults.backoff,
-        Setting::Off => Backoff::constant(Duration::ZERO).build().expect("a constant zero backoff is valid"),
-        Setting::Set(b) => b,
-    };
-    let ok = policy.restart() == restart
-        && policy.attempt_timeout() == timeout
-        && policy.max_retries() == retries
-        && policy.min_spacing() == spacing
-        && *policy.backoff() == backoff
-        && policy.max_hint() == max_hint
-        && policy.restarts_after_hint() == restart_after_hint;
-    world.check("S1", ok, || format!("task {i}: {builder:?} resolved against {defaults:?} to {policy:?}"))
 }
 
 /// Feeds a wrong input and checks it is refused without any change (G12).

@@ -24,7 +24,7 @@ use rand_chacha::ChaCha8Rng;
 use super::backoff_model::BackoffIn;
 use super::retry_model::{AttemptIn, KindIn};
 use super::{At, Clock, Count, Ctx, ErrorKind, SETUP, Span, ensure, nanos_sat, parse, rng, verdict};
-use crate::model::supervision::Grammar;
+use crate::model::supervision::{Grammar, Resolved};
 
 #[derive(Arbitrary, Clone, Copy, Debug, PartialEq)]
 enum RestartIn {
@@ -122,14 +122,6 @@ impl HintsIn {
     }
 }
 
-fn resolve<T>(setting: Setting<T>, default: Option<T>) -> Option<T> {
-    match setting {
-        Setting::Inherit => default,
-        Setting::Off => None,
-        Setting::Set(value) => Some(value),
-    }
-}
-
 /// Builds the defaults and the task's policy, checking every verdict against the model's and
 /// the resolved settings against S1.
 fn build(defaults: &DefaultsIn, task: &TaskIn, hints: &HintsIn) -> Option<SupervisionPolicy> {
@@ -170,55 +162,14 @@ fn build(defaults: &DefaultsIn, task: &TaskIn, hints: &HintsIn) -> Option<Superv
         max_hint: hints.max_hint,
         restart_after_hint: hints.restart_after_hint,
     };
-    let max_retries = resolve(builder.max_retries, defaults.max_retries);
-    let attempt_timeout = resolve(builder.attempt_timeout, defaults.attempt_timeout);
-    // "Off" honours any hint.
-    let max_hint = resolve(builder.max_hint, Some(defaults.max_hint)).unwrap_or(Duration::MAX);
+    let resolved = Resolved::new(&builder, &defaults);
     let mut reasons = Vec::new();
-    if max_retries == Some(0) || attempt_timeout.is_some_and(|t| t.is_zero()) || max_hint.is_zero() {
+    let timeout_zero = resolved.attempt_timeout.is_some_and(|t| t.is_zero());
+    if resolved.max_retries == Some(0) || timeout_zero || resolved.max_hint.is_zero() {
         reasons.push(ErrorKind::Zero);
     }
     let policy = verdict("supervision policy", builder.build(&defaults), &reasons)?;
-    let restart = resolve(builder.restart, Some(defaults.restart)).unwrap_or(Restart::Once);
-    ensure!(SETUP, policy.restart() == restart, "S1", "restart {:?}, resolved {restart:?}", policy.restart());
-    let timeout = attempt_timeout.filter(|t| nanos_sat(*t) != u64::MAX);
-    ensure!(
-        SETUP,
-        policy.attempt_timeout() == timeout,
-        "S1",
-        "timeout {:?}, resolved {timeout:?}",
-        policy.attempt_timeout()
-    );
-    ensure!(
-        SETUP,
-        policy.max_retries() == max_retries,
-        "S1",
-        "max_retries {:?}, resolved {max_retries:?}",
-        policy.max_retries()
-    );
-    let spacing = Duration::from_nanos(resolve(builder.min_spacing, Some(defaults.min_spacing)).map_or(0, nanos_sat));
-    ensure!(
-        SETUP,
-        policy.min_spacing() == spacing,
-        "S1",
-        "min_spacing {:?}, resolved {spacing:?}",
-        policy.min_spacing()
-    );
-    let backoff = match resolve(builder.backoff, Some(defaults.backoff)) {
-        Some(b) => b,
-        None => Backoff::constant(Duration::ZERO).build().ok()?,
-    };
-    ensure!(SETUP, *policy.backoff() == backoff, "S1", "backoff {:?}, resolved {backoff:?}", policy.backoff());
-    let max_hint = if nanos_sat(max_hint) == u64::MAX { Duration::MAX } else { max_hint };
-    ensure!(SETUP, policy.max_hint() == max_hint, "S1", "max_hint {:?}, resolved {max_hint:?}", policy.max_hint());
-    let restart_after_hint = resolve(builder.restart_after_hint, Some(defaults.restart_after_hint)).unwrap_or(false);
-    ensure!(
-        SETUP,
-        policy.restarts_after_hint() == restart_after_hint,
-        "S1",
-        "restarts_after_hint {}, resolved {restart_after_hint}",
-        policy.restarts_after_hint()
-    );
+    let _ = resolved.check(&mut SETUP.judge(), &policy);
     Some(policy)
 }
 

@@ -2,9 +2,91 @@
 //! machine: the core's `Supervision` in the fuzz target, and the driver's real `Supervisor` in
 //! the simulator's `supervisor` family, are both held to this one grammar.
 
-use persevere::{FailureClass, Instant, Restart, SupervisionAction, SupervisionPolicy, TaskOutcome};
+use core::time::Duration;
+
+use persevere::{
+    Backoff, FailureClass, Instant, Restart, Setting, SupervisionAction, SupervisionPolicy, SupervisionPolicyBuilder,
+    TaskDefaults, TaskOutcome,
+};
 
 use super::Judge;
+
+/// S1: a task's settings resolved against the defaults: an explicit setting wins, `Inherit`
+/// takes the default, `Off` switches it off (no restart, no timeout, no retry limit, no
+/// spacing, a zero backoff, any hint honoured, no restart after a hint).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Resolved {
+    /// The restart policy.
+    pub restart: Restart,
+    /// The attempt timeout; one too long to fit in `u64` nanoseconds is none.
+    pub attempt_timeout: Option<Duration>,
+    /// The retry limit.
+    pub max_retries: Option<u32>,
+    /// The least time between attempt starts, saturated to `u64` nanoseconds.
+    pub min_spacing: Duration,
+    /// The backoff.
+    pub backoff: Backoff,
+    /// The longest hint waited; one too long to fit in `u64` nanoseconds is any.
+    pub max_hint: Duration,
+    /// Whether the schedule starts over after a hinted delay.
+    pub restart_after_hint: bool,
+}
+
+fn setting<T>(setting: Setting<T>, default: T, off: T) -> T {
+    match setting {
+        Setting::Inherit => default,
+        Setting::Off => off,
+        Setting::Set(value) => value,
+    }
+}
+
+fn optional<T>(setting: Setting<T>, default: Option<T>) -> Option<T> {
+    match setting {
+        Setting::Inherit => default,
+        Setting::Off => None,
+        Setting::Set(value) => Some(value),
+    }
+}
+
+/// A span saturated to `u64` nanoseconds.
+fn saturated(span: Duration) -> Duration {
+    Duration::from_nanos(u64::try_from(span.as_nanos()).unwrap_or(u64::MAX))
+}
+
+impl Resolved {
+    /// `builder` resolved against `defaults` (S1).
+    pub fn new(builder: &SupervisionPolicyBuilder, defaults: &TaskDefaults) -> Self {
+        let fits = |span: &Duration| u64::try_from(span.as_nanos()).is_ok_and(|n| n < u64::MAX);
+        let max_hint = setting(builder.max_hint, defaults.max_hint, Duration::MAX);
+        Resolved {
+            restart: setting(builder.restart, defaults.restart, Restart::Once),
+            attempt_timeout: optional(builder.attempt_timeout, defaults.attempt_timeout).filter(fits),
+            max_retries: optional(builder.max_retries, defaults.max_retries),
+            min_spacing: saturated(setting(builder.min_spacing, defaults.min_spacing, Duration::ZERO)),
+            backoff: match builder.backoff {
+                Setting::Inherit => defaults.backoff,
+                Setting::Off => Backoff::constant(Duration::ZERO).build().expect("a constant zero backoff is valid"),
+                Setting::Set(backoff) => backoff,
+            },
+            max_hint: if fits(&max_hint) { max_hint } else { Duration::MAX },
+            restart_after_hint: setting(builder.restart_after_hint, defaults.restart_after_hint, false),
+        }
+    }
+
+    /// S1: `policy` has exactly these settings.
+    pub fn check<J: Judge>(&self, judge: &mut J, policy: &SupervisionPolicy) -> Result<(), J::Error> {
+        let built = Resolved {
+            restart: policy.restart(),
+            attempt_timeout: policy.attempt_timeout(),
+            max_retries: policy.max_retries(),
+            min_spacing: policy.min_spacing(),
+            backoff: *policy.backoff(),
+            max_hint: policy.max_hint(),
+            restart_after_hint: policy.restarts_after_hint(),
+        };
+        judge.check("S1", built == *self, || format!("the policy has {built:?}, resolved {self:?}"))
+    }
+}
 
 /// S5, S6 (and S1, S3, B6 where the stream shows them): a task's event stream, checked
 /// without a model of the machine.
