@@ -795,7 +795,9 @@ impl<E> Retry<E> {
     /// draining.
     ///
     /// # Errors
-    /// [`RetryError::NothingToReject`] unless a retry is scheduled; nothing changes.
+    /// [`RetryError::NothingToReject`] while an attempt runs, [`RetryError::NotStarted`]
+    /// before the start, [`RetryError::Finished`] after the outcome, and
+    /// [`RetryError::Undrained`] while actions wait to be drained; nothing changes.
     #[inline]
     pub fn handle_rejected(&mut self, policy: &RetryPolicy, now: Instant) -> Result<(), RetryError> {
         let _ = policy;

@@ -15,8 +15,8 @@
 use std::time::Duration;
 
 use persevere::{
-    Failure, FailureClass, FailureKind, Instant, Restart, Setting, Supervision, SupervisionAction,
-    SupervisionError, SupervisionPolicy, SupervisionPolicyBuilder, TaskDefaults, TaskOutcome, TaskOutcomeKind,
+    Failure, FailureClass, FailureKind, Instant, Restart, Setting, Supervision, SupervisionAction, SupervisionError,
+    SupervisionPolicy, SupervisionPolicyBuilder, TaskDefaults, TaskOutcome, TaskOutcomeKind,
 };
 
 use crate::model::supervision::Resolved;

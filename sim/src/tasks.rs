@@ -99,7 +99,9 @@ impl Tasks {
     }
 
     /// Drops every task that has not finished, as an executor that shuts down does (each
-    /// future's locals are dropped: their guards run). Returns how many it dropped.
+    /// future's locals are dropped: their guards run). Returns how many it dropped. Call it
+    /// between [`run`](Self::run)s, never from inside a task (the task being polled would be
+    /// marked finished and kept).
     pub fn drop_unfinished(&self) -> usize {
         let dropped: Vec<Task> = {
             let mut state = self.shared.lock();

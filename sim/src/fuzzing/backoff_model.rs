@@ -237,6 +237,17 @@ pub(crate) fn check_delay(ctx: Ctx<'_>, backoff: &Backoff, n: u32, previous_ns: 
         "B3",
         "delay {delay_ns} ns for failure {n} (previous {previous_ns} ns) is outside [{lo}, {hi}] ns"
     );
+    // Within the formula's tolerance above; and, unjittered, exactly the core's own envelope
+    // raised to the floor (a consistency check between two core functions, as B5 is).
+    if backoff.jitter_kind() == Jitter::None && !matches!(backoff.schedule(), Schedule::Decorrelated { .. }) {
+        let envelope = nanos_sat(backoff.envelope(n)).max(floor).min(cap);
+        ensure!(
+            ctx,
+            delay_ns == envelope,
+            "B3",
+            "unjittered delay {delay_ns} ns for failure {n}, envelope {envelope} ns"
+        );
+    }
 }
 
 #[derive(Arbitrary, Debug)]

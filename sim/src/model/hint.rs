@@ -1,5 +1,6 @@
 //! B6: what a failure that names its own delay (a hint, `Retry-After`) does, written once for
-//! the retry, supervision and delivery families and the fuzz targets.
+//! the retry and delivery families and the retry fuzz model (the supervision family and fuzz
+//! model keep their own check of it: not yet moved here).
 
 use core::time::Duration;
 

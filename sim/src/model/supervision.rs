@@ -151,7 +151,15 @@ impl Grammar {
                 self.ended = Some(attempt);
                 match event {
                     SupervisionAction::AttemptSucceeded { .. } => self.streak = 0,
-                    SupervisionAction::AttemptFailed { class, .. } if class.is_retryable() => self.streak += 1,
+                    // DESIGN's final classes (G4) end a streak's count; every other failure extends it.
+                    SupervisionAction::AttemptFailed { class, .. }
+                        if !matches!(
+                            class,
+                            FailureClass::Fatal | FailureClass::DoNotRetry | FailureClass::Canceled
+                        ) =>
+                    {
+                        self.streak += 1
+                    }
                     SupervisionAction::AttemptTimedOut { .. } => self.streak += 1,
                     _ => {}
                 }
