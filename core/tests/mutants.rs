@@ -334,3 +334,19 @@ fn r6_a_wake_up_at_the_end_of_time_does_not_time_out_an_attempt_with_no_deadline
     assert_eq!(retry, before);
     assert_eq!(retry.poll_action(), None);
 }
+
+/// Kills `ended_pending -> true` and its `&` → `|` in `attempt.rs`: only a state whose
+/// attempt's end waits to be reported is checked against what followed that end, so a task
+/// whose attempt runs (nothing to report) loads back.
+#[cfg(feature = "serde")]
+#[test]
+fn s6_a_running_task_with_nothing_to_report_loads_back() {
+    use persevere::{Supervision, SupervisionPolicy, TaskDefaults};
+    let policy = SupervisionPolicy::restartable().build(&TaskDefaults::new()).unwrap();
+    let mut task = Supervision::<u32>::new();
+    task.handle_start(&policy, Instant::ZERO).unwrap();
+    while task.poll_action().is_some() {}
+    let json = serde_json::to_string(&task).unwrap();
+    let loaded: Supervision<u32> = serde_json::from_str(&json).unwrap_or_else(|e| panic!("{json}: {e}"));
+    assert_eq!(loaded, task);
+}
