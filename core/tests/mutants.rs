@@ -350,3 +350,21 @@ fn s6_a_running_task_with_nothing_to_report_loads_back() {
     let loaded: Supervision<u32> = serde_json::from_str(&json).unwrap_or_else(|e| panic!("{json}: {e}"));
     assert_eq!(loaded, task);
 }
+
+/// Kills `ENDED | FINISH` → `ENDED & FINISH` in `attempt.rs`'s `validate`: a state whose
+/// canceled attempt's end and the outcome both wait to be drained loads back. (Its twin
+/// `ENDED | WAIT` → `ENDED ^ WAIT` is equivalent: the bits are disjoint.)
+#[cfg(feature = "serde")]
+#[test]
+fn g12_an_operation_canceled_mid_attempt_with_its_outputs_undrained_loads_back() {
+    use persevere::{Retry, RetryAction};
+    let policy = RetryPolicy::builder(Backoff::constant(ms(1)).build().unwrap()).max_attempts(3).build().unwrap();
+    let mut retry: Retry<u8> = Retry::new();
+    retry.handle_start(&policy, Instant::ZERO).unwrap();
+    while retry.poll_action().is_some() {}
+    retry.handle_cancel(&policy, Instant::from_nanos(5)).unwrap();
+    let json = serde_json::to_string(&retry).unwrap();
+    let mut loaded: Retry<u8> = serde_json::from_str(&json).unwrap_or_else(|e| panic!("{json}: {e}"));
+    assert_eq!(loaded, retry);
+    assert_eq!(loaded.poll_action(), Some(RetryAction::Abandon { attempt: 1 }));
+}
