@@ -12,6 +12,12 @@
 //! - `random.rs` `uniform_inclusive`: `low < range` → `<=` sends a low product equal to the
 //!   range to the rejection check, which keeps it (the threshold is below the range).
 //!
+//! `.ci/mutants core/src/attempt.rs core/src/decision.rs` (185 mutants, 2026-12-02): 116 caught,
+//! 19 timeouts, 35 unviable, 15 missed. The tests after the delivery ones kill 12 of the 15
+//! (each checked against its mutant by hand or by the run); the `ENDED | WAIT` → `^` and
+//! `ENDED | FINISH` → `^` twins are equivalent (disjoint bits), as is `&` → `|` in the
+//! `pending & FINISH` guard of `validate`'s last arm only where FINISH is the one bit set.
+//!
 //! `.ci/mutants core/src/delivery.rs` (252 mutants): 28 survived the rule tests; the tests at the
 //! end of this file kill 22. The other 6 are equivalent: `|` → `^` between the single-bit action
 //! flags in `validate` (`REVOKE | READY | HAND_OUT | FINISH` and its parts), whose bits are
@@ -367,4 +373,40 @@ fn g12_an_operation_canceled_mid_attempt_with_its_outputs_undrained_loads_back()
     let mut loaded: Retry<u8> = serde_json::from_str(&json).unwrap_or_else(|e| panic!("{json}: {e}"));
     assert_eq!(loaded, retry);
     assert_eq!(loaded.poll_action(), Some(RetryAction::Abandon { attempt: 1 }));
+}
+
+/// Kills `||` → `&&` in `attempt.rs`'s `validate` of a state that has not started and of a
+/// wait: each single edit below is refused on its own.
+#[cfg(feature = "serde")]
+#[test]
+fn g12_a_loaded_state_with_one_field_no_transition_could_have_made_is_refused() {
+    use persevere::{Failure, Retry};
+    use serde_json::{Value, json};
+    let refused = |state: Value, why: &str| {
+        assert!(serde_json::from_value::<Retry<u8>>(state.clone()).is_err(), "{why}: loaded {state}");
+    };
+    let idle = serde_json::to_value(Retry::<u8>::new()).unwrap();
+    serde_json::from_value::<Retry<u8>>(idle.clone()).unwrap();
+    for (field, value) in
+        [("timer", json!(5)), ("last_now", json!(5)), ("last_failure", json!({ "class": "Retryable", "error": null }))]
+    {
+        let mut s = idle.clone();
+        s["engine"][field] = value;
+        refused(s, field);
+    }
+    let mut s = idle.clone();
+    s["engine"]["backoff"]["last_delay_ns"] = json!(5);
+    refused(s, "an idle backoff with a delay");
+
+    let policy = RetryPolicy::builder(Backoff::constant(ms(1)).build().unwrap()).max_attempts(3).build().unwrap();
+    let mut retry: Retry<u8> = Retry::new();
+    retry.handle_start(&policy, Instant::ZERO).unwrap();
+    while retry.poll_action().is_some() {}
+    retry.handle_failure(&policy, Instant::from_nanos(5), 1, Failure::retryable(1), &mut Fixed(0)).unwrap();
+    while retry.poll_action().is_some() {}
+    let waiting = serde_json::to_value(retry).unwrap();
+    serde_json::from_value::<Retry<u8>>(waiting.clone()).unwrap();
+    let mut s = waiting;
+    s["engine"]["last_failure"] = Value::Null;
+    refused(s, "a wait after a failure with no failure");
 }
