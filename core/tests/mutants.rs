@@ -13,10 +13,10 @@
 //!   range to the rejection check, which keeps it (the threshold is below the range).
 //!
 //! `.ci/mutants core/src/attempt.rs core/src/decision.rs` (185 mutants, 2026-12-02): 116 caught,
-//! 19 timeouts, 35 unviable, 15 missed. The tests after the delivery ones kill 12 of the 15
-//! (each checked against its mutant by hand or by the run); the `ENDED | WAIT` → `^` and
-//! `ENDED | FINISH` → `^` twins are equivalent (disjoint bits), as is `&` → `|` in the
-//! `pending & FINISH` guard of `validate`'s last arm only where FINISH is the one bit set.
+//! 19 timeouts, 35 unviable, 15 missed. The tests after the delivery ones kill 12 of the 15;
+//! `ENDED | WAIT` → `^` and `ENDED | FINISH` → `^` in `validate` are equivalent (disjoint
+//! bits); `validate`'s `Abandoning if last_failure.is_none()` guard (a supervision state) is
+//! not killed yet.
 //!
 //! `.ci/mutants core/src/delivery.rs` (252 mutants): 28 survived the rule tests; the tests at the
 //! end of this file kill 22. The other 6 are equivalent: `|` → `^` between the single-bit action
@@ -409,4 +409,29 @@ fn g12_a_loaded_state_with_one_field_no_transition_could_have_made_is_refused() 
     let mut s = waiting;
     s["engine"]["last_failure"] = Value::Null;
     refused(s, "a wait after a failure with no failure");
+}
+
+/// Kills two more survivors in `validate`: a finished operation whose outcome was drained
+/// (its failure taken with it) loads back, and one canceled before its start that carries a
+/// failure is refused.
+#[cfg(feature = "serde")]
+#[test]
+fn g12_a_drained_outcome_loads_back_and_a_cancel_before_the_start_with_a_failure_does_not() {
+    use persevere::{Failure, Retry};
+    use serde_json::json;
+    let policy = RetryPolicy::builder(Backoff::constant(ms(1)).build().unwrap()).max_attempts(1).build().unwrap();
+    let mut retry: Retry<u8> = Retry::new();
+    retry.handle_start(&policy, Instant::ZERO).unwrap();
+    while retry.poll_action().is_some() {}
+    retry.handle_failure(&policy, Instant::from_nanos(5), 1, Failure::retryable(1), &mut Fixed(0)).unwrap();
+    while retry.poll_action().is_some() {}
+    let json = serde_json::to_string(&retry).unwrap();
+    assert_eq!(serde_json::from_str::<Retry<u8>>(&json).map_err(|e| e.to_string()), Ok(retry));
+
+    let mut canceled: Retry<u8> = Retry::new();
+    canceled.handle_cancel(&policy, Instant::ZERO).unwrap();
+    let mut s = serde_json::to_value(canceled).unwrap();
+    serde_json::from_value::<Retry<u8>>(s.clone()).unwrap();
+    s["engine"]["last_failure"] = json!({ "class": "Retryable", "error": null });
+    assert!(serde_json::from_value::<Retry<u8>>(s.clone()).is_err(), "loaded {s}");
 }
