@@ -293,7 +293,7 @@ fn g12_the_decliners_ring_loads_only_as_handle_returned_fills_it() {
 #[test]
 fn g12_a_rejection_or_an_abandon_before_the_start_is_refused_and_changes_nothing() {
     use persevere::{Retry, RetryError, Supervision, SupervisionError, SupervisionPolicy, TaskDefaults};
-    let policy = RetryPolicy::builder(Backoff::constant(ms(1)).build().unwrap()).max_attempts(3).build().unwrap();
+    let policy = retry_policy(3);
     let mut retry: Retry<()> = Retry::new();
     let before = retry;
     assert_eq!(retry.handle_rejected(&policy, Instant::from_nanos(5)), Err(RetryError::NotStarted));
@@ -330,7 +330,7 @@ fn s4_a_timed_out_attempt_whose_drop_panics_counts_into_the_streak() {
 #[test]
 fn r6_a_wake_up_at_the_end_of_time_does_not_time_out_an_attempt_with_no_deadline() {
     use persevere::{Retry, RetryAction};
-    let policy = RetryPolicy::builder(Backoff::constant(ms(1)).build().unwrap()).max_attempts(3).build().unwrap();
+    let policy = retry_policy(3);
     let mut retry: Retry<()> = Retry::new();
     retry.handle_start(&policy, Instant::ZERO).unwrap();
     assert_eq!(retry.poll_action(), Some(RetryAction::Start { attempt: 1, deadline: None }));
@@ -364,10 +364,8 @@ fn s6_a_running_task_with_nothing_to_report_loads_back() {
 #[test]
 fn g12_an_operation_canceled_mid_attempt_with_its_outputs_undrained_loads_back() {
     use persevere::{Retry, RetryAction};
-    let policy = RetryPolicy::builder(Backoff::constant(ms(1)).build().unwrap()).max_attempts(3).build().unwrap();
-    let mut retry: Retry<u8> = Retry::new();
-    retry.handle_start(&policy, Instant::ZERO).unwrap();
-    while retry.poll_action().is_some() {}
+    let policy = retry_policy(3);
+    let mut retry = started(&policy);
     retry.handle_cancel(&policy, Instant::from_nanos(5)).unwrap();
     let json = serde_json::to_string(&retry).unwrap();
     let mut loaded: Retry<u8> = serde_json::from_str(&json).unwrap_or_else(|e| panic!("{json}: {e}"));
@@ -398,10 +396,8 @@ fn g12_a_loaded_state_with_one_field_no_transition_could_have_made_is_refused() 
     s["engine"]["backoff"]["last_delay_ns"] = json!(5);
     refused(s, "an idle backoff with a delay");
 
-    let policy = RetryPolicy::builder(Backoff::constant(ms(1)).build().unwrap()).max_attempts(3).build().unwrap();
-    let mut retry: Retry<u8> = Retry::new();
-    retry.handle_start(&policy, Instant::ZERO).unwrap();
-    while retry.poll_action().is_some() {}
+    let policy = retry_policy(3);
+    let mut retry = started(&policy);
     retry.handle_failure(&policy, Instant::from_nanos(5), 1, Failure::retryable(1), &mut Fixed(0)).unwrap();
     while retry.poll_action().is_some() {}
     let waiting = serde_json::to_value(retry).unwrap();
@@ -419,10 +415,8 @@ fn g12_a_loaded_state_with_one_field_no_transition_could_have_made_is_refused() 
 fn g12_a_drained_outcome_loads_back_and_a_cancel_before_the_start_with_a_failure_does_not() {
     use persevere::{Failure, Retry};
     use serde_json::json;
-    let policy = RetryPolicy::builder(Backoff::constant(ms(1)).build().unwrap()).max_attempts(1).build().unwrap();
-    let mut retry: Retry<u8> = Retry::new();
-    retry.handle_start(&policy, Instant::ZERO).unwrap();
-    while retry.poll_action().is_some() {}
+    let policy = retry_policy(1);
+    let mut retry = started(&policy);
     retry.handle_failure(&policy, Instant::from_nanos(5), 1, Failure::retryable(1), &mut Fixed(0)).unwrap();
     while retry.poll_action().is_some() {}
     let json = serde_json::to_string(&retry).unwrap();
@@ -434,4 +428,17 @@ fn g12_a_drained_outcome_loads_back_and_a_cancel_before_the_start_with_a_failure
     serde_json::from_value::<Retry<u8>>(s.clone()).unwrap();
     s["engine"]["last_failure"] = json!({ "class": "Retryable", "error": null });
     assert!(serde_json::from_value::<Retry<u8>>(s.clone()).is_err(), "loaded {s}");
+}
+
+/// Attempts 1 ms apart, at most `max_attempts`.
+fn retry_policy(max_attempts: u32) -> RetryPolicy {
+    RetryPolicy::builder(Backoff::constant(ms(1)).build().unwrap()).max_attempts(max_attempts).build().unwrap()
+}
+
+/// A retry whose attempt 1 started at the epoch, its start drained.
+fn started(policy: &RetryPolicy) -> persevere::Retry<u8> {
+    let mut retry = persevere::Retry::new();
+    retry.handle_start(policy, Instant::ZERO).unwrap();
+    while retry.poll_action().is_some() {}
+    retry
 }

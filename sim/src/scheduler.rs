@@ -31,10 +31,8 @@ type Handle = SchedulerHandle<Tasks, Tasks, u32, u32>;
 /// One flow, as the runs and the listener see it.
 #[derive(Default)]
 struct Seen {
-    /// The every-flow's interval; zero for a cron flow.
+    /// The every-flow's interval; zero for a cron flow (ticking every second).
     interval: Duration,
-    /// A cron flow, ticking every second.
-    cron: bool,
     running: u32,
     /// Heard tripped and not yet reset.
     tripped: bool,
@@ -158,7 +156,7 @@ pub fn run_with(seed: u64, bug: Option<SchedulerBug>) -> Result<Summary, Violati
         };
         let policy = FlowPolicy::builder().backoff(backoff).with_trip(trip).build().unwrap();
         plans.push((id, interval, policy));
-        lock(&log).flows.insert(id, Seen { interval, cron, ..Seen::default() });
+        lock(&log).flows.insert(id, Seen { interval, ..Seen::default() });
     }
     let world = Arc::new(Mutex::new(first));
     // The handle, for the runs to ask the scheduler about their flow (set before any run).
@@ -187,7 +185,8 @@ pub fn run_with(seed: u64, bug: Option<SchedulerBug>) -> Result<Summary, Violati
                 log.runs += 1;
                 log.checked += 3;
                 let seen = log.flows.get_mut(&id).expect("a flow of the scenario");
-                let (running, tripped, triggered, cron) = (seen.running, seen.tripped, seen.triggered, seen.cron);
+                let (running, tripped, triggered) = (seen.running, seen.tripped, seen.triggered);
+                let cron = seen.interval.is_zero();
                 let early =
                     seen.last_end.map(|end| end + seen.interval.as_nanos() as u64).filter(|due| now.as_nanos() < *due);
                 seen.running += 1;
