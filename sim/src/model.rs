@@ -1,12 +1,15 @@
 //! The reference models the scenario families and the fuzz targets share: each rule of DESIGN
 //! written once, from DESIGN's own formulas, never by asking the core for the answer.
 //!
-//! - [`backoff`]: the envelope of a schedule (B1, B4) and the bounds of every jittered delay
-//!   (B2, B3).
+//! - [`backoff`]: the envelope of a schedule (B1, B4), the bounds of every jittered delay
+//!   (B2, B3), and how a model adopts a draw it does not make ([`backoff::adopt`]): no model
+//!   samples jitter, so none restates the core's sampling.
 //! - [`budget`]: retry budgets' grants (U1, U2, G9).
 //! - [`flow`]: when an every-flow is due (F5, F10) and why a cron tick is skipped (F6).
 //! - [`hint`]: what a hinted failure does (B6): waited in full, or deferred past `max_hint` or
 //!   the total budget.
+//! - [`retry`]: the retry machine's every action (R1–R6, B6), for the fuzz target and the
+//!   retry family alike.
 //! - [`supervision`]: a supervised task's event stream (S1, S3, S5, S6, B6).
 //!
 //! A model says whether a rule holds through a [`Judge`]: the simulator's
@@ -17,6 +20,7 @@ pub mod backoff;
 pub mod budget;
 pub mod flow;
 pub mod hint;
+pub mod retry;
 pub mod supervision;
 
 /// Where a model's verdicts go.

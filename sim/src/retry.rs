@@ -10,16 +10,17 @@
 //! its actions the driver sometimes feeds a timeout and a cancel: the first must do nothing,
 //! the second be refused (the drain rule).
 
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use persevere::{
-    Failure, FailureClass, FailureKind, Instant, Outcome, OutcomeKind, Retry, RetryAction, RetryError, RetryPolicy,
-    TokenBucket, TokenBucketPolicy,
+    Failure, FailureClass, FailureKind, Instant, OutcomeKind, Retry, RetryAction, RetryError, RetryPolicy, TokenBucket,
+    TokenBucketPolicy,
 };
 
-use crate::world::{
-    SchedulePlace, Summary, Violation, World, clamp_hint, draw_backoff, draw_failure, draw_fault_weights,
-};
+use crate::model::backoff::delay_bounds;
+use crate::model::retry::{RetryModel, waits};
+use crate::world::{Summary, Violation, World, clamp_hint, draw_backoff, draw_failure, draw_fault_weights};
 
 /// A deliberate defect, to prove the checks can fail.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -123,32 +124,66 @@ impl RetryScenario {
     }
 }
 
-/// The reference model of one operation: what the machine must be doing.
-#[derive(Clone, Debug, Default)]
+/// One operation: where the scenario stands with it, and the reference model of its machine.
+#[derive(Clone, Debug)]
 struct Model {
     started: bool,
     finished: bool,
     /// The attempt running, when it reports (`None`: it hangs), and its deadline.
     running: Option<(u64, Option<Instant>, Option<Instant>)>,
+    /// Attempts the drains have seen started.
     attempts: u64,
-    first_start: Instant,
-    last_now: Instant,
-    /// The last failure fed: class, hint delay (ns) if hinted.
+    /// The last failure the scenario drew: class, and the hint's delay (ns) if hinted. (The
+    /// driver may feed the machine something else: an injected bug.)
     last: Option<(FailureClass, Option<u64>)>,
-    /// The streak: consecutive failures (every one but a cancel).
-    streak: u32,
-    /// Where the schedule stands.
-    schedule: SchedulePlace,
-    /// Time asleep so far, and when the current sleep began.
-    slept: Duration,
-    sleep_from: Instant,
-    /// The retry budget's grant was refused for this operation.
-    refused: bool,
+    /// The schedule's place and previous delay before the last input, which bound the delay
+    /// a failure then schedules (G1).
+    schedule: (u32, u64),
     canceled: bool,
-    /// The last attempt's result fed to the machine was a success.
-    succeeded: bool,
     /// When the machine asked to be woken.
     wake: Option<Instant>,
+    /// The reference model: every action the machine must emit, in order.
+    machine: RetryModel<u64>,
+    /// The actions the model predicts that the drain has not seen yet.
+    expected: VecDeque<RetryAction<u64>>,
+}
+
+impl Model {
+    fn new() -> Self {
+        Model {
+            started: false,
+            finished: false,
+            running: None,
+            attempts: 0,
+            last: None,
+            schedule: (0, 0),
+            canceled: false,
+            wake: None,
+            machine: RetryModel::new(),
+            expected: VecDeque::new(),
+        }
+    }
+
+    /// Takes what the model answers to an input the machine accepted: the actions to expect.
+    fn expect(
+        &mut self,
+        world: &mut World,
+        what: &str,
+        answer: Result<Vec<RetryAction<u64>>, RetryError>,
+    ) -> Result<(), Violation> {
+        match answer {
+            Ok(actions) => {
+                self.expected.extend(actions);
+                Ok(())
+            }
+            Err(e) => Err(world.violation("model", format!("the machine accepted {what}, the model refuses: {e}"))),
+        }
+    }
+
+    /// Notes where the schedule stands, before an input that may schedule a delay.
+    fn before_failure(&mut self) {
+        self.schedule = (self.machine.place.saturating_add(1), self.machine.last_delay_ns);
+    }
 }
 
 /// Runs the retry scenario of `seed`; `bug` injects a defect.
@@ -158,7 +193,7 @@ pub fn run(seed: u64, bug: Option<RetryBug>) -> Result<Summary, Violation> {
     let policy = scenario.policy;
     let n = scenario.operations as usize;
     let mut machines: Vec<Retry<u64>> = vec![Retry::new(); n];
-    let mut models: Vec<Model> = vec![Model::default(); n];
+    let mut models: Vec<Model> = vec![Model::new(); n];
     let mut budget = scenario.budget.as_ref().map(TokenBucket::new);
     let limit = policy.max_attempts().map_or(u64::MAX, u64::from);
     // Operations start at staggered instants.
@@ -198,7 +233,6 @@ pub fn run(seed: u64, bug: Option<RetryBug>) -> Result<Summary, Violation> {
             misuse(&mut world, i as u32, &policy, &mut machines[i], &models[i], reported)?;
         }
         let (machine, model) = (&mut machines[i], &mut models[i]);
-        let mut expects = true;
         if !model.started && world.chance(scenario.cancel_rate) {
             // Canceled before it started: no attempt, no time.
             machine
@@ -206,8 +240,8 @@ pub fn run(seed: u64, bug: Option<RetryBug>) -> Result<Summary, Violation> {
                 .map_err(|e| world.violation("G12", format!("cancel refused: {e}")))?;
             model.started = true;
             model.canceled = true;
-            model.first_start = reported;
-            model.last_now = reported;
+            let answer = model.machine.cancel(reported);
+            model.expect(&mut world, "a cancel", answer)?;
             world.record(i as u32, "driver cancels before the start", 0, 0);
             starts[i] = Instant::MAX;
         } else if !model.started {
@@ -215,8 +249,8 @@ pub fn run(seed: u64, bug: Option<RetryBug>) -> Result<Summary, Violation> {
                 .handle_start(&policy, reported)
                 .map_err(|e| world.violation("G12", format!("start refused: {e}")))?;
             model.started = true;
-            model.first_start = reported;
-            model.last_now = reported;
+            let answer = model.machine.start(&policy, reported);
+            model.expect(&mut world, "the start", answer)?;
             world.record(i as u32, "start", 0, 0);
             starts[i] = Instant::MAX;
         } else if world.chance(scenario.cancel_rate) {
@@ -224,20 +258,19 @@ pub fn run(seed: u64, bug: Option<RetryBug>) -> Result<Summary, Violation> {
                 .handle_cancel(&policy, reported)
                 .map_err(|e| world.violation("G12", format!("cancel refused: {e}")))?;
             model.canceled = true;
-            model.last_now = model.last_now.later(reported);
+            let answer = model.machine.cancel(reported);
+            model.expect(&mut world, "a cancel", answer)?;
             world.record(i as u32, "driver cancels", 0, 0);
         } else if let Some((attempt, Some(report_at), _)) = model.running.filter(|(_, at, _)| *at == Some(due)) {
-            let eff = model.last_now.later(reported);
-            model.last_now = eff;
+            let eff = model.machine.last_now.later(reported);
             model.running = None;
             let past_horizon = world.now >= scenario.horizon;
             if past_horizon || !world.chance(scenario.failure_rate) {
-                model.succeeded = true;
                 machine
                     .handle_success(&policy, reported, attempt)
                     .map_err(|e| world.violation("G12", format!("success refused: {e}")))?;
-                model.streak = 0;
-                model.schedule.start_over();
+                let answer = model.machine.success(reported, attempt);
+                model.expect(&mut world, "a success", answer)?;
                 world.record(i as u32, "attempt succeeds", attempt, report_at.as_nanos());
             } else {
                 let (kind, hint_ns) = draw_failure(&mut world, &scenario.fault_weights, scenario.hint_ns, eff);
@@ -249,31 +282,30 @@ pub fn run(seed: u64, bug: Option<RetryBug>) -> Result<Summary, Violation> {
                 };
                 world.record(i as u32, "attempt fails", attempt, class as u64);
                 model.last = Some((class, hint_ns));
-                if fed != FailureKind::Canceled {
-                    model.streak += 1;
-                }
+                model.before_failure();
                 machine
                     .handle_failure(&policy, reported, attempt, Failure::new(fed, attempt), world.rng())
                     .map_err(|e| world.violation("G12", format!("failure refused: {e}")))?;
+                // The model is told what was drawn, not what the driver fed.
+                let answer =
+                    model.machine.failure(&policy, reported, attempt, Failure::new(kind, attempt), waits(machine));
+                model.expect(&mut world, "a failure", answer)?;
             }
         } else {
-            let eff = model.last_now.later(reported);
             // The machine's own timeout: an attempt's deadline or the end of a sleep; an
             // early one does nothing.
-            expects = match model.running {
-                Some((_, _, deadline)) => deadline.is_some_and(|d| d <= eff),
-                None => model.wake.is_some_and(|w| w <= eff),
-            };
             if let Some((_, _, Some(deadline))) = model.running
-                && eff >= deadline
+                && model.machine.last_now.later(reported) >= deadline
             {
                 model.last = Some((FailureClass::Timeout, None));
-                model.streak += 1;
             }
-            world.record(i as u32, "timeout", eff.as_nanos(), 0);
+            model.before_failure();
+            world.record(i as u32, "timeout", model.machine.last_now.later(reported).as_nanos(), 0);
             machine.handle_timeout(&policy, reported, world.rng());
+            let actions = model.machine.timeout(&policy, reported, waits(machine));
+            model.expected.extend(actions);
         }
-        let step = Step { limit, bug, subject: i as u32, reported, expects };
+        let step = Step { limit, bug, subject: i as u32 };
         drain(&mut world, &scenario, &policy, step, budget.as_mut(), &mut machines[i], &mut models[i])?;
     }
     Err(world.violation("G13", "the scenario did not finish within 200000 steps".into()))
@@ -310,12 +342,10 @@ struct Step {
     limit: u64,
     bug: Option<RetryBug>,
     subject: u32,
-    reported: Instant,
-    /// Whether the model expects the input to have left actions.
-    expects: bool,
 }
 
-/// Drains the machine's actions and checks each against the model.
+/// Drains the machine's actions, checks the guarantees each must meet, and then that it is
+/// the very action the model predicts.
 fn drain(
     world: &mut World,
     scenario: &RetryScenario,
@@ -325,15 +355,12 @@ fn drain(
     machine: &mut Retry<u64>,
     model: &mut Model,
 ) -> Result<(), Violation> {
-    let Step { limit, bug, subject, reported, expects } = step;
-    let eff = model.last_now.later(reported);
-    if expects {
-        // An early timeout is not accepted: the machine's time stays where it was.
-        model.last_now = eff;
-    }
-    let budget_end = policy.total().map(|t| model.first_start.saturating_add(t));
+    let Step { limit, bug, subject } = step;
+    let eff = model.machine.last_now;
+    let expects = !model.expected.is_empty();
+    let budget_end = policy.total().map(|t| model.machine.first_start.saturating_add(t));
     world.check("R6", machine.has_actions() == expects, || {
-        format!("has_actions() is {}, the model expects {expects}", machine.has_actions())
+        format!("has_actions() is {}, the model expects {:?}", machine.has_actions(), model.expected)
     })?;
     let probed =
         if expects && world.chance(scenario.misuse_rate) { probe(world, subject, policy, machine)? } else { None };
@@ -353,11 +380,6 @@ fn drain(
                 world.check("G2", attempt <= limit, || format!("attempt {attempt} over the limit {limit}"))?;
                 if let Some(end) = budget_end {
                     world.check("G7", eff <= end, || format!("attempt {attempt} started past the total budget"))?;
-                }
-                let expected = policy.attempt_timeout().map(|t| eff.saturating_add(t)).filter(|d| *d != Instant::MAX);
-                world.check("R3", deadline == expected, || format!("deadline {deadline:?}, expected {expected:?}"))?;
-                if attempt > 1 {
-                    model.slept += eff.saturating_duration_since(model.sleep_from);
                 }
                 model.attempts = attempt;
                 let faulty = world.now < scenario.horizon;
@@ -384,9 +406,6 @@ fn drain(
                 world.check("G2", model.attempts < limit, || {
                     format!("a retry after {} of {limit} attempts", model.attempts)
                 })?;
-                world.check("R6", until == eff.saturating_add(delay), || {
-                    "the sleep does not end at now + delay".into()
-                })?;
                 if let Some(end) = budget_end {
                     world.check("G7", until <= end, || format!("the sleep ends {until:?}, past the budget {end:?}"))?;
                 }
@@ -397,21 +416,8 @@ fn drain(
                 } else {
                     delay_ns
                 };
-                check_delay(world, policy, model, hint, delay_ns)?;
+                check_delay(world, policy, model, class, hint, delay_ns)?;
                 model.wake = Some(until);
-                model.sleep_from = eff;
-                // The shared budget decides whether this retry may happen (U4).
-                if let (Some(bucket), Some(budget_policy)) = (budget.as_deref_mut(), scenario.budget.as_ref()) {
-                    let retry_class = persevere::RetryClass::from(class);
-                    if bucket.try_acquire(budget_policy, retry_class).is_err() {
-                        world.record(subject, "budget refuses", 0, bucket.balance_milli());
-                        machine
-                            .handle_rejected(policy, eff)
-                            .map_err(|e| world.violation("G12", format!("rejection refused: {e}")))?;
-                        model.refused = true;
-                        rejected_here = true;
-                    }
-                }
             }
             RetryAction::Finish { outcome, stats } => {
                 world.record(subject, "finish", stats.attempts, outcome.kind() as u64);
@@ -422,14 +428,6 @@ fn drain(
                 model.finished = true;
                 model.running = None;
                 model.wake = None;
-                world.check("R5", stats.attempts == model.attempts, || {
-                    format!("stats say {} attempts, {} started", stats.attempts, model.attempts)
-                })?;
-                let elapsed = eff.saturating_duration_since(model.first_start);
-                world.check("R5", stats.elapsed == Some(elapsed) && stats.slept == model.slept, || {
-                    format!("stats {stats:?}, expected elapsed {elapsed:?} and slept {:?}", model.slept)
-                })?;
-                check_outcome(world, policy, model, limit, &outcome, budget_end, eff)?;
                 if bug == Some(RetryBug::ExtraAttempt) && outcome.kind() == OutcomeKind::Exhausted {
                     model.attempts += 1;
                     world.check("G2", model.attempts <= limit, || {
@@ -449,7 +447,7 @@ fn drain(
                 let attempt = Duration::from_nanos(scenario.attempt_ns);
                 let bound = scenario
                     .horizon
-                    .later(model.first_start)
+                    .later(model.machine.first_start)
                     .saturating_add(attempt)
                     .saturating_add(policy.attempt_timeout().unwrap_or(Duration::ZERO))
                     .saturating_add(longest_sleep)
@@ -458,7 +456,30 @@ fn drain(
                     .check("G13", eff <= bound, || format!("finished at {eff:?}, past the liveness bound {bound:?}"))?;
             }
         }
+        let want = model.expected.pop_front();
+        world.check("model", want.as_ref() == Some(&action), || {
+            format!("action {action:?}, the model expects {want:?}")
+        })?;
+        // The shared budget decides whether a retry may happen (U4); a refusal is fed once the
+        // sleep is drained.
+        if let RetryAction::Sleep { .. } = action
+            && let (Some(bucket), Some(budget_policy)) = (budget.as_deref_mut(), scenario.budget.as_ref())
+        {
+            let class = model.last.map_or(FailureClass::Retryable, |l| l.0);
+            if bucket.try_acquire(budget_policy, persevere::RetryClass::from(class)).is_err() {
+                world.record(subject, "budget refuses", 0, bucket.balance_milli());
+                machine
+                    .handle_rejected(policy, eff)
+                    .map_err(|e| world.violation("G12", format!("rejection refused: {e}")))?;
+                let answer = model.machine.rejected(eff);
+                model.expect(world, "a rejection", answer)?;
+                rejected_here = true;
+            }
+        }
     }
+    world.check("model", model.expected.is_empty(), || {
+        format!("the drain ended, the model still expects {:?}", model.expected)
+    })?;
     if let Some(refused) = probed {
         // Validity errors come first: a cancel is refused as finished exactly when this input
         // finished the operation, and as undrained otherwise.
@@ -467,8 +488,8 @@ fn drain(
             format!("a cancel while undrained: {refused:?}, expected {expected:?}")
         })?;
     }
-    world.check("R4", machine.streak() == model.streak, || {
-        format!("streak {}, the model counts {}", machine.streak(), model.streak)
+    world.check("R4", machine.streak() == model.machine.failures, || {
+        format!("streak {}, the model counts {}", machine.streak(), model.machine.failures)
     })?;
     if !model.finished {
         model.wake = machine.poll_timeout().filter(|_| model.running.is_none_or(|(_, _, d)| d.is_some()));
@@ -514,92 +535,26 @@ fn longest_delay(policy: &RetryPolicy) -> Duration {
     policy.backoff().max_delay().max(policy.throttling_backoff().map_or(Duration::ZERO, |b| b.max_delay()))
 }
 
-/// G1, B6: a scheduled delay respects its schedule's bounds; a hinted one is the hint, in full.
+/// G1, B6: a scheduled delay respects its schedule's bounds where the schedule stood before
+/// the failure; a hinted one is the hint, in full, and within `max_hint`.
 fn check_delay(
     world: &mut World,
     policy: &RetryPolicy,
-    model: &mut Model,
+    model: &Model,
+    class: FailureClass,
     hint: Option<u64>,
     delay_ns: u64,
 ) -> Result<(), Violation> {
     if let Some(hinted) = hint {
         world.check("G1", delay_ns == hinted, || format!("hinted delay {delay_ns} ns, the hint asked {hinted} ns"))?;
         let max_hint = policy.max_hint();
-        world.check("G1", Duration::from_nanos(hinted) <= max_hint, || {
+        return world.check("G1", Duration::from_nanos(hinted) <= max_hint, || {
             format!("a hint of {hinted} ns waited past max_hint {max_hint:?}")
-        })?;
-        model.schedule.hinted(policy.restarts_after_hint(), hinted);
-        return Ok(());
+        });
     }
-    let class = model.last.map_or(FailureClass::Retryable, |l| l.0);
-    let (lo, hi) = model.schedule.next_bounds(schedule_of(policy, class));
+    let (place, previous) = model.schedule;
+    let (lo, hi) = delay_bounds(schedule_of(policy, class), place, previous);
     world.check("G1", (lo..=hi).contains(&delay_ns), || {
-        format!("delay {delay_ns} ns outside [{lo}, {hi}] ns at the schedule's place {}", model.schedule.place)
-    })?;
-    model.schedule.previous_delay = delay_ns;
-    Ok(())
-}
-
-/// G2, G4, G7, G11, B6: the outcome is the one the model expects.
-fn check_outcome(
-    world: &mut World,
-    policy: &RetryPolicy,
-    model: &Model,
-    limit: u64,
-    outcome: &Outcome<u64>,
-    budget_end: Option<Instant>,
-    now: Instant,
-) -> Result<(), Violation> {
-    let last = model.last.map(|l| l.0);
-    let hint = model.last.and_then(|l| l.1);
-    match *outcome {
-        Outcome::Succeeded => {
-            world.check("G11", model.succeeded, || format!("succeeded after {last:?}, no success was fed"))
-        }
-        Outcome::Exhausted { .. } => {
-            world.check("G2", model.attempts == limit, || format!("exhausted after {} of {limit}", model.attempts))?;
-            world.check("G4", last.is_some_and(FailureClass::is_retryable), || format!("exhausted by {last:?}"))
-        }
-        Outcome::Fatal { .. } => {
-            world.check("G4", matches!(last, Some(FailureClass::Fatal | FailureClass::DoNotRetry)), || {
-                format!("fatal outcome after {last:?}")
-            })
-        }
-        Outcome::Canceled { .. } => world.check("G4", model.canceled || last == Some(FailureClass::Canceled), || {
-            format!("canceled outcome after {last:?}")
-        }),
-        Outcome::OutOfTime { .. } => {
-            let Some(end) = budget_end else {
-                return Err(world.violation("G7", "out of time without a total budget".into()));
-            };
-            // The limit is judged first, and a hint past the budget defers: only a scheduled
-            // delay that may overrun the budget ends it out of time, or a wake-up that comes
-            // after the budget ran out (no attempt starts past it, R3).
-            world.check("G2", model.attempts < limit, || format!("out of time after the last attempt {limit}"))?;
-            world.check("B6", hint.is_none() || now > end, || {
-                "a hinted failure ended out of time, not deferred".into()
-            })?;
-            let possible = now.saturating_add(longest_delay(policy)) > end;
-            world.check("G7", possible, || format!("out of time at {now:?} with the budget ending {end:?}"))
-        }
-        Outcome::Rejected { .. } => world.check("U4", model.refused, || "rejected without a refusal".into()),
-        Outcome::Deferred { retry_at, .. } => {
-            // B6: the limit first, then a hint past max_hint or past the budget ends the
-            // operation at once, carrying the hinted instant.
-            world.check("G2", model.attempts < limit, || format!("deferred after the last attempt {limit}"))?;
-            let Some(hinted) = hint else {
-                return Err(world.violation("B6", format!("deferred after an unhinted {last:?} failure")));
-            };
-            let (expected, defers) = crate::model::hint::hinted(
-                now,
-                Duration::from_nanos(hinted),
-                policy.max_hint(),
-                budget_end.unwrap_or(Instant::MAX),
-            );
-            world.check("B6", retry_at == expected, || {
-                format!("deferred to {retry_at:?}, the hint asked {expected:?}")
-            })?;
-            world.check("B6", defers, || format!("a hint of {hinted} ns within max_hint and the budget deferred"))
-        }
-    }
+        format!("delay {delay_ns} ns outside [{lo}, {hi}] ns at the schedule's place {place}")
+    })
 }

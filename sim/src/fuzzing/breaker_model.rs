@@ -14,6 +14,8 @@ use persevere::{
 use rand_chacha::ChaCha8Rng;
 
 use super::backoff_model::{BackoffIn, check_delay};
+use crate::model::backoff::{adopt, delay_bounds};
+
 use super::{At, Clock, Count, Ctx, ErrorKind, Fraction, SETUP, Span, ensure, nanos, nanos_sat, parse, rng, verdict};
 
 const PPM: u64 = 1_000_000;
@@ -341,31 +343,34 @@ impl Model {
         self.in_flight = 0;
     }
 
-    /// K3: opens for the next open duration, counted from `at` (or the latest time seen).
-    fn open(&mut self, policy: &BreakerPolicy, at: Instant, rng: &mut ChaCha8Rng) {
+    /// K3: opens for the next open duration, counted from `at` (or the latest time seen), by
+    /// an input at `now`. The duration is the one the machine drew ([`adopt`]): `observed` is
+    /// where its open period ends after the same input, `None` when it is no longer open (then
+    /// the period ended by `now`, so it was at most `now - at`).
+    fn open(&mut self, policy: &BreakerPolicy, at: Instant, now: Instant, observed: Option<Instant>) {
         let at = self.last_now.later(at);
         self.openings = self.openings.saturating_add(1);
-        let previous = Duration::from_nanos(self.last_open_ns);
-        self.last_open_ns = nanos_sat(policy.open_backoff().delay(self.openings, previous, rng));
+        let bounds = delay_bounds(policy.open_backoff(), self.openings, self.last_open_ns);
+        self.last_open_ns = adopt(Some(observed.unwrap_or(now)), at, bounds, |_| false);
         self.last_now = at;
         self.enter(Phase::Open { until: at.saturating_add(Duration::from_nanos(self.last_open_ns)) });
     }
 
     /// K4: a lease past its deadline is a failure at that deadline.
-    fn expire(&mut self, policy: &BreakerPolicy, now: Instant, rng: &mut ChaCha8Rng) {
+    fn expire(&mut self, policy: &BreakerPolicy, now: Instant, observed: Option<Instant>) {
         if let Phase::HalfOpen { probes, .. } = &self.phase
             && let Some(earliest) = probes.iter().map(|p| p.1).min()
             && earliest <= now
         {
-            self.open(policy, earliest, rng);
+            self.open(policy, earliest, now, observed);
             self.last_now = self.last_now.later(now);
         }
     }
 
     /// Everything due at `now` in one step: overdue leases expire (reopening at the earliest
     /// deadline), then an open period that has ended turns half-open.
-    fn settle(&mut self, policy: &BreakerPolicy, now: Instant, rng: &mut ChaCha8Rng) {
-        self.expire(policy, now, rng);
+    fn settle(&mut self, policy: &BreakerPolicy, now: Instant, observed: Option<Instant>) {
+        self.expire(policy, now, observed);
         if let Phase::Open { until } = self.phase
             && until <= now
         {
@@ -386,7 +391,7 @@ impl Model {
         policy: &BreakerPolicy,
         rules: &Rules,
         now: Instant,
-        rng: &mut ChaCha8Rng,
+        observed: Option<Instant>,
     ) -> Result<PermitModel, Rejected> {
         match self.phase {
             Phase::Closed(_) | Phase::Disabled => return Ok(self.issue(now)),
@@ -397,7 +402,7 @@ impl Model {
             _ => {}
         }
         let now = self.last_now.later(now);
-        self.settle(policy, now, rng);
+        self.settle(policy, now, observed);
         match &mut self.phase {
             Phase::HalfOpen { probes, .. } => {
                 if probes.len() as u32 >= rules.permits {
@@ -424,7 +429,7 @@ impl Model {
         permit: PermitModel,
         outcome: CallOutcome,
         elapsed_ns: u64,
-        rng: &mut ChaCha8Rng,
+        observed: Option<Instant>,
     ) -> Result<(), BreakerError> {
         if permit.breaker != self.id {
             return Err(BreakerError::Foreign { this: self.id, got: permit.breaker });
@@ -441,7 +446,7 @@ impl Model {
                 if outcome != CallOutcome::Ignored
                     && window.push(rules, now, outcome == CallOutcome::Failure, elapsed_ns >= rules.slow_ns)
                 {
-                    self.open(policy, now, rng);
+                    self.open(policy, now, now, observed);
                 }
                 Ok(())
             }
@@ -459,7 +464,7 @@ impl Model {
                 let now = self.last_now.later(now);
                 // A lease that ended before its result came already counted as a failure.
                 let generation = self.generation;
-                self.settle(policy, now, rng);
+                self.settle(policy, now, observed);
                 self.last_now = now;
                 if self.generation != generation {
                     return Ok(());
@@ -472,7 +477,7 @@ impl Model {
                     CallOutcome::Success => rules.slow_ppm <= PPM && elapsed_ns >= rules.slow_ns,
                 };
                 if failed {
-                    self.open(policy, now, rng);
+                    self.open(policy, now, now, observed);
                 } else {
                     *successes = successes.saturating_add(1);
                     if *successes >= rules.close_after {
@@ -487,9 +492,9 @@ impl Model {
         }
     }
 
-    fn timeout(&mut self, policy: &BreakerPolicy, now: Instant, rng: &mut ChaCha8Rng) {
+    fn timeout(&mut self, policy: &BreakerPolicy, now: Instant, observed: Option<Instant>) {
         let now = self.last_now.later(now);
-        self.settle(policy, now, rng);
+        self.settle(policy, now, observed);
     }
 }
 
@@ -554,6 +559,14 @@ impl Op {
 /// How many permits the driver remembers (newest kept).
 const PERMITS_KEPT: usize = 64;
 
+/// Where `machine`'s open period ends, if it is open.
+fn open_until(machine: &Breaker) -> Option<Instant> {
+    match machine.status() {
+        BreakerStatus::Open { until } => Some(until),
+        _ => None,
+    }
+}
+
 pub(crate) fn run(data: &[u8]) {
     let Some((config, ops)) = parse::<Config, Op>(data) else { return };
     let Some((first_policy, first_rules)) = build(&config) else { return };
@@ -580,12 +593,11 @@ pub(crate) fn run(data: &[u8]) {
         let ctx = Ctx { step, op };
         let before = machine;
         let was = model.clone();
-        let mut draws = rng.clone();
         match op.meaning() {
             Op::Acquire(at) => {
                 let now = clock.at(at, machine.poll_timeout());
-                let expected = model.acquire(&policy, &rules, now, &mut draws);
                 let got = machine.try_acquire(&policy, now, &mut rng);
+                let expected = model.acquire(&policy, &rules, now, open_until(&machine));
                 if let Ok(permit) = &got {
                     match was.phase {
                         Phase::Isolated => ensure!(ctx, false, "G8", "a call was admitted while isolated"),
@@ -644,14 +656,13 @@ pub(crate) fn run(data: &[u8]) {
                     &mut clock,
                     (at, pick, outcome, duration),
                     &mut rng,
-                    &mut draws,
                     before,
                 );
             }
             Op::Timeout(at) => {
                 let now = clock.at(at, machine.poll_timeout());
-                model.timeout(&policy, now, &mut draws);
                 machine.handle_timeout(&policy, now, &mut rng);
+                model.timeout(&policy, now, open_until(&machine));
                 let due = was.poll_timeout().is_some_and(|t| t <= was.last_now.later(now));
                 if !due {
                     ensure!(ctx, machine == before, "K1", "an early or spurious handle_timeout changed the breaker");
@@ -777,7 +788,6 @@ fn record(
     clock: &mut Clock,
     (at, pick, outcome, duration): (At, PermitPick, OutcomeIn, Option<Span>),
     rng: &mut ChaCha8Rng,
-    draws: &mut ChaCha8Rng,
     before: Breaker,
 ) {
     let now = clock.at(at, machine.poll_timeout());
@@ -786,8 +796,6 @@ fn record(
         PermitPick::Latest => permits.last().copied(),
         PermitPick::Back(k) => permits.len().checked_sub(1 + usize::from(k)).map(|i| permits[i]),
     };
-    // Foreign permits are drawn with the real RNG (a disabled breaker draws nothing), so the
-    // model's clone stays in step.
     let Some(permit) = permit else { return };
     let outcome = match outcome {
         OutcomeIn::Success => CallOutcome::Success,
@@ -798,11 +806,11 @@ fn record(
         Some(d) => nanos_sat(d.get()),
         None => now.as_nanos().saturating_sub(permit.acquired_at().as_nanos()),
     };
-    let expected = model.record(policy, rules, now, PermitModel::of(&permit), outcome, elapsed_ns, draws);
     let got = match duration {
         Some(d) => machine.record_with_duration(policy, now, permit, outcome, d.get(), rng),
         None => machine.record(policy, now, permit, outcome, rng),
     };
+    let expected = model.record(policy, rules, now, PermitModel::of(&permit), outcome, elapsed_ns, open_until(machine));
     if permit.breaker() != machine.id() {
         ensure!(
             ctx,

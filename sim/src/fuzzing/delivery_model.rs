@@ -15,7 +15,6 @@ use persevere::{
     DeliveryPolicyBuilder, DeliveryStatus, Durability, Failure, FailureClass, FailurePolicy, FreeReturn, HandOut,
     IdempotencyKey, Instant, Interruption, LastFailure, Outcome, OutcomeKind, RecoveryError, RetryAction, Terminal,
 };
-use rand_chacha::ChaCha8Rng;
 
 use super::retry_model::{AttemptIn, KindIn, RetryIn, RetryModel};
 use super::{At, Clock, Count, Ctx, ErrorKind, SETUP, Span, ensure, nanos, parse, rng, verdict};
@@ -329,13 +328,13 @@ impl Model {
         attempt: u64,
         worker: u8,
         failure: Failure<u8>,
-        rng: &mut ChaCha8Rng,
+        observed: Option<Instant>,
     ) -> Result<(), DeliveryError> {
         self.check_out(attempt, worker)?;
         self.drained()?;
         self.last_now = self.last_now.later(now);
         let failure = Failure::new(failure.kind, AttemptFailure::Failed(failure.error));
-        self.fail_attempt(policy, self.last_now, failure, rng);
+        self.fail_attempt(policy, self.last_now, failure, observed);
         Ok(())
     }
 
@@ -347,7 +346,7 @@ impl Model {
         attempt: u64,
         worker: u8,
         reason: Interruption,
-        rng: &mut ChaCha8Rng,
+        observed: Option<Instant>,
     ) -> Result<(), DeliveryError> {
         let (_, _, durable, _) = self.out().unwrap_or((0, 0, true, false));
         self.check_out(attempt, worker)?;
@@ -356,7 +355,7 @@ impl Model {
         if reason == Interruption::ServerFailover && !durable {
             self.roll_back();
         } else {
-            self.interrupt(policy, self.last_now, reason, rng);
+            self.interrupt(policy, self.last_now, reason, observed);
         }
         Ok(())
     }
@@ -406,13 +405,13 @@ impl Model {
         &mut self,
         policy: &DeliveryPolicy<u8>,
         now: Instant,
-        rng: &mut ChaCha8Rng,
+        observed: Option<Instant>,
     ) -> Result<(), DeliveryError> {
         let Some((_, _, durable, _)) = self.out() else { return Ok(()) };
         self.drained()?;
         self.last_now = self.last_now.later(now);
         if durable {
-            self.interrupt(policy, self.last_now, Interruption::ServerFailover, rng);
+            self.interrupt(policy, self.last_now, Interruption::ServerFailover, observed);
         } else {
             self.roll_back();
         }
@@ -420,7 +419,7 @@ impl Model {
     }
 
     /// Nothing at all while actions wait to be drained.
-    fn timeout(&mut self, policy: &DeliveryPolicy<u8>, now: Instant, rng: &mut ChaCha8Rng) {
+    fn timeout(&mut self, policy: &DeliveryPolicy<u8>, now: Instant, observed: Option<Instant>) {
         if self.pending != 0 {
             return;
         }
@@ -437,10 +436,16 @@ impl Model {
             _ => return,
         };
         self.last_now = now;
-        self.interrupt(policy, now, reason, rng);
+        self.interrupt(policy, now, reason, observed);
     }
 
-    fn interrupt(&mut self, policy: &DeliveryPolicy<u8>, now: Instant, reason: Interruption, rng: &mut ChaCha8Rng) {
+    fn interrupt(
+        &mut self,
+        policy: &DeliveryPolicy<u8>,
+        now: Instant,
+        reason: Interruption,
+        observed: Option<Instant>,
+    ) {
         if matches!(reason, Interruption::LeaseExpired | Interruption::HeartbeatMissed)
             && let Some((attempt, worker, _, _)) = self.out()
         {
@@ -451,7 +456,7 @@ impl Model {
             FailureClass::Timeout => persevere::FailureKind::Timeout,
             _ => persevere::FailureKind::Retryable,
         };
-        self.fail_attempt(policy, now, Failure::new(kind, AttemptFailure::Interrupted(reason)), rng);
+        self.fail_attempt(policy, now, Failure::new(kind, AttemptFailure::Interrupted(reason)), observed);
     }
 
     fn fail_attempt(
@@ -459,11 +464,11 @@ impl Model {
         policy: &DeliveryPolicy<u8>,
         now: Instant,
         failure: Failure<AttemptFailure<u8>>,
-        rng: &mut ChaCha8Rng,
+        observed: Option<Instant>,
     ) {
         self.progress = AttemptProgress::NotCompleted;
         let attempt = self.retry.attempt;
-        let actions = self.retry.failure(policy.retry(), now, attempt, failure, rng).unwrap_or_default();
+        let actions = self.retry.failure(policy.retry(), now, attempt, failure, observed).unwrap_or_default();
         let mut until = None;
         for action in actions {
             match action {
@@ -476,7 +481,7 @@ impl Model {
             }
         }
         let until = until.unwrap_or(now);
-        let _ = self.retry.timeout(policy.retry(), until, rng);
+        let _ = self.retry.timeout(policy.retry(), until, None);
         let attempt = self.retry.attempt;
         self.state = State::Pending { attempt, not_before: (until > now).then_some(until) };
         if until <= now {
@@ -583,7 +588,6 @@ pub(crate) fn run(data: &[u8]) {
         let ctx = Ctx { step, op };
         let before = machine;
         let was = model.clone();
-        let mut draws = rng.clone();
         let current = model.out().map_or(model.retry.attempt, |o| o.0);
         let holder = model.out().map_or(0, |o| o.1);
         let worker_of = |w: WorkerIn| match w {
@@ -640,8 +644,8 @@ pub(crate) fn run(data: &[u8]) {
                 let now = clock.at(at, machine.poll_timeout());
                 let (attempt, worker) = (attempt.get(current), worker_of(worker));
                 let failure = Failure::new(kind.get(now), error);
-                let expected = model.failed(&policy, now, attempt, worker, failure, &mut draws);
                 let got = machine.handle_failed(&policy, now, attempt, &worker, failure, &mut rng);
+                let expected = model.failed(&policy, now, attempt, worker, failure, waits(&machine));
                 if let Err(refused) = &got {
                     ensure!(
                         ctx,
@@ -663,8 +667,8 @@ pub(crate) fn run(data: &[u8]) {
                     InterruptionIn::HeartbeatMissed => Interruption::HeartbeatMissed,
                     InterruptionIn::ServerFailover => Interruption::ServerFailover,
                 };
-                let expected = model.interrupted(&policy, now, attempt, worker, reason, &mut draws);
-                compare(ctx, machine.handle_interrupted(&policy, now, attempt, &worker, reason, &mut rng), expected)
+                let got = machine.handle_interrupted(&policy, now, attempt, &worker, reason, &mut rng);
+                compare(ctx, got, model.interrupted(&policy, now, attempt, worker, reason, waits(&machine)))
             }
             Op::Returned(at, attempt, worker, reason) => {
                 let now = clock.at(at, machine.poll_timeout());
@@ -683,13 +687,13 @@ pub(crate) fn run(data: &[u8]) {
             }
             Op::Failover(at) => {
                 let now = clock.at(at, machine.poll_timeout());
-                let expected = model.failover(&policy, now, &mut draws);
-                compare(ctx, machine.handle_failover(&policy, now, &mut rng), expected)
+                let got = machine.handle_failover(&policy, now, &mut rng);
+                compare(ctx, got, model.failover(&policy, now, waits(&machine)))
             }
             Op::Timeout(at) | Op::Timeout2(at) => {
                 let now = clock.at(at, machine.poll_timeout());
-                model.timeout(&policy, now, &mut draws);
                 machine.handle_timeout(&policy, now, &mut rng);
+                model.timeout(&policy, now, waits(&machine));
                 if was.poll_timeout().is_none_or(|t| t > was.last_now.later(now)) {
                     ensure!(ctx, machine == before, "D1", "an early or spurious handle_timeout changed the task");
                 }
@@ -978,6 +982,15 @@ fn check_guarantees(
             }
             DeliveryAction::Revoke { .. } => {}
         }
+    }
+}
+
+/// The instant `task` waits until before its next hand-out, if a retry delay is running;
+/// `Instant::ZERO` when a retry is due at once (a delay of zero), `None` when none is pending.
+fn waits(task: &Task) -> Option<Instant> {
+    match task.status() {
+        DeliveryStatus::Pending { not_before, .. } => Some(not_before.unwrap_or(Instant::ZERO)),
+        _ => None,
     }
 }
 

@@ -8,11 +8,11 @@ use persevere::{
     Failure, FailureKind, Flow, FlowAction, FlowError, FlowPolicy, FlowPolicyBuilder, FlowSchedule, FlowStatus,
     FlowStatusKind, Hint, Instant, TripReason,
 };
-use rand_chacha::ChaCha8Rng;
 
 use super::backoff_model::{BackoffIn, check_delay};
 use super::retry_model::KindIn;
 use super::{At, Clock, Count, Ctx, ErrorKind, SETUP, Span, ensure, nanos_sat, parse, rng, verdict};
+use crate::model::backoff::{adopt, delay_bounds};
 
 #[derive(Arbitrary, Clone, Copy, Debug, PartialEq)]
 enum BackoffChoice {
@@ -211,13 +211,14 @@ impl Model {
     /// F3 from the failure's class, in this order: `Canceled` is F4; `Fatal` and `DoNotRetry`
     /// trip at once; a streak at the trip limit trips (a hint or not); a hint past `max_hint`
     /// trips with the hinted instant; a hint within it is the window, exactly; anything else
-    /// waits the schedule's next delay.
+    /// waits the schedule's next delay, the one the machine drew (`observed`: where it waits
+    /// after the same failure), held to the schedule's bounds ([`adopt`]).
     fn failure(
         &mut self,
         policy: &FlowPolicy,
         now: Instant,
         failure: Failure<u8>,
-        rng: &mut ChaCha8Rng,
+        observed: Option<Instant>,
     ) -> Result<(), FlowError> {
         let now = self.end_run(now)?;
         let error = failure.error;
@@ -254,8 +255,8 @@ impl Model {
             None => {
                 self.streak = self.streak.saturating_add(1);
                 self.place = self.place.saturating_add(1);
-                let previous = Duration::from_nanos(self.last_delay_ns);
-                self.last_delay_ns = nanos_sat(policy.backoff().delay(self.place, previous, rng));
+                let bounds = delay_bounds(policy.backoff(), self.place, self.last_delay_ns);
+                self.last_delay_ns = adopt(observed, now, bounds, |_| false);
                 self.last_delay_ns
             }
         };
@@ -351,7 +352,6 @@ pub(crate) fn run(data: &[u8]) {
         let ctx = Ctx { step, op };
         let before = machine;
         let was = model.clone();
-        let mut draws = rng.clone();
         let mut now = model.last_now;
         let mut failure = None;
         let result: Result<(), FlowError> = match *op {
@@ -393,8 +393,8 @@ pub(crate) fn run(data: &[u8]) {
                 now = clock.at(at, machine.poll_timeout());
                 let input = Failure::new(kind.get(now), error);
                 failure = Some(input);
-                let expected = model.failure(&policy, now, input, &mut draws);
                 let got = machine.handle_failure(&policy, now, input, &mut rng);
+                let expected = model.failure(&policy, now, input, waits(&machine));
                 if let Err(refused) = &got {
                     ensure!(ctx, refused.input == input, "G12", "the refused failure came back as {:?}", refused.input);
                 }
@@ -441,6 +441,14 @@ pub(crate) fn run(data: &[u8]) {
             check_transition(ctx, &policy, op, failure, &was, &machine, now);
         }
         check_state(ctx, &machine, &model);
+    }
+}
+
+/// The end of `machine`'s backoff window, if it is in one.
+fn waits(machine: &Flow<u8>) -> Option<Instant> {
+    match machine.status() {
+        FlowStatus::Backoff { until, .. } => Some(until),
+        _ => None,
     }
 }
 

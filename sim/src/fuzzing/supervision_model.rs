@@ -24,6 +24,7 @@ use rand_chacha::ChaCha8Rng;
 use super::backoff_model::BackoffIn;
 use super::retry_model::{AttemptIn, KindIn};
 use super::{At, Clock, Count, Ctx, ErrorKind, SETUP, Span, ensure, nanos_sat, parse, rng, verdict};
+use crate::model::backoff::{adopt, delay_bounds};
 use crate::model::supervision::{Grammar, Resolved};
 
 #[derive(Arbitrary, Clone, Copy, Debug, PartialEq)]
@@ -291,7 +292,7 @@ impl Model {
         now: Instant,
         hinted: Option<u64>,
         not_retried: TaskOutcomeKind,
-        rng: &mut ChaCha8Rng,
+        observed: Option<Instant>,
     ) -> SupervisionAction<u8> {
         self.failures = self.failures.saturating_add(1);
         let limit_reached = policy.max_retries().is_some_and(|max| self.failures > max);
@@ -315,8 +316,8 @@ impl Model {
             }
             None => {
                 self.place = self.place.saturating_add(1);
-                let delay = policy.backoff().delay(self.place, Duration::from_nanos(self.last_delay_ns), rng);
-                self.last_delay_ns = nanos_sat(delay);
+                let bounds = delay_bounds(policy.backoff(), self.place, self.last_delay_ns);
+                self.last_delay_ns = adopt(observed, now, bounds, |_| false);
                 self.wait(policy, now, self.last_delay_ns)
             }
         }
@@ -357,7 +358,7 @@ impl Model {
         now: Instant,
         attempt: u64,
         failure: Failure<u8>,
-        rng: &mut ChaCha8Rng,
+        observed: Option<Instant>,
     ) -> Result<Events, SupervisionError> {
         self.check_running(attempt)?;
         let now = self.last_now.later(now);
@@ -381,7 +382,7 @@ impl Model {
                     FailureKind::Hinted(Hint::At(at)) => Some(nanos_sat(at.saturating_duration_since(now))),
                     _ => None,
                 };
-                self.retry_or_finish(policy, now, hinted, TaskOutcomeKind::Failed, rng)
+                self.retry_or_finish(policy, now, hinted, TaskOutcomeKind::Failed, observed)
             }
         };
         Ok(vec![ended, next])
@@ -393,7 +394,7 @@ impl Model {
         now: Instant,
         attempt: u64,
         panic: Option<u8>,
-        rng: &mut ChaCha8Rng,
+        observed: Option<Instant>,
     ) -> Result<Events, SupervisionError> {
         match self.phase {
             Phase::Abandoning if attempt != self.attempt => {
@@ -414,7 +415,7 @@ impl Model {
                 self.failures = self.failures.saturating_add(1);
                 self.finish(TaskOutcomeKind::Panicked)
             }
-            None => self.retry_or_finish(policy, now, None, TaskOutcomeKind::TimedOut, rng),
+            None => self.retry_or_finish(policy, now, None, TaskOutcomeKind::TimedOut, observed),
         }])
     }
 
@@ -494,7 +495,6 @@ pub(crate) fn run(data: &[u8]) {
     for (step, op) in ops.iter().enumerate() {
         let ctx = Ctx { step, op };
         let before = machine;
-        let mut draws = rng.clone();
         let result: Result<Events, SupervisionError> = match *op {
             Op::Start(at) => {
                 let now = clock.at(at, machine.poll_timeout());
@@ -509,8 +509,8 @@ pub(crate) fn run(data: &[u8]) {
                 let now = clock.at(at, machine.poll_timeout());
                 let attempt = attempt.get(model.attempt);
                 let failure = Failure::new(kind.get(now), error);
-                let expected = model.failure(&policy, now, attempt, failure, &mut draws);
                 let got = machine.handle_failure(&policy, now, attempt, failure, &mut rng);
+                let expected = model.failure(&policy, now, attempt, failure, waits(&machine));
                 if let Err(refused) = &got {
                     ensure!(
                         ctx,
@@ -525,8 +525,8 @@ pub(crate) fn run(data: &[u8]) {
             Op::Abandoned(at, attempt, panic) => {
                 let now = clock.at(at, machine.poll_timeout());
                 let attempt = attempt.get(model.attempt);
-                let expected = model.abandoned(&policy, now, attempt, panic, &mut draws);
                 let got = machine.handle_abandoned(&policy, now, attempt, panic, &mut rng);
+                let expected = model.abandoned(&policy, now, attempt, panic, waits(&machine));
                 if let Err(refused) = &got {
                     ensure!(ctx, refused.input == panic, "G12", "the refused panic came back as {:?}", refused.input);
                 }
@@ -610,6 +610,14 @@ pub(crate) fn run(data: &[u8]) {
     }
 }
 
+/// The instant `machine` waits until before its next restart, if it is waiting.
+fn waits(machine: &Supervision<u8>) -> Option<Instant> {
+    match machine.status() {
+        SupervisionStatus::Waiting { until, .. } => Some(until),
+        _ => None,
+    }
+}
+
 /// While events wait to be drained, feeds `probe` and checks that the machine answers what the
 /// model does (its validity error, else `Undrained`; a timeout does nothing) and that neither
 /// changes.
@@ -636,14 +644,14 @@ fn feed_probe(
             if let Err(refused) = &got {
                 ensure!(ctx, refused.input == failure, "G12", "the refused failure came back as {:?}", refused.input);
             }
-            (got.map_err(|r| r.error), model.failure(policy, now, attempt, failure, &mut rng.clone()))
+            (got.map_err(|r| r.error), model.failure(policy, now, attempt, failure, waits(machine)))
         }
         Probe::Abandoned => {
             let got = machine.handle_abandoned(policy, now, attempt, None, rng);
             if let Err(refused) = &got {
                 ensure!(ctx, refused.input.is_none(), "G12", "the refused drop came back as {:?}", refused.input);
             }
-            (got.map_err(|r| r.error), model.abandoned(policy, now, attempt, None, &mut rng.clone()))
+            (got.map_err(|r| r.error), model.abandoned(policy, now, attempt, None, waits(machine)))
         }
         Probe::Cancel => (machine.handle_cancel(policy, now), model.cancel(now)),
         Probe::Start => (machine.handle_start(policy, now), model.start(policy, now)),

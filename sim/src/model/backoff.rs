@@ -3,7 +3,7 @@
 //! `Backoff::envelope` or `delay`: the families' G1 checks and the fuzz targets' B1–B3 checks
 //! both hold the core to these.
 
-use persevere::{Backoff, Jitter, Schedule};
+use persevere::{Backoff, Instant, Jitter, Schedule};
 
 /// The envelope B1's formula gives for failure `n` (`n = 0` read as 1), before the cap: an
 /// exact integer where the formula is integral, a float otherwise.
@@ -89,8 +89,30 @@ pub fn delay_bounds(backoff: &Backoff, n: u32, previous_ns: u64) -> (u64, u64) {
     (clamp(lo), clamp(hi))
 }
 
+/// The delay a model adopts for a draw it does not make: the machine under test drew it from
+/// its RNG, and after the same input waits until `observed` (`None`: it does not wait).
+///
+/// A model never draws jitter itself (that would restate the core's sampling, and check the
+/// core against itself): it holds the wait the machine chose to the bounds `lo..=hi` of
+/// [`delay_bounds`] and adopts it, clamped to them. A wait outside the bounds so adopts a bound,
+/// and the model's prediction then differs from the machine's, which the runner reports. Where
+/// something else lengthens the wait (a supervisor's restart spacing), the clamped wait is an
+/// upper bound of the draw, which only widens a decorrelated schedule's next bounds.
+///
+/// When the machine does not wait, the model adopts the longest draw if `ends` says it ends
+/// the operation (a delay past the total budget), else the shortest, so that it predicts a
+/// wait the machine did not make. (A machine that ends where only some draws would, e.g.
+/// when `ends(lo)` is false, is accepted: the draw is not observable.)
+pub fn adopt(observed: Option<Instant>, now: Instant, (lo, hi): (u64, u64), ends: impl Fn(u64) -> bool) -> u64 {
+    match observed {
+        Some(until) => nanos(until.saturating_duration_since(now)).clamp(lo, hi),
+        None if ends(hi) => hi,
+        None => lo,
+    }
+}
+
 /// A span in nanoseconds, saturating at `u64::MAX`.
-fn nanos(span: core::time::Duration) -> u64 {
+pub(crate) fn nanos(span: core::time::Duration) -> u64 {
     u64::try_from(span.as_nanos()).unwrap_or(u64::MAX)
 }
 
@@ -118,5 +140,16 @@ mod tests {
         assert_eq!(delay_bounds(&exponential, 60, 0), (1_000_000_000, 1_000_000_000));
         let decorrelated = Backoff::decorrelated(ms(2)).max_delay(ms(50)).build().unwrap();
         assert_eq!(delay_bounds(&decorrelated, 9, 10_000_000), (2_000_000, 30_000_000));
+    }
+
+    #[test]
+    fn a_model_adopts_the_observed_wait_clamped_to_the_bounds() {
+        let now = Instant::from_millis(10);
+        let never = |_| false;
+        assert_eq!(adopt(Some(Instant::from_millis(13)), now, (1_000_000, 5_000_000), never), 3_000_000);
+        assert_eq!(adopt(Some(Instant::from_millis(30)), now, (1_000_000, 5_000_000), never), 5_000_000);
+        assert_eq!(adopt(Some(Instant::from_millis(5)), now, (1_000_000, 5_000_000), never), 1_000_000);
+        assert_eq!(adopt(None, now, (1, 9), never), 1, "no wait where every draw waits: the shortest");
+        assert_eq!(adopt(None, now, (1, 9), |d| d > 4), 9, "some draw ends the operation: the longest");
     }
 }
