@@ -19,10 +19,9 @@ use persevere::{
     SupervisionPolicy, SupervisionPolicyBuilder, TaskDefaults, TaskOutcome, TaskOutcomeKind,
 };
 
-use crate::model::supervision::Resolved;
-use crate::world::{
-    SchedulePlace, Summary, Violation, World, clamp_hint, delay_bounds, draw_backoff, draw_failure, draw_fault_weights,
-};
+use crate::model::backoff::delay_bounds;
+use crate::model::supervision::{Grammar, Phase, Resolved, SupervisionModel, waits};
+use crate::world::{Summary, Violation, World, clamp_hint, draw_backoff, draw_failure, draw_fault_weights};
 
 /// A deliberate defect, to prove the checks can fail.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -158,23 +157,8 @@ impl SupervisionScenario {
     }
 }
 
-/// Where a task is in the event grammar of S6.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-enum Gram {
-    #[default]
-    Idle,
-    Running,
-    /// The attempt's end was reported; a `BackoffScheduled` or `TaskFinished` follows.
-    Ended,
-    /// `AttemptTimedOut`: the driver drops the attempt, then reports it.
-    Abandoning,
-    /// The drop was reported; a `BackoffScheduled` or `TaskFinished` follows.
-    Dropped,
-    Waiting,
-    Finished,
-}
-
-/// How the latest attempt ended, as fed to the machine.
+/// How the latest attempt ended, as the scenario drew it (the driver may feed the machine
+/// something else: an injected bug).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum End {
     Succeeded,
@@ -188,39 +172,81 @@ enum End {
     Canceled,
 }
 
-/// The reference model of one task.
-#[derive(Clone, Debug, Default)]
+/// One task: where the scenario stands with it, its event grammar, and the reference model of
+/// its machine.
+#[derive(Clone, Debug)]
 struct Model {
-    gram: Gram,
     finished: bool,
     /// The running attempt and when it reports (`None`: it hangs).
     running: Option<(u64, Option<Instant>)>,
     deadline: Option<Instant>,
     /// When the driver reports the drop of a timed-out attempt.
     abandon_at: Option<Instant>,
+    /// Attempts the drains have seen start.
     attempts: u64,
-    /// The streak: consecutive failed attempts the failure decision counted, the latest
-    /// included (every failure but a cancel; a panic while dropping is final and not counted).
-    streak: u32,
-    /// Where the backoff stands (it starts over after a hinted delay under
-    /// `restart_after_hint`); its previous delay is an upper bound, exact unless `min_spacing`
-    /// hid it.
-    schedule: SchedulePlace,
     first_start: Instant,
-    last_start: Instant,
-    last_now: Instant,
     end: Option<End>,
+    /// The backoff's place and previous delay before the last input, which bound the delay a
+    /// failure then schedules (G1).
+    schedule: (u32, u64),
     /// The wait scheduled by the latest `BackoffScheduled`.
     until: Option<Instant>,
     driver_canceled: bool,
     /// The machine's own wake-up time.
     wake: Option<Instant>,
     successes_after_horizon: u32,
+    /// S5, S6: the event stream's grammar.
+    grammar: Grammar,
+    /// The reference model: every event the machine must tell, in order.
+    machine: SupervisionModel<u64>,
+    /// The events the model predicts for the input being drained.
+    expected: Vec<SupervisionAction<u64>>,
 }
 
 impl Model {
+    fn new() -> Self {
+        Model {
+            finished: false,
+            running: None,
+            deadline: None,
+            abandon_at: None,
+            attempts: 0,
+            first_start: Instant::ZERO,
+            end: None,
+            schedule: (0, 0),
+            until: None,
+            driver_canceled: false,
+            wake: None,
+            successes_after_horizon: 0,
+            grammar: Grammar::default(),
+            machine: SupervisionModel::new(),
+            expected: Vec::new(),
+        }
+    }
+
     fn due(&self) -> Option<Instant> {
         [self.running.and_then(|r| r.1), self.wake, self.abandon_at].into_iter().flatten().min()
+    }
+
+    /// Takes what the model answers to an input the machine accepted: the events to expect.
+    fn expect(
+        &mut self,
+        world: &mut World,
+        what: &str,
+        answer: Result<Vec<SupervisionAction<u64>>, SupervisionError>,
+    ) -> Result<(), Violation> {
+        match answer {
+            Ok(events) => {
+                self.expected = events;
+                Ok(())
+            }
+            Err(e) => Err(world.violation("model", format!("the machine accepted {what}, the model refuses: {e}"))),
+        }
+    }
+
+    /// Notes where the backoff stands, before an input that may schedule a delay.
+    fn before_failure(&mut self) {
+        self.schedule = (self.machine.place.saturating_add(1), self.machine.last_delay_ns);
     }
 }
 
@@ -234,7 +260,7 @@ pub fn run(seed: u64, bug: Option<SupervisionBug>) -> Result<Summary, Violation>
         Resolved::new(builder, &scenario.defaults).check(&mut world, policy)?;
     }
     let mut machines: Vec<Supervision<u64>> = vec![Supervision::new(); n];
-    let mut models: Vec<Model> = vec![Model::default(); n];
+    let mut models: Vec<Model> = vec![Model::new(); n];
     let mut starts: Vec<Option<Instant>> =
         (0..n).map(|_| Some(Instant::from_millis(world.between(0, 1_000)))).collect();
 
@@ -247,7 +273,7 @@ pub fn run(seed: u64, bug: Option<SupervisionBug>) -> Result<Summary, Violation>
                 None
             } else if periodic_done(&scenario, i, &models[i]) {
                 // The driver stops a periodic task that has shown it runs on time.
-                Some(models[i].last_now.later(world.now))
+                Some(models[i].machine.last_now.later(world.now))
             } else {
                 models[i].due()
             };
@@ -259,7 +285,7 @@ pub fn run(seed: u64, bug: Option<SupervisionBug>) -> Result<Summary, Violation>
         }
         let Some((due, i)) = next else {
             for (i, m) in models.iter().enumerate() {
-                world.check("G11", m.finished && m.gram == Gram::Finished, || format!("task {i} never finished"))?;
+                world.check("G11", m.finished && m.grammar.finished(), || format!("task {i} never finished"))?;
             }
             return Ok(world.summary());
         };
@@ -274,8 +300,7 @@ pub fn run(seed: u64, bug: Option<SupervisionBug>) -> Result<Summary, Violation>
             }
         }
         let (machine, model) = (&mut machines[i], &mut models[i]);
-        let eff = model.last_now.later(reported);
-        let mut expects = true;
+        let eff = model.machine.last_now.later(reported);
         if starts[i].is_some() {
             starts[i] = None;
             world.record(i as u32, "start task", 0, 0);
@@ -283,6 +308,8 @@ pub fn run(seed: u64, bug: Option<SupervisionBug>) -> Result<Summary, Violation>
                 .handle_start(policy, reported)
                 .map_err(|e| world.violation("G12", format!("start refused: {e}")))?;
             model.first_start = eff;
+            let answer = model.machine.start(policy, reported);
+            model.expect(&mut world, "the start", answer)?;
         } else if periodic_done(&scenario, i, model) || world.chance(scenario.cancel_rate) {
             world.record(i as u32, "driver cancels", 0, 0);
             machine
@@ -292,6 +319,8 @@ pub fn run(seed: u64, bug: Option<SupervisionBug>) -> Result<Summary, Violation>
             if model.running.take().is_some() {
                 model.end = Some(End::Canceled);
             }
+            let answer = model.machine.cancel(reported);
+            model.expect(&mut world, "a cancel", answer)?;
         } else if let Some((attempt, Some(report_at))) = model.running.filter(|r| r.1 == Some(due)) {
             model.running = None;
             if world.now >= scenario.horizon || !world.chance(scenario.failure_rate) {
@@ -300,6 +329,8 @@ pub fn run(seed: u64, bug: Option<SupervisionBug>) -> Result<Summary, Violation>
                 machine
                     .handle_success(policy, reported, attempt)
                     .map_err(|e| world.violation("G12", format!("success refused: {e}")))?;
+                let answer = model.machine.success(policy, reported, attempt);
+                model.expect(&mut world, "a success", answer)?;
             } else {
                 let (kind, hint) = draw_failure(&mut world, &scenario.fault_weights, scenario.hint_ns, eff);
                 let class = kind.class();
@@ -310,28 +341,32 @@ pub fn run(seed: u64, bug: Option<SupervisionBug>) -> Result<Summary, Violation>
                     Some(SupervisionBug::ClampHint) => clamp_hint(kind, eff, policy.max_hint()),
                     _ => kind,
                 };
+                model.before_failure();
                 machine
                     .handle_failure(policy, reported, attempt, Failure::new(fed, attempt), world.rng())
                     .map_err(|e| world.violation("G12", format!("failure refused: {e}")))?;
+                // The model is told what was drawn, not what the driver fed.
+                let drawn = Failure::new(kind, attempt);
+                let answer = model.machine.failure(policy, reported, attempt, drawn, waits(machine));
+                model.expect(&mut world, "a failure", answer)?;
             }
         } else if model.abandon_at == Some(due) {
             model.abandon_at = None;
             let panics = world.now < scenario.horizon && world.chance(scenario.panic_rate);
             world.record(i as u32, "attempt dropped", model.attempts, u64::from(panics));
             model.end = Some(if panics { End::Panicked } else { End::TimedOut });
-            // The timed-out attempt failed: counted, whether its drop was clean (then decided,
-            // S4) or panicked (then final).
-            model.streak += 1;
+            model.before_failure();
             machine
                 .handle_abandoned(policy, reported, model.attempts, panics.then_some(7), world.rng())
                 .map_err(|e| world.violation("G12", format!("drop refused: {e}")))?;
-            model.gram = check_gram(&mut world, i, model.gram, Gram::Abandoning, Gram::Dropped, "the drop")?;
+            let answer = model.machine.abandoned(policy, reported, model.attempts, panics.then_some(7), waits(machine));
+            model.expect(&mut world, "the drop", answer)?;
         } else {
             world.record(i as u32, "timeout", eff.as_nanos(), 0);
-            expects = model.wake.is_some_and(|w| w <= eff);
             machine.handle_timeout(policy, reported, world.rng());
+            model.expected = model.machine.timeout(policy, reported);
         }
-        drain(&mut world, &scenario, bug, i, machine, model, eff, expects)?;
+        drain(&mut world, &scenario, bug, i, machine, model)?;
     }
     Err(world.violation("G13", "the scenario did not finish within 200000 steps".into()))
 }
@@ -364,7 +399,7 @@ fn misuse(
         2 => machine.handle_abandoned(policy, now, wrong, Some(1), world.rng()).is_err(),
         3 if model.finished => machine.handle_cancel(policy, now).is_err(),
         // Early is before the wake-up time, at the latest time the machine has seen.
-        4 if machine.poll_timeout().is_none_or(|t| t > model.last_now.later(now)) => {
+        4 if machine.poll_timeout().is_none_or(|t| t > model.machine.last_now.later(now)) => {
             // A spurious, early timeout changes nothing (and is no error).
             machine.handle_timeout(policy, now, world.rng());
             world.record(0, "spurious timeout", now.as_nanos(), 0);
@@ -377,12 +412,6 @@ fn misuse(
     world.record(0, "misuse fed", wrong, 0);
     world.check("G12", refused, || "a wrong input was accepted".into())?;
     world.check("G12", *machine == before, || "a refused input changed the state".into())
-}
-
-/// S6: the event grammar moves from `from` to `to`.
-fn check_gram(world: &mut World, i: usize, now: Gram, from: Gram, to: Gram, what: &str) -> Result<Gram, Violation> {
-    world.check("S6", now == from, || format!("task {i}: {what} while {now:?}, expected {from:?}"))?;
-    Ok(to)
 }
 
 /// The drain rule: while events wait to be drained, a timeout (even at the end of time) does
@@ -405,9 +434,8 @@ fn probe(
         .ok_or_else(|| world.violation("G12", "a cancel was accepted while events waited to be drained".into()))
 }
 
-/// Drains the machine's events and checks each against the model; `expects` says whether the
-/// model expects the input to have left events.
-#[allow(clippy::too_many_arguments)]
+/// Drains the machine's events: checks the guarantees each must meet and the event grammar
+/// as it comes, then that the events are the very ones the model predicts.
 fn drain(
     world: &mut World,
     scenario: &SupervisionScenario,
@@ -415,45 +443,34 @@ fn drain(
     i: usize,
     machine: &mut Supervision<u64>,
     model: &mut Model,
-    eff: Instant,
-    expects: bool,
 ) -> Result<(), Violation> {
     let policy = &scenario.tasks[i].1;
     let subject = i as u32;
-    let spacing = policy.min_spacing();
-    let mut acted = false;
+    let eff = model.machine.last_now;
+    let expects = !model.expected.is_empty();
     let probed = if expects && world.chance(scenario.misuse_rate) {
         Some(probe(world, subject, policy, machine)?)
     } else {
         None
     };
     let mut finished_as = None;
+    let mut got = Vec::new();
     while let Some(event) = machine.poll_action() {
         world.steps += 1;
-        acted = true;
-        world.check("G11", !model.finished, || format!("task {i}: {event:?} after TaskFinished"))?;
         match event {
             SupervisionAction::AttemptStarting { attempt, deadline } => {
                 world.record(subject, "attempt starting", attempt, deadline.map_or(0, Instant::as_nanos));
-                let from = if model.attempts == 0 { Gram::Idle } else { Gram::Waiting };
-                model.gram = check_gram(world, i, model.gram, from, Gram::Running, "AttemptStarting")?;
                 world.check("G3", model.running.is_none() && model.abandon_at.is_none(), || {
                     format!("task {i}: attempt {attempt} starts while another runs")
                 })?;
                 world.check("G2", attempt == model.attempts + 1, || {
                     format!("task {i}: attempt {attempt} after {}", model.attempts)
                 })?;
-                let expected = policy.attempt_timeout().map(|t| eff.saturating_add(t)).filter(|d| *d != Instant::MAX);
-                world.check("S4", deadline == expected, || format!("deadline {deadline:?}, expected {expected:?}"))?;
                 if model.attempts > 0 {
-                    world.check("G6", eff >= model.last_start.saturating_add(spacing), || {
-                        format!("task {i}: starts {eff:?} and {:?} closer than {spacing:?}", model.last_start)
-                    })?;
                     let until = model.until.unwrap_or(Instant::MAX);
                     world.check("G6", eff >= until, || format!("task {i}: started at {eff:?} before {until:?}"))?;
                 }
                 model.attempts = attempt;
-                model.last_start = eff;
                 model.deadline = deadline;
                 model.until = None;
                 let faulty = world.now < scenario.horizon;
@@ -467,29 +484,15 @@ fn drain(
             }
             SupervisionAction::AttemptSucceeded { attempt } => {
                 world.record(subject, "attempt succeeded", attempt, 0);
-                model.gram = check_gram(world, i, model.gram, Gram::Running, Gram::Ended, "AttemptSucceeded")?;
-                world.check("S6", model.end == Some(End::Succeeded) && attempt == model.attempts, || {
-                    format!("task {i}: AttemptSucceeded {attempt} after {:?}", model.end)
-                })?;
-                model.streak = 0;
-                model.schedule.start_over();
                 if world.now >= scenario.horizon {
                     model.successes_after_horizon += 1;
                 }
             }
             SupervisionAction::AttemptFailed { attempt, class } => {
                 world.record(subject, "attempt failed", attempt, class as u64);
-                model.gram = check_gram(world, i, model.gram, Gram::Running, Gram::Ended, "AttemptFailed")?;
-                let fed = matches!(model.end, Some(End::Failed(c, _)) if c == class || bug == Some(SupervisionBug::RetryFatal));
-                world.check("S4", fed && attempt == model.attempts, || {
-                    format!("task {i}: AttemptFailed {attempt} {class:?} after {:?}", model.end)
-                })?;
-                // Every decided failure counts, a fatal one too (a cancel ends as canceled).
-                model.streak += 1;
             }
             SupervisionAction::AttemptTimedOut { attempt } => {
                 world.record(subject, "attempt timed out", attempt, 0);
-                model.gram = check_gram(world, i, model.gram, Gram::Running, Gram::Abandoning, "AttemptTimedOut")?;
                 let deadline = model.deadline.unwrap_or(Instant::MAX);
                 world.check("G7", attempt == model.attempts && eff >= deadline, || {
                     format!("task {i}: attempt {attempt} timed out at {eff:?}, before its deadline {deadline:?}")
@@ -499,50 +502,36 @@ fn drain(
             }
             SupervisionAction::AttemptCanceled { attempt } => {
                 world.record(subject, "attempt canceled", attempt, 0);
-                model.gram = check_gram(world, i, model.gram, Gram::Running, Gram::Ended, "AttemptCanceled")?;
-                let why = matches!(model.end, Some(End::Canceled | End::Failed(FailureClass::Canceled, _)));
-                world.check("S4", why, || format!("task {i}: AttemptCanceled after {:?}", model.end))?;
             }
             SupervisionAction::BackoffScheduled { next_attempt, delay, until } => {
                 world.record(subject, "backoff scheduled", next_attempt, delay.as_nanos() as u64);
-                let from = if model.gram == Gram::Dropped { Gram::Dropped } else { Gram::Ended };
-                model.gram = check_gram(world, i, model.gram, from, Gram::Waiting, "BackoffScheduled")?;
-                world.check("S6", next_attempt == model.attempts + 1 && until == eff.saturating_add(delay), || {
-                    format!("task {i}: BackoffScheduled {next_attempt} {delay:?} {until:?} at {eff:?}")
-                })?;
                 let until = if bug == Some(SupervisionBug::IntervalFromStart) && model.end == Some(End::Succeeded) {
-                    until.saturating_sub(eff.saturating_duration_since(model.last_start))
+                    until.saturating_sub(eff.saturating_duration_since(model.machine.last_start))
                 } else {
                     until
                 };
                 check_wait(world, policy, i, model, until, eff)?;
                 model.until = Some(until);
             }
-            SupervisionAction::TaskFinished { outcome, attempts } => {
+            SupervisionAction::TaskFinished { ref outcome, attempts } => {
                 world.record(subject, "task finished", attempts, outcome.kind() as u64);
-                world.check("G11", model.gram != Gram::Finished, || format!("task {i}: a second TaskFinished"))?;
                 finished_as = Some(outcome.kind());
-                let ends = matches!(model.gram, Gram::Ended | Gram::Dropped)
-                    || model.driver_canceled && matches!(model.gram, Gram::Waiting | Gram::Abandoning);
-                world.check("S6", ends, || format!("task {i}: TaskFinished while {:?}", model.gram))?;
-                model.gram = Gram::Finished;
                 model.finished = true;
-                world.check("S6", attempts == model.attempts, || {
-                    format!("task {i}: finished after {attempts} attempts, {} started", model.attempts)
-                })?;
-                check_outcome(world, scenario, i, model, &outcome, eff)?;
-                if bug == Some(SupervisionBug::DoubleFinish) {
-                    world.check("G11", model.gram != Gram::Finished, || format!("task {i}: a second TaskFinished"))?;
-                }
+                check_outcome(world, scenario, i, model, outcome, eff)?;
                 model.running = None;
                 model.abandon_at = None;
             }
         }
+        model.grammar.event(world, policy, eff, &event)?;
+        if bug == Some(SupervisionBug::DoubleFinish) && matches!(event, SupervisionAction::TaskFinished { .. }) {
+            model.grammar.event(world, policy, eff, &event)?;
+        }
+        got.push(event);
     }
-    if acted {
-        model.last_now = eff;
-    }
-    world.check("S6", acted == expects, || format!("task {i}: the input left events: {acted}, expected {expects}"))?;
+    world.check("model", got == model.expected, || {
+        format!("task {i}: events {got:?}, the model expects {:?}", model.expected)
+    })?;
+    model.expected.clear();
     if let Some(refused) = probed {
         // Validity errors come first: a cancel is refused as finished exactly when this input
         // finished the task, and as undrained otherwise.
@@ -551,14 +540,14 @@ fn drain(
             format!("task {i}: a cancel while undrained: {refused:?}, expected {expected:?}")
         })?;
     }
-    world.check("S3", machine.streak() == model.streak, || {
-        format!("task {i}: {} failures, the model counts {}", machine.streak(), model.streak)
+    world.check("S3", machine.streak() == model.machine.failures, || {
+        format!("task {i}: {} failures, the model counts {}", machine.streak(), model.machine.failures)
     })?;
     model.wake = machine.poll_timeout();
     if !model.finished {
-        let expected = match model.gram {
-            Gram::Running => model.deadline,
-            Gram::Waiting => model.until,
+        let expected = match model.machine.phase {
+            Phase::Running { deadline } => deadline,
+            Phase::Waiting { until } => Some(until),
             _ => None,
         };
         let wake = model.wake;
@@ -575,13 +564,13 @@ fn check_wait(
     world: &mut World,
     policy: &SupervisionPolicy,
     i: usize,
-    model: &mut Model,
+    model: &Model,
     until: Instant,
     eff: Instant,
 ) -> Result<(), Violation> {
-    let spaced = model.last_start.saturating_add(policy.min_spacing());
+    let spaced = model.machine.last_start.saturating_add(policy.min_spacing());
     world.check("G6", until >= spaced, || format!("task {i}: next start {until:?} closer than min_spacing"))?;
-    let failure = match model.end {
+    let hint = match model.end {
         Some(End::Succeeded) => {
             let Restart::Periodic { interval } = policy.restart() else {
                 return Err(world.violation("S1", format!("task {i}: a non-periodic task repeats after a success")));
@@ -605,38 +594,37 @@ fn check_wait(
     };
     world.check("G2", policy.restart() != Restart::Once, || format!("task {i}: a `once` task is retried"))?;
     let limit = policy.max_retries().unwrap_or(u32::MAX);
-    world.check("G2", model.streak <= limit, || {
-        format!("task {i}: failure {} of a streak retried under max_retries {limit}", model.streak)
+    let streak = model.machine.failures;
+    world.check("G2", streak <= limit, || {
+        format!("task {i}: failure {streak} of a streak retried under max_retries {limit}")
     })?;
-    if let Some(hinted) = failure {
+    if let Some(hinted) = hint {
         // B6: the hint in full (spacing may only lengthen it), and only within max_hint.
         let expected = eff.saturating_add(Duration::from_nanos(hinted)).later(spaced);
         world.check("G1", until == expected, || {
             format!("task {i}: hinted wait until {until:?}, expected {expected:?}")
         })?;
-        world.check("G1", Duration::from_nanos(hinted) <= policy.max_hint(), || {
+        return world.check("G1", Duration::from_nanos(hinted) <= policy.max_hint(), || {
             format!("task {i}: a hint of {hinted} ns waited past max_hint {:?}", policy.max_hint())
-        })?;
-        model.schedule.hinted(policy.restarts_after_hint(), hinted);
-        return Ok(());
+        });
     }
-    let (lo, hi) = model.schedule.next_bounds(policy.backoff());
+    let (place, previous) = model.schedule;
+    let (lo, hi) = delay_bounds(policy.backoff(), place, previous);
     let d = until.saturating_duration_since(eff).as_nanos() as u64;
     if until > spaced {
         world.check("G1", (lo..=hi).contains(&d), || {
-            format!("task {i}: delay {d} ns outside [{lo}, {hi}] at the backoff's place {}", model.schedule.place)
-        })?;
-        model.schedule.previous_delay = d;
+            format!("task {i}: delay {d} ns outside [{lo}, {hi}] at the backoff's place {place}")
+        })
     } else {
         world.check("G1", eff.saturating_add(Duration::from_nanos(lo)) <= spaced, || {
             format!("task {i}: a wait of min_spacing, shorter than the least delay {lo} ns")
-        })?;
-        model.schedule.previous_delay = hi.min(d);
+        })
     }
-    Ok(())
 }
 
-/// G2, G4, G11, G13: the outcome is the one the model expects.
+/// G4, G13: a failure that must not be retried ends the task as fatal (the model checks the
+/// rest of the outcome exactly), and once faults stop a task finishes within a bound from its
+/// policy.
 fn check_outcome(
     world: &mut World,
     scenario: &SupervisionScenario,
@@ -646,39 +634,11 @@ fn check_outcome(
     eff: Instant,
 ) -> Result<(), Violation> {
     let policy = &scenario.tasks[i].1;
-    let not_retried =
-        policy.restart() == Restart::Once || policy.max_retries().is_some_and(|m| model.streak == m.saturating_add(1));
-    let end = model.end;
-    let ok = match *outcome {
-        TaskOutcome::Completed => end == Some(End::Succeeded) && !matches!(policy.restart(), Restart::Periodic { .. }),
-        TaskOutcome::Failed { .. } => matches!(end, Some(End::Failed(c, _)) if c.is_retryable()) && not_retried,
-        TaskOutcome::TimedOut => end == Some(End::TimedOut) && not_retried,
-        TaskOutcome::Fatal { .. } => {
-            matches!(end, Some(End::Failed(FailureClass::Fatal | FailureClass::DoNotRetry, _)))
-        }
-        TaskOutcome::Canceled { .. } => {
-            model.driver_canceled || matches!(end, Some(End::Failed(FailureClass::Canceled, _)))
-        }
-        TaskOutcome::Panicked { .. } => end == Some(End::Panicked),
-        // B6: the limit first; then only a hint past max_hint defers, to the hinted instant.
-        TaskOutcome::Deferred { retry_at, .. } => match end {
-            Some(End::Failed(FailureClass::RetryAfter, Some(hinted))) => {
-                let hinted = Duration::from_nanos(hinted);
-                !not_retried && hinted > policy.max_hint() && retry_at == eff.saturating_add(hinted)
-            }
-            _ => false,
-        },
-    };
-    // A failure that must end the task (G4) is judged first; then the limits (G2), the hint.
-    let rule = match (end, outcome.kind()) {
-        (Some(End::Failed(c, _)), _) if !c.is_retryable() => "G4",
-        (_, TaskOutcomeKind::Failed | TaskOutcomeKind::TimedOut) => "G2",
-        (_, TaskOutcomeKind::Deferred) => "B6",
-        _ => "G4",
-    };
-    world.check(rule, ok, || {
-        format!("task {i}: outcome {outcome:?} after {end:?}, streak {}, policy {policy:?}", model.streak)
-    })?;
+    if let Some(End::Failed(class @ (FailureClass::Fatal | FailureClass::DoNotRetry), _)) = model.end {
+        world.check("G4", outcome.kind() == TaskOutcomeKind::Fatal, || {
+            format!("task {i}: outcome {outcome:?} after a {class:?} failure")
+        })?;
+    }
     // G13: once faults stop, a task finishes within a bound computed from its policy.
     let longest_delay = Duration::from_nanos(delay_bounds(policy.backoff(), u32::MAX, u64::MAX).1);
     // A hint is waited only up to max_hint (a longer one ends the task at once).

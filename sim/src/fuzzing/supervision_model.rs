@@ -1,31 +1,21 @@
-//! The supervision machine (S1–S6, B6, G12) against an exact reference model, plus an
-//! independent check of the event grammar of S6 and the spacing of S5.
-//!
-//! The model restates the one failure decision (revised by issue 12): a failure's class first
-//! (`Fatal` and `DoNotRetry` finish `Fatal`, `Canceled` finishes `Canceled` without counting),
-//! then the limit (`once`, or a streak past `max_retries`, finishes `Failed` / `TimedOut`, a
-//! hinted failure too), then the hint (never shortened; past `max_hint` the task finishes
-//! `Deferred` at the hinted instant) or else the backoff. Every decided failure counts into
-//! the streak; after a hinted delay under `restart_after_hint` the backoff's place starts over
-//! while the streak goes on. Between an input and the drain of its events every input is
-//! refused (`Undrained`, after the validity errors) and a timeout does nothing: the runner
-//! probes that on every step.
+//! The supervision machine (S1–S6, B6, G12) against the exact reference model
+//! [`SupervisionModel`] (shared with the supervision family), plus the event grammar of S6 and
+//! the spacing of S5 ([`Grammar`]). Between an input and the drain of its events the runner
+//! probes that every input is refused and a timeout does nothing.
 
 use core::time::Duration;
 
 use arbitrary::Arbitrary;
 use persevere::{
-    Backoff, DEFAULT_MAX_HINT, Failure, FailureClass, FailureKind, Hint, Instant, LastFailure, Restart, Setting,
-    Supervision, SupervisionAction, SupervisionError, SupervisionPolicy, SupervisionPolicyBuilder, SupervisionStatus,
-    TaskDefaults, TaskOutcome, TaskOutcomeKind,
+    Backoff, DEFAULT_MAX_HINT, Failure, Instant, Restart, Setting, Supervision, SupervisionAction, SupervisionError,
+    SupervisionPolicy, SupervisionPolicyBuilder, SupervisionStatus, TaskDefaults,
 };
 use rand_chacha::ChaCha8Rng;
 
 use super::backoff_model::BackoffIn;
 use super::retry_model::{AttemptIn, KindIn};
-use super::{At, Clock, Count, Ctx, ErrorKind, SETUP, Span, ensure, nanos_sat, parse, rng, verdict};
-use crate::model::backoff::{adopt, delay_bounds};
-use crate::model::supervision::{Grammar, Resolved};
+use super::{At, Clock, Count, Ctx, ErrorKind, SETUP, Span, ensure, parse, rng, verdict};
+use crate::model::supervision::{Grammar, Resolved, SupervisionModel, waits};
 
 #[derive(Arbitrary, Clone, Copy, Debug, PartialEq)]
 enum RestartIn {
@@ -174,282 +164,6 @@ fn build(defaults: &DefaultsIn, task: &TaskIn, hints: &HintsIn) -> Option<Superv
     Some(policy)
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Phase {
-    Idle,
-    Running { deadline: Option<Instant> },
-    Abandoning,
-    Waiting { until: Instant },
-    Finished(TaskOutcomeKind),
-}
-
-/// What a [`Supervision`] must be doing, restated from S1–S6 and B6.
-#[derive(Clone, Debug, PartialEq)]
-struct Model {
-    phase: Phase,
-    attempt: u64,
-    /// The streak: failures since the last success that the failure decision counted (every
-    /// one but a cancel; a panic while dropping a timed-out attempt is final by S4 and is not
-    /// decided, so not counted).
-    failures: u32,
-    /// The backoff's place: failures since the schedule last started over.
-    place: u32,
-    last_delay_ns: u64,
-    last_start: Instant,
-    last_now: Instant,
-    last_failure: Option<LastFailure<u8>>,
-    /// The hinted instant of a `Deferred` outcome.
-    retry_at: Option<Instant>,
-    /// Events of an earlier input wait to be drained (the runner holds them).
-    undrained: bool,
-}
-
-type Events = Vec<SupervisionAction<u8>>;
-
-impl Model {
-    fn new() -> Self {
-        Model {
-            phase: Phase::Idle,
-            attempt: 0,
-            failures: 0,
-            place: 0,
-            last_delay_ns: 0,
-            last_start: Instant::ZERO,
-            last_now: Instant::ZERO,
-            last_failure: None,
-            retry_at: None,
-            undrained: false,
-        }
-    }
-
-    fn status(&self) -> SupervisionStatus {
-        match self.phase {
-            Phase::Idle => SupervisionStatus::Idle,
-            Phase::Running { deadline } => SupervisionStatus::Running { attempt: self.attempt, deadline },
-            Phase::Abandoning => SupervisionStatus::Abandoning { attempt: self.attempt },
-            Phase::Waiting { until } => {
-                SupervisionStatus::Waiting { next_attempt: self.attempt.saturating_add(1), until }
-            }
-            Phase::Finished(kind) => SupervisionStatus::Finished(kind),
-        }
-    }
-
-    fn check_running(&self, attempt: u64) -> Result<(), SupervisionError> {
-        match self.phase {
-            Phase::Running { .. } if attempt != self.attempt => {
-                Err(SupervisionError::StaleAttempt { current: self.attempt, got: attempt })
-            }
-            Phase::Running { .. } if self.undrained => Err(SupervisionError::Undrained),
-            Phase::Running { .. } => Ok(()),
-            Phase::Abandoning | Phase::Waiting { .. } => Err(SupervisionError::NoAttemptRunning),
-            Phase::Idle => Err(SupervisionError::NotStarted),
-            Phase::Finished(kind) => Err(SupervisionError::Finished(kind)),
-        }
-    }
-
-    fn begin(&mut self, policy: &SupervisionPolicy, now: Instant) -> SupervisionAction<u8> {
-        self.attempt = self.attempt.saturating_add(1);
-        self.last_start = now;
-        let deadline = policy.attempt_timeout().map(|t| now.saturating_add(t)).filter(|d| *d != Instant::MAX);
-        self.phase = Phase::Running { deadline };
-        SupervisionAction::AttemptStarting { attempt: self.attempt, deadline }
-    }
-
-    fn finish(&mut self, kind: TaskOutcomeKind) -> SupervisionAction<u8> {
-        self.phase = Phase::Finished(kind);
-        let last = self.last_failure.take();
-        let outcome = match kind {
-            TaskOutcomeKind::Completed => TaskOutcome::Completed,
-            TaskOutcomeKind::TimedOut => TaskOutcome::TimedOut,
-            TaskOutcomeKind::Canceled => TaskOutcome::Canceled { last_failure: last },
-            TaskOutcomeKind::Panicked => TaskOutcome::Panicked { error: last.and_then(|l| l.error).unwrap_or(0) },
-            TaskOutcomeKind::Fatal => TaskOutcome::Fatal { failure: last.expect("a fatal failure is stored") },
-            TaskOutcomeKind::Deferred => TaskOutcome::Deferred {
-                retry_at: self.retry_at.expect("a deferred task has its hinted instant"),
-                last_failure: last.expect("a hinted failure is stored"),
-            },
-            _ => TaskOutcome::Failed { last_failure: last.expect("a failure is stored") },
-        };
-        SupervisionAction::TaskFinished { outcome, attempts: self.attempt }
-    }
-
-    fn wait(&mut self, policy: &SupervisionPolicy, now: Instant, delay_ns: u64) -> SupervisionAction<u8> {
-        let until = now
-            .saturating_add(Duration::from_nanos(delay_ns))
-            .later(self.last_start.saturating_add(policy.min_spacing()));
-        self.phase = Phase::Waiting { until };
-        SupervisionAction::BackoffScheduled {
-            next_attempt: self.attempt.saturating_add(1),
-            delay: until.saturating_duration_since(self.last_now),
-            until,
-        }
-    }
-
-    /// A retryable failure (its hinted delay, if any): the limit, then the hint or the backoff.
-    fn retry_or_finish(
-        &mut self,
-        policy: &SupervisionPolicy,
-        now: Instant,
-        hinted: Option<u64>,
-        not_retried: TaskOutcomeKind,
-        observed: Option<Instant>,
-    ) -> SupervisionAction<u8> {
-        self.failures = self.failures.saturating_add(1);
-        let limit_reached = policy.max_retries().is_some_and(|max| self.failures > max);
-        if policy.restart() == Restart::Once || limit_reached {
-            return self.finish(not_retried);
-        }
-        match hinted {
-            Some(hinted) if hinted > nanos_sat(policy.max_hint()) => {
-                self.retry_at = Some(now.saturating_add(Duration::from_nanos(hinted)));
-                self.finish(TaskOutcomeKind::Deferred)
-            }
-            Some(hinted) => {
-                if policy.restarts_after_hint() {
-                    self.place = 0;
-                    self.last_delay_ns = 0;
-                } else {
-                    self.place = self.place.saturating_add(1);
-                    self.last_delay_ns = hinted;
-                }
-                self.wait(policy, now, hinted)
-            }
-            None => {
-                self.place = self.place.saturating_add(1);
-                let bounds = delay_bounds(policy.backoff(), self.place, self.last_delay_ns);
-                self.last_delay_ns = adopt(observed, now, bounds, |_| false);
-                self.wait(policy, now, self.last_delay_ns)
-            }
-        }
-    }
-
-    fn start(&mut self, policy: &SupervisionPolicy, now: Instant) -> Result<Events, SupervisionError> {
-        match self.phase {
-            Phase::Idle => {}
-            Phase::Finished(kind) => return Err(SupervisionError::Finished(kind)),
-            _ => return Err(SupervisionError::AlreadyStarted),
-        }
-        let now = self.last_now.later(now);
-        self.last_now = now;
-        Ok(vec![self.begin(policy, now)])
-    }
-
-    fn success(&mut self, policy: &SupervisionPolicy, now: Instant, attempt: u64) -> Result<Events, SupervisionError> {
-        self.check_running(attempt)?;
-        let now = self.last_now.later(now);
-        self.last_now = now;
-        self.failures = 0;
-        self.place = 0;
-        self.last_delay_ns = 0;
-        self.last_failure = None;
-        let ended = SupervisionAction::AttemptSucceeded { attempt };
-        Ok(vec![
-            ended,
-            match policy.restart() {
-                Restart::Periodic { interval } => self.wait(policy, now, nanos_sat(interval)),
-                _ => self.finish(TaskOutcomeKind::Completed),
-            },
-        ])
-    }
-
-    fn failure(
-        &mut self,
-        policy: &SupervisionPolicy,
-        now: Instant,
-        attempt: u64,
-        failure: Failure<u8>,
-        observed: Option<Instant>,
-    ) -> Result<Events, SupervisionError> {
-        self.check_running(attempt)?;
-        let now = self.last_now.later(now);
-        self.last_now = now;
-        let class = failure.kind.class();
-        self.last_failure = Some(LastFailure { class, error: Some(failure.error) });
-        // A cancel reported by the task ends its attempt as canceled (S6).
-        let ended = match failure.kind {
-            FailureKind::Canceled => SupervisionAction::AttemptCanceled { attempt },
-            _ => SupervisionAction::AttemptFailed { attempt, class },
-        };
-        let next = match failure.kind {
-            FailureKind::Canceled => self.finish(TaskOutcomeKind::Canceled),
-            FailureKind::Fatal | FailureKind::Hinted(Hint::DoNotRetry) => {
-                self.failures = self.failures.saturating_add(1);
-                self.finish(TaskOutcomeKind::Fatal)
-            }
-            kind => {
-                let hinted = match kind {
-                    FailureKind::Hinted(Hint::After(d)) => Some(nanos_sat(d)),
-                    FailureKind::Hinted(Hint::At(at)) => Some(nanos_sat(at.saturating_duration_since(now))),
-                    _ => None,
-                };
-                self.retry_or_finish(policy, now, hinted, TaskOutcomeKind::Failed, observed)
-            }
-        };
-        Ok(vec![ended, next])
-    }
-
-    fn abandoned(
-        &mut self,
-        policy: &SupervisionPolicy,
-        now: Instant,
-        attempt: u64,
-        panic: Option<u8>,
-        observed: Option<Instant>,
-    ) -> Result<Events, SupervisionError> {
-        match self.phase {
-            Phase::Abandoning if attempt != self.attempt => {
-                return Err(SupervisionError::StaleAttempt { current: self.attempt, got: attempt });
-            }
-            Phase::Abandoning if self.undrained => return Err(SupervisionError::Undrained),
-            Phase::Abandoning => {}
-            Phase::Idle => return Err(SupervisionError::NotStarted),
-            Phase::Finished(kind) => return Err(SupervisionError::Finished(kind)),
-            Phase::Running { .. } | Phase::Waiting { .. } => return Err(SupervisionError::NothingAbandoned),
-        }
-        let now = self.last_now.later(now);
-        self.last_now = now;
-        Ok(vec![match panic {
-            Some(error) => {
-                // The timed-out attempt failed: it counts, and its panicking drop ends the task.
-                self.last_failure = Some(LastFailure { class: FailureClass::Panicked, error: Some(error) });
-                self.failures = self.failures.saturating_add(1);
-                self.finish(TaskOutcomeKind::Panicked)
-            }
-            None => self.retry_or_finish(policy, now, None, TaskOutcomeKind::TimedOut, observed),
-        }])
-    }
-
-    fn timeout(&mut self, policy: &SupervisionPolicy, now: Instant) -> Events {
-        let now = self.last_now.later(now);
-        match self.phase {
-            _ if self.undrained => Vec::new(),
-            Phase::Running { deadline: Some(deadline) } if deadline <= now => {
-                self.last_now = now;
-                self.phase = Phase::Abandoning;
-                self.last_failure = Some(LastFailure { class: FailureClass::Timeout, error: None });
-                vec![SupervisionAction::AttemptTimedOut { attempt: self.attempt }]
-            }
-            Phase::Waiting { until } if until <= now => {
-                self.last_now = now;
-                vec![self.begin(policy, now)]
-            }
-            _ => Vec::new(),
-        }
-    }
-
-    fn cancel(&mut self, now: Instant) -> Result<Events, SupervisionError> {
-        let mut events = match self.phase {
-            Phase::Finished(kind) => return Err(SupervisionError::Finished(kind)),
-            _ if self.undrained => return Err(SupervisionError::Undrained),
-            Phase::Running { .. } => vec![SupervisionAction::AttemptCanceled { attempt: self.attempt }],
-            _ => Vec::new(),
-        };
-        self.last_now = self.last_now.later(now);
-        events.push(self.finish(TaskOutcomeKind::Canceled));
-        Ok(events)
-    }
-}
-
 #[derive(Arbitrary, Debug)]
 struct Config {
     defaults: DefaultsIn,
@@ -488,14 +202,14 @@ pub(crate) fn run(data: &[u8]) {
     let Some(policy) = build(&config.defaults, &config.task, &hints) else { return };
     let mut rng = rng(config.seed);
     let mut machine = Supervision::<u8>::new();
-    let mut model = Model::new();
+    let mut model = SupervisionModel::<u8>::new();
     let mut clock = Clock::default();
     let mut grammar = Grammar::default();
     let mut probes = 0usize;
     for (step, op) in ops.iter().enumerate() {
         let ctx = Ctx { step, op };
         let before = machine;
-        let result: Result<Events, SupervisionError> = match *op {
+        let result: Result<Vec<SupervisionAction<u8>>, SupervisionError> = match *op {
             Op::Start(at) => {
                 let now = clock.at(at, machine.poll_timeout());
                 compare(ctx, machine.handle_start(&policy, now), model.start(&policy, now))
@@ -610,14 +324,6 @@ pub(crate) fn run(data: &[u8]) {
     }
 }
 
-/// The instant `machine` waits until before its next restart, if it is waiting.
-fn waits(machine: &Supervision<u8>) -> Option<Instant> {
-    match machine.status() {
-        SupervisionStatus::Waiting { until, .. } => Some(until),
-        _ => None,
-    }
-}
-
 /// While events wait to be drained, feeds `probe` and checks that the machine answers what the
 /// model does (its validity error, else `Undrained`; a timeout does nothing) and that neither
 /// changes.
@@ -626,7 +332,7 @@ fn feed_probe(
     probe: Probe,
     policy: &SupervisionPolicy,
     machine: &mut Supervision<u8>,
-    model: &mut Model,
+    model: &mut SupervisionModel<u8>,
     now: Instant,
     rng: &mut ChaCha8Rng,
 ) {
@@ -666,8 +372,8 @@ fn feed_probe(
 fn compare(
     ctx: Ctx<'_>,
     got: Result<(), SupervisionError>,
-    expected: Result<Events, SupervisionError>,
-) -> Result<Events, SupervisionError> {
+    expected: Result<Vec<SupervisionAction<u8>>, SupervisionError>,
+) -> Result<Vec<SupervisionAction<u8>>, SupervisionError> {
     match (&got, &expected) {
         (Ok(()), Ok(_)) => {}
         (Err(g), Err(e)) => ensure!(ctx, g == e, "model", "refused with {g:?}, the model expects {e:?}"),
