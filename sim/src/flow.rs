@@ -12,9 +12,9 @@ use persevere::{
     SkipReason, TripReason,
 };
 
-use crate::world::{
-    SchedulePlace, Summary, Violation, World, clamp_hint, delay_bounds, draw_backoff, draw_failure, draw_fault_weights,
-};
+use crate::model::backoff::delay_bounds;
+use crate::model::flow::FlowModel;
+use crate::world::{Summary, Violation, World, clamp_hint, draw_backoff, draw_failure, draw_fault_weights};
 
 /// A deliberate defect, to prove the checks can fail.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -124,82 +124,52 @@ impl FlowScenario {
     }
 }
 
-/// The reference model of one flow.
+/// One flow: where the scenario stands with it, and the reference model of the flow.
 #[derive(Clone, Debug)]
 struct Model {
     spec: FlowSpec,
-    status: FlowStatusKind,
-    streak: u32,
-    next_eligible: Option<Instant>,
-    run_count: u64,
+    /// Runs dispatched, as seen (G11).
+    runs: u64,
     /// Reports accepted (one per run, G11).
     outcomes: u64,
-    /// An every-flow's last run end plus its interval (its creation before the first run).
-    interval_due: Instant,
     /// The run in flight and when it ends.
     running: Option<(u64, Instant)>,
-    /// Where the schedule stands: it starts over with a streak, or after a hint with
-    /// `restart_after_hint` (B6; the streak itself keeps counting), and its last delay is a
-    /// hint's or the schedule's.
-    schedule: SchedulePlace,
-    /// The last failed run's error, and why the flow tripped (F3).
-    last_error: u32,
-    reason: TripReason,
-    last_now: Instant,
+    /// The schedule's place and previous delay before the last failure, which bound the
+    /// window a failure then opens (G1).
+    schedule: (u32, u64),
     /// The latest cron tick fed, and the next one due.
     last_tick: Option<Instant>,
     next_tick: Instant,
     /// A skipped tick a buggy driver replays at this instant.
     replay: Option<(Instant, Instant)>,
+    /// The reference model: what the flow must show and tell after every input.
+    flow: FlowModel<u32>,
 }
 
 impl Model {
     fn new(spec: FlowSpec) -> Self {
         Model {
             spec,
-            status: FlowStatusKind::Idle,
-            streak: 0,
-            next_eligible: None,
-            run_count: 0,
+            runs: 0,
             outcomes: 0,
-            interval_due: spec.created,
             running: None,
-            schedule: SchedulePlace::default(),
-            last_error: 0,
-            reason: TripReason::Streak,
-            last_now: spec.created,
+            schedule: (0, 0),
             last_tick: None,
             next_tick: spec.created.saturating_add(spec.period),
             replay: None,
+            flow: FlowModel::new(spec.created, spec.every),
         }
     }
 
-    /// What the flow must show (F1, F3).
-    fn status(&self) -> FlowStatus<u32> {
-        match (self.status, self.next_eligible) {
-            (FlowStatusKind::Running, _) => FlowStatus::Running,
-            (FlowStatusKind::Completed, _) => FlowStatus::Completed,
-            (FlowStatusKind::Backoff, Some(until)) => {
-                FlowStatus::Backoff { until, streak: self.streak, last_error: self.last_error }
-            }
-            (FlowStatusKind::Tripped, _) => {
-                FlowStatus::Tripped { streak: self.streak, last_error: self.last_error, reason: self.reason }
-            }
-            _ => FlowStatus::Idle,
-        }
+    /// The action the model made for the input just fed (taken: the registry hands each
+    /// action over at once).
+    fn made(&mut self) -> Option<FlowAction> {
+        self.flow.pending.take()
     }
 
-    /// Ends the streak (a success or a reset, F3, F8).
-    fn clear_streak(&mut self) {
-        self.streak = 0;
-        self.schedule.start_over();
-        self.next_eligible = None;
-    }
-
-    /// When an every-flow is due (F5): `max(run_end + interval, next_eligible)`.
-    fn due(&self) -> Option<Instant> {
-        let busy = matches!(self.status, FlowStatusKind::Running | FlowStatusKind::Tripped);
-        self.spec.every.and_then(|_| crate::model::flow::due(busy, self.interval_due, self.next_eligible))
+    /// The model's answer to an input the registry accepted.
+    fn accepted(&mut self, world: &mut World, i: usize, answer: Result<(), FlowError>) -> Result<(), Violation> {
+        answer.map_err(|e| world.violation("model", format!("flow {i}: the registry accepted, the model refuses: {e}")))
     }
 }
 
@@ -259,8 +229,8 @@ pub fn run(seed: u64, bug: Option<FlowBug>) -> Result<Summary, Violation> {
         let Some((due, step)) = next else {
             // The end: every run dispatched was reported exactly once (G11).
             for (i, m) in models.iter().enumerate() {
-                world.check("G11", m.outcomes == m.run_count && m.running.is_none(), || {
-                    format!("flow {i}: {} runs, {} outcomes", m.run_count, m.outcomes)
+                world.check("G11", m.outcomes == m.runs && m.running.is_none(), || {
+                    format!("flow {i}: {} runs, {} outcomes", m.runs, m.outcomes)
                 })?;
             }
             return Ok(world.summary());
@@ -273,7 +243,13 @@ pub fn run(seed: u64, bug: Option<FlowBug>) -> Result<Summary, Violation> {
             Step::Timeout => {
                 registry_now = registry_now.later(reported);
                 world.record(u32::MAX, "registry timeout", registry_now.as_nanos(), 0);
+                let dues: Vec<Option<Instant>> = models.iter().map(|m| m.flow.due()).collect();
+                let was: Vec<FlowStatusKind> = models.iter().map(|m| m.flow.kind()).collect();
                 flows.handle_timeout(policy, reported, world.rng());
+                // The registry hands the timeout to each flow due by its own clock.
+                for m in models.iter_mut().filter(|m| m.flow.due().is_some_and(|d| d <= registry_now)) {
+                    m.flow.timeout(registry_now);
+                }
                 while let Some((id, action)) = flows.poll_action() {
                     world.steps += 1;
                     let i = id as usize;
@@ -283,19 +259,24 @@ pub fn run(seed: u64, bug: Option<FlowBug>) -> Result<Summary, Violation> {
                     let m = &mut models[i];
                     world.record(id, "dispatch (due)", run, 0);
                     world.check("G6", m.spec.every.is_some(), || format!("cron flow {i} dispatched by time"))?;
-                    let due = m.due();
+                    let due = dues[i];
                     world.check("G6", due.is_some_and(|d| d <= registry_now), || {
                         format!("flow {i} dispatched at {registry_now:?}, due {due:?}")
                     })?;
-                    m.last_now = m.last_now.later(registry_now);
-                    let now = m.last_now;
-                    dispatched(&mut world, &scenario, i, m, run, now)?;
+                    let now = m.flow.last_now;
+                    dispatched(&mut world, &scenario, i, m, run, now, was[i])?;
+                    let made = m.made();
+                    world.check("model", made == Some(action), || {
+                        format!("flow {i}: dispatched {action:?}, the model makes {made:?}")
+                    })?;
                 }
                 // G13: nothing due is left undispatched.
-                let left = flows.poll_timeout();
-                world.check("G13", left.is_none_or(|t| t > registry_now), || {
-                    format!("a flow due at {left:?} was not dispatched at {registry_now:?}")
-                })?;
+                for (i, m) in models.iter_mut().enumerate() {
+                    let made = m.made();
+                    world.check("G13", made.is_none(), || {
+                        format!("flow {i} due at {:?} was not dispatched at {registry_now:?}", dues[i])
+                    })?;
+                }
             }
             Step::Tick(i) | Step::Replay(i) => {
                 let m = &mut models[i];
@@ -311,29 +292,20 @@ pub fn run(seed: u64, bug: Option<FlowBug>) -> Result<Summary, Violation> {
                     format!("flow {i}: tick {tick:?} replayed after {:?}", m.last_tick)
                 })?;
                 m.last_tick = Some(tick);
+                let was = m.flow.kind();
                 let action = flows
                     .handle_tick(policy, reported, &(i as u32), tick)
                     .map_err(|e| world.violation("G12", format!("flow {i}: tick refused: {e}")))?;
-                m.last_now = m.last_now.later(reported);
-                let now = m.last_now;
-                let expected = crate::model::flow::tick_skip(
-                    m.status == FlowStatusKind::Running,
-                    m.status == FlowStatusKind::Tripped,
-                    m.next_eligible,
-                    tick,
-                );
-                let ok = match (action, expected) {
-                    (FlowAction::TickSkipped { tick: t, reason }, Some(e)) => t == tick && reason == e,
-                    (FlowAction::Dispatch { .. }, None) => true,
-                    _ => false,
-                };
+                let answer = m.flow.tick(reported, tick);
+                m.accepted(&mut world, i, answer)?;
+                let expected = m.made();
                 let rule = match expected {
-                    Some(SkipReason::Tripped) => "G5",
-                    Some(SkipReason::InBackoff { .. }) => "G6",
+                    Some(FlowAction::TickSkipped { reason: SkipReason::Tripped, .. }) => "G5",
+                    Some(FlowAction::TickSkipped { reason: SkipReason::InBackoff { .. }, .. }) => "G6",
                     _ => "F6",
                 };
-                world.check(rule, ok, || {
-                    format!("flow {i}: tick {tick:?} gave {action:?}, expected a skip for {expected:?}")
+                world.check(rule, expected == Some(action), || {
+                    format!("flow {i}: tick {tick:?} gave {action:?}, the model makes {expected:?}")
                 })?;
                 match action {
                     FlowAction::TickSkipped { reason, .. } => {
@@ -344,7 +316,8 @@ pub fn run(seed: u64, bug: Option<FlowBug>) -> Result<Summary, Violation> {
                     }
                     FlowAction::Dispatch { run } => {
                         world.record(i as u32, "dispatch (tick)", run, tick.as_nanos());
-                        dispatched(&mut world, &scenario, i, m, run, now)?;
+                        let now = m.flow.last_now;
+                        dispatched(&mut world, &scenario, i, m, run, now, was)?;
                     }
                     _ => {}
                 }
@@ -353,18 +326,16 @@ pub fn run(seed: u64, bug: Option<FlowBug>) -> Result<Summary, Violation> {
                 let m = &mut models[i];
                 let Some((run, _)) = m.running.take() else { unreachable!("a run end is due only while running") };
                 let id = i as u32;
-                let now = m.last_now.later(reported);
-                m.last_now = now;
+                let now = m.flow.last_now.later(reported);
                 m.outcomes += 1;
-                if let Some(interval) = m.spec.every {
-                    m.interval_due = now.saturating_add(interval);
-                }
                 let faulty = world.now < scenario.horizon;
-                if faulty && world.chance(scenario.cancel_rate) {
+                let made = if faulty && world.chance(scenario.cancel_rate) {
                     world.record(id, "run canceled", run, 0);
                     flows.handle_cancel(policy, reported, &id).map_err(|e| world.violation("G12", format!("{e}")))?;
                     // F4: idle, the streak and the window unchanged.
-                    m.status = FlowStatusKind::Idle;
+                    let answer = m.flow.cancel(reported);
+                    m.accepted(&mut world, i, answer)?;
+                    None
                 } else if faulty && world.chance(scenario.failure_rate) {
                     let (kind, hinted) = draw_failure(&mut world, &scenario.fault_weights, scenario.hint_ns, now);
                     world.record(id, "run fails", run, kind.class() as u64);
@@ -374,31 +345,34 @@ pub fn run(seed: u64, bug: Option<FlowBug>) -> Result<Summary, Violation> {
                         (Some(FlowBug::ClampHint), kind) => clamp_hint(kind, now, policy.max_hint()),
                         _ => kind,
                     };
+                    m.schedule = (m.flow.place.saturating_add(1), m.flow.last_delay_ns);
                     let made = flows
                         .handle_failure(policy, reported, &id, Failure::new(fed, error), world.rng())
                         .map_err(|r| world.violation("G12", format!("flow {i}: a failure refused: {}", r.error)))?;
                     let status = flows.info(&id).map(|info| info.status.cloned());
-                    failed(&mut world, policy, i, m, (kind, hinted), error, now, status)?;
-                    // O1: a trip is told, with the streak, and nothing else is.
-                    let told = match made {
-                        Some(FlowAction::Tripped { streak, .. }) => Some(streak),
+                    failed(&mut world, policy, i, m, (kind, hinted), now, status)?;
+                    // The model is told what was drawn, not what the driver fed.
+                    let window = match status {
+                        Some(FlowStatus::Backoff { until, .. }) => Some(until),
                         _ => None,
                     };
-                    let expected = (m.status == FlowStatusKind::Tripped).then_some(m.streak);
-                    world.check("O1", made.is_none() || told.is_some(), || {
-                        format!("flow {i}: a failure made {made:?}")
-                    })?;
-                    world.check("O1", told == expected, || {
-                        format!("flow {i}: told a trip {told:?}, expected {expected:?}")
-                    })?;
+                    let answer = m.flow.failure(policy, reported, Failure::new(kind, error), window);
+                    m.accepted(&mut world, i, answer)?;
+                    made
                 } else {
                     world.record(id, "run succeeds", run, 0);
                     flows.handle_success(policy, reported, &id).map_err(|e| world.violation("G12", format!("{e}")))?;
-                    m.status = FlowStatusKind::Completed;
-                    m.clear_streak();
-                }
+                    let answer = m.flow.success(reported);
+                    m.accepted(&mut world, i, answer)?;
+                    None
+                };
+                // O1: a trip is told, with the streak, and nothing else is.
+                let expected = m.made();
+                world.check("O1", made == expected, || {
+                    format!("flow {i}: the run's end made {made:?}, the model makes {expected:?}")
+                })?;
                 if world.now >= scenario.horizon
-                    && let Some(due) = m.due()
+                    && let Some(due) = m.flow.due()
                 {
                     // G13: past the horizon an every-flow comes round within its bound.
                     let cap = delay_bounds(policy.backoff(), u32::MAX, u64::MAX).1;
@@ -412,8 +386,9 @@ pub fn run(seed: u64, bug: Option<FlowBug>) -> Result<Summary, Violation> {
                 let i = world.between(0, n as u64 - 1) as usize;
                 let id = i as u32;
                 let m = &mut models[i];
+                let was = m.flow.kind();
                 if world.chance(scenario.trigger_share) {
-                    world.record(id, "operator triggers", m.streak.into(), 0);
+                    world.record(id, "operator triggers", m.flow.streak.into(), 0);
                     let before = flows.clone();
                     let result = flows.trigger(reported, &id);
                     let result = match (result, bug) {
@@ -424,13 +399,8 @@ pub fn run(seed: u64, bug: Option<FlowBug>) -> Result<Summary, Violation> {
                         }
                         (result, _) => result,
                     };
-                    match (result, m.status) {
-                        (Err(FlowError::Tripped { streak, .. }), FlowStatusKind::Tripped) => {
-                            world.check("G5", streak == m.streak, || format!("flow {i}: trip streak {streak}"))?;
-                            world
-                                .check("G12", flows == before, || format!("flow {i}: a refused trigger changed it"))?;
-                        }
-                        (Err(FlowError::Running), FlowStatusKind::Running) => {
+                    match (result, was) {
+                        (Err(FlowError::Tripped { .. } | FlowError::Running), _) => {
                             world
                                 .check("G12", flows == before, || format!("flow {i}: a refused trigger changed it"))?;
                         }
@@ -439,9 +409,8 @@ pub fn run(seed: u64, bug: Option<FlowBug>) -> Result<Summary, Violation> {
                             world.check("G5", status != FlowStatusKind::Tripped, || {
                                 format!("flow {i}: a tripped flow was dispatched by a trigger")
                             })?;
-                            m.last_now = m.last_now.later(reported);
-                            let now = m.last_now;
-                            dispatched(&mut world, &scenario, i, m, run, now)?;
+                            let now = m.flow.last_now.later(reported);
+                            dispatched(&mut world, &scenario, i, m, run, now, was)?;
                         }
                         (result, status) => {
                             return Err(
@@ -449,20 +418,20 @@ pub fn run(seed: u64, bug: Option<FlowBug>) -> Result<Summary, Violation> {
                             );
                         }
                     }
-                } else {
-                    world.record(id, "operator resets", m.streak.into(), 0);
-                    let made = flows.reset_flow(reported, &id).map_err(|e| world.violation("G12", format!("{e}")))?;
-                    // O1: a reset that clears a streak is told, with the streak; one of a flow with none is not.
-                    let tripped = m.status == FlowStatusKind::Tripped;
-                    let expected = (m.streak > 0 || tripped).then_some(FlowAction::Reset { streak: m.streak, tripped });
-                    world.check("O1", made == expected, || {
-                        format!("flow {i}: a reset made {made:?}, expected {expected:?}")
+                    let expected = m.flow.trigger(reported).map(|()| m.made());
+                    world.check("F7", result.map(Some) == expected, || {
+                        format!("flow {i}: a trigger while {was:?} gave {result:?}, the model {expected:?}")
                     })?;
-                    m.last_now = m.last_now.later(reported);
-                    m.clear_streak();
-                    if m.status != FlowStatusKind::Running {
-                        m.status = FlowStatusKind::Idle;
-                    }
+                } else {
+                    world.record(id, "operator resets", m.flow.streak.into(), 0);
+                    let made = flows.reset_flow(reported, &id).map_err(|e| world.violation("G12", format!("{e}")))?;
+                    let answer = m.flow.reset(reported);
+                    m.accepted(&mut world, i, answer)?;
+                    // O1: a reset that clears a streak is told, with the streak; one of a flow with none is not.
+                    let expected = m.made();
+                    world.check("O1", made == expected, || {
+                        format!("flow {i}: a reset made {made:?}, the model makes {expected:?}")
+                    })?;
                 }
             }
         }
@@ -471,89 +440,51 @@ pub fn run(seed: u64, bug: Option<FlowBug>) -> Result<Summary, Violation> {
     Err(world.violation("G13", "the scenario did not finish within 200000 steps".into()))
 }
 
-/// The model's reading of a failed run (F3, F4, B6), from the failure's class and the streak:
-/// `Canceled` is a clean cancel; `Fatal` and `DoNotRetry` trip at once; a streak at the trip
-/// limit trips (before any hint is looked at); a hint past `max_hint` trips with the hinted
-/// instant; a hint within it is the window, exactly (never shortened); anything else waits the
-/// schedule's next delay, from the schedule's place (which a hint with `restart_after_hint`
-/// starts over, while the streak keeps counting). `status` is what the flow shows after the
-/// failure: a trip must name its reason (`Fatal` and `DoNotRetry` are never retried, G4; a hint
-/// is never shortened, G1), a window must be the hint's exactly (G1) or within the schedule's
-/// bounds (G1). `kind` is the failure the run reported, with its hinted delay from `now`.
-#[allow(clippy::too_many_arguments)]
+/// G1, G4: what a failed run left (`status`), against the failure the run reported (`kind`,
+/// with its hinted delay from `now`): `Fatal` and `DoNotRetry` trip the flow at once, never
+/// retried (G4); a hint is never shortened: past `max_hint` it trips the flow with the hinted
+/// instant, within it the window is the hint exactly (G1); a scheduled window lies within the
+/// schedule's bounds where it stood before the failure (G1). The model checks the rest.
 fn failed(
     world: &mut World,
     policy: &FlowPolicy,
     i: usize,
-    m: &mut Model,
+    m: &Model,
     (kind, hinted): (FailureKind, Option<u64>),
-    error: u32,
     now: Instant,
     status: Option<FlowStatus<u32>>,
 ) -> Result<(), Violation> {
-    let window = match status {
-        Some(FlowStatus::Backoff { until, .. }) => Some(until),
-        _ => None,
-    };
-    if kind == FailureKind::Canceled {
-        m.status = FlowStatusKind::Idle;
-        return Ok(());
-    }
-    m.streak += 1;
-    m.last_error = error;
     let trip = match kind {
         FailureKind::Fatal => Some(TripReason::Fatal),
         FailureKind::Hinted(Hint::DoNotRetry) => Some(TripReason::DoNotRetry),
-        _ if policy.trip_after().is_some_and(|limit| m.streak >= limit) => Some(TripReason::Streak),
-        _ => match hinted {
-            Some(d) if u128::from(d) > policy.max_hint().as_nanos() => {
-                Some(TripReason::Deferred { retry_at: now.saturating_add(Duration::from_nanos(d)) })
-            }
-            _ => None,
-        },
+        _ => None,
     };
     if let Some(reason) = trip {
-        let rule = match reason {
-            TripReason::Fatal | TripReason::DoNotRetry => "G4",
-            TripReason::Deferred { .. } => "G1",
-            _ => "F3",
-        };
         let tripped = matches!(status, Some(FlowStatus::Tripped { reason: r, .. }) if r == reason);
-        world.check(rule, tripped, || {
-            format!("flow {i}: a {:?} failure at streak {} left {status:?}, not tripped for {reason:?}", kind, m.streak)
-        })?;
-        m.status = FlowStatusKind::Tripped;
-        m.reason = reason;
-        m.next_eligible = None;
-        return Ok(());
+        return world.check("G4", tripped, || format!("flow {i}: a {kind:?} failure left {status:?}"));
     }
-    m.status = FlowStatusKind::Backoff;
-    let until = match hinted {
+    let Some(FlowStatus::Backoff { until, .. }) = status else { return Ok(()) };
+    match hinted {
         Some(d) => {
-            // B6: the window is the hint, exactly: never shortened, no delay drawn.
-            let until = now.saturating_add(Duration::from_nanos(d));
-            world.check("G1", window == Some(until), || {
-                format!("flow {i}: a hint of {d} ns at {now:?} set the window to {window:?}, not {until:?}")
-            })?;
-            m.schedule.hinted(policy.restarts_after_hint(), d);
-            until
+            // B6: the window is the hint, exactly, and only within max_hint.
+            let expected = now.saturating_add(Duration::from_nanos(d));
+            world.check("G1", until == expected && u128::from(d) <= policy.max_hint().as_nanos(), || {
+                format!("flow {i}: a hint of {d} ns at {now:?} set the window to {until:?}, not {expected:?}")
+            })
         }
         None => {
-            let until = window.unwrap_or(Instant::ZERO);
             let delay = until.saturating_duration_since(now).as_nanos() as u64;
-            let (lo, hi) = m.schedule.next_bounds(policy.backoff());
+            let (place, previous) = m.schedule;
+            let (lo, hi) = delay_bounds(policy.backoff(), place, previous);
             world.check("G1", until >= now && (lo..=hi).contains(&delay), || {
                 format!("flow {i}: window until {until:?} from {now:?}: {delay} ns outside [{lo}, {hi}]")
-            })?;
-            m.schedule.previous_delay = delay;
-            until
+            })
         }
-    };
-    m.next_eligible = Some(until);
-    Ok(())
+    }
 }
 
-/// A dispatch of run `run`: never while tripped (G5), never overlapping (G3), numbered in order.
+/// A dispatch of run `run` at `now`, the flow having been `was` before the input: never
+/// while tripped (G5), never overlapping (G3), numbered in order (G11).
 fn dispatched(
     world: &mut World,
     scenario: &FlowScenario,
@@ -561,13 +492,12 @@ fn dispatched(
     m: &mut Model,
     run: u64,
     now: Instant,
+    was: FlowStatusKind,
 ) -> Result<(), Violation> {
-    world
-        .check("G5", m.status != FlowStatusKind::Tripped, || format!("flow {i}: run {run} dispatched while tripped"))?;
+    world.check("G5", was != FlowStatusKind::Tripped, || format!("flow {i}: run {run} dispatched while tripped"))?;
     world.check("G3", m.running.is_none(), || format!("flow {i}: run {run} dispatched while a run is in flight"))?;
-    world.check("G11", run == m.run_count + 1, || format!("flow {i}: run {run} after {}", m.run_count))?;
-    m.run_count = run;
-    m.status = FlowStatusKind::Running;
+    world.check("G11", run == m.runs + 1, || format!("flow {i}: run {run} after {}", m.runs))?;
+    m.runs = run;
     m.running = Some((run, now.saturating_add(Duration::from_nanos(world.between(0, scenario.run_ns)))));
     Ok(())
 }
@@ -581,28 +511,29 @@ fn check_registry(world: &mut World, flows: &Flows<u32, u32>, models: &[Model]) 
             return Err(world.violation("G11", format!("flow {i} was lost")));
         };
         let status = info.status.cloned();
-        let ok = info.failure_streak == m.streak
-            && info.next_eligible == m.next_eligible
-            && info.run_count == m.run_count
-            && status == m.status();
+        let f = &m.flow;
+        let ok = info.failure_streak == f.streak
+            && info.next_eligible == f.next_eligible
+            && info.run_count == f.run_count
+            && status == f.status();
         world.check("F3", ok, || {
             format!(
                 "flow {i}: shows streak {}, next_eligible {:?}, runs {}, {status:?}; the model says {}, {:?}, {}, {:?}",
                 info.failure_streak,
                 info.next_eligible,
                 info.run_count,
-                m.streak,
-                m.next_eligible,
-                m.run_count,
-                m.status()
+                f.streak,
+                f.next_eligible,
+                f.run_count,
+                f.status()
             )
         })?;
         // Time never runs backwards inside a flow: it holds the latest `now` it accepted.
         let now = flows.get(&(i as u32)).map(persevere::Flow::now);
-        world.check("§3", now == Some(m.last_now), || {
-            format!("flow {i}: holds now {now:?}, the model {:?}", m.last_now)
+        world.check("§3", now == Some(f.last_now), || {
+            format!("flow {i}: holds now {now:?}, the model {:?}", f.last_now)
         })?;
-        if let Some(due) = m.due() {
+        if let Some(due) = f.due() {
             earliest = Some(earliest.map_or(due, |e| e.earlier(due)));
         }
     }
@@ -622,20 +553,21 @@ fn misuse(
     let before = flows.clone();
     let i = world.between(0, n - 1) as usize;
     let m = &models[i];
+    let status = m.flow.kind();
     let id = i as u32;
     let unknown = (n + world.between(0, 3)) as u32;
     let refused = match world.between(0, 6) {
-        0 if m.status != FlowStatusKind::Running => {
-            flows.handle_success(policy, now, &id) == Err(FlowError::NotRunning(m.status))
+        0 if status != FlowStatusKind::Running => {
+            flows.handle_success(policy, now, &id) == Err(FlowError::NotRunning(status))
         }
-        1 if m.status != FlowStatusKind::Running => {
+        1 if status != FlowStatusKind::Running => {
             let failure = Failure::fatal(99);
             flows
                 .handle_failure(policy, now, &id, failure, world.rng())
-                .is_err_and(|r| r.error == FlowError::NotRunning(m.status) && r.input == failure)
+                .is_err_and(|r| r.error == FlowError::NotRunning(status) && r.input == failure)
         }
-        2 if m.status != FlowStatusKind::Running => {
-            flows.handle_cancel(policy, now, &id) == Err(FlowError::NotRunning(m.status))
+        2 if status != FlowStatusKind::Running => {
+            flows.handle_cancel(policy, now, &id) == Err(FlowError::NotRunning(status))
         }
         3 if m.spec.every.is_some() => flows.handle_tick(policy, now, &id, now) == Err(FlowError::NotCron),
         4 => flows.reset_flow(now, &unknown) == Err(FlowError::UnknownId),

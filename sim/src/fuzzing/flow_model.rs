@@ -5,14 +5,14 @@ use core::time::Duration;
 
 use arbitrary::Arbitrary;
 use persevere::{
-    Failure, FailureKind, Flow, FlowAction, FlowError, FlowPolicy, FlowPolicyBuilder, FlowSchedule, FlowStatus,
-    FlowStatusKind, Hint, Instant, TripReason,
+    Failure, FailureKind, Flow, FlowAction, FlowError, FlowPolicy, FlowPolicyBuilder, FlowSchedule, FlowStatus, Hint,
+    Instant, TripReason,
 };
 
 use super::backoff_model::{BackoffIn, check_delay};
 use super::retry_model::KindIn;
 use super::{At, Clock, Count, Ctx, ErrorKind, SETUP, Span, ensure, nanos_sat, parse, rng, verdict};
-use crate::model::backoff::{adopt, delay_bounds};
+use crate::model::flow::{FlowModel, Phase, waits};
 
 #[derive(Arbitrary, Clone, Copy, Debug, PartialEq)]
 enum BackoffChoice {
@@ -87,224 +87,6 @@ fn build(config: &Config) -> Option<FlowPolicy> {
     Some(policy)
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Phase {
-    Idle,
-    Running,
-    Completed,
-    Backoff { until: Instant, last_error: u8 },
-    Tripped { last_error: u8, reason: TripReason },
-}
-
-/// What a [`Flow`] must be, restated from F1–F10 and B6.
-#[derive(Clone, Debug)]
-struct Model {
-    phase: Phase,
-    every: Option<Duration>,
-    streak: u32,
-    /// The schedule's place: failures since the schedule started (at the streak's start, or
-    /// after a hinted window with `restart_after_hint`). The streak itself keeps counting.
-    place: u32,
-    /// The delay of the last window (a hint's, or the schedule's).
-    last_delay_ns: u64,
-    next_eligible: Option<Instant>,
-    interval_due: Instant,
-    run_count: u64,
-    last_now: Instant,
-    /// The action made and not drained yet (the drain rule: at most one).
-    pending: Option<FlowAction>,
-}
-
-impl Model {
-    fn status(&self) -> FlowStatus<u8> {
-        match self.phase {
-            Phase::Idle => FlowStatus::Idle,
-            Phase::Running => FlowStatus::Running,
-            Phase::Completed => FlowStatus::Completed,
-            Phase::Backoff { until, last_error } => FlowStatus::Backoff { until, streak: self.streak, last_error },
-            Phase::Tripped { last_error, reason } => FlowStatus::Tripped { streak: self.streak, last_error, reason },
-        }
-    }
-
-    fn kind(&self) -> FlowStatusKind {
-        self.status().kind()
-    }
-
-    /// F5: an every-flow is due at `max(run_end + interval, next_eligible)`; never while it runs
-    /// or is tripped (F10).
-    fn due(&self) -> Option<Instant> {
-        let busy = matches!(self.phase, Phase::Running | Phase::Tripped { .. });
-        self.every.and_then(|_| crate::model::flow::due(busy, self.interval_due, self.next_eligible))
-    }
-
-    /// The drain rule: an input while an action waits is refused.
-    fn drained(&self) -> Result<(), FlowError> {
-        if self.pending.is_some() { Err(FlowError::Undrained) } else { Ok(()) }
-    }
-
-    fn dispatch(&mut self) {
-        self.run_count = self.run_count.saturating_add(1);
-        self.phase = Phase::Running;
-        self.pending = Some(FlowAction::Dispatch { run: self.run_count });
-    }
-
-    /// A run's result: only while a run is in flight (a validity error first), and drained.
-    fn end_run(&mut self, now: Instant) -> Result<Instant, FlowError> {
-        if self.phase != Phase::Running {
-            return Err(FlowError::NotRunning(self.kind()));
-        }
-        self.drained()?;
-        let now = self.last_now.later(now);
-        self.last_now = now;
-        if let Some(interval) = self.every {
-            self.interval_due = now.saturating_add(Duration::from_nanos(nanos_sat(interval)));
-        }
-        Ok(now)
-    }
-
-    /// Dispatches a due every-flow; nothing at all while an action waits to be drained.
-    fn timeout(&mut self, now: Instant) {
-        let now = self.last_now.later(now);
-        if self.pending.is_none() && self.due().is_some_and(|due| due <= now) {
-            self.last_now = now;
-            self.dispatch();
-        }
-    }
-
-    fn tick(&mut self, now: Instant, tick: Instant) -> Result<(), FlowError> {
-        if self.every.is_some() {
-            return Err(FlowError::NotCron);
-        }
-        self.drained()?;
-        self.last_now = self.last_now.later(now);
-        let reason = crate::model::flow::tick_skip(
-            self.phase == Phase::Running,
-            matches!(self.phase, Phase::Tripped { .. }),
-            self.next_eligible,
-            tick,
-        );
-        match reason {
-            Some(reason) => self.pending = Some(FlowAction::TickSkipped { tick, reason }),
-            None => self.dispatch(),
-        }
-        Ok(())
-    }
-
-    fn trigger(&mut self, now: Instant) -> Result<(), FlowError> {
-        match self.phase {
-            Phase::Tripped { reason, .. } => return Err(FlowError::Tripped { streak: self.streak, reason }),
-            Phase::Running => return Err(FlowError::Running),
-            _ => self.drained()?,
-        }
-        self.last_now = self.last_now.later(now);
-        self.dispatch();
-        Ok(())
-    }
-
-    fn success(&mut self, now: Instant) -> Result<(), FlowError> {
-        self.end_run(now)?;
-        self.phase = Phase::Completed;
-        self.clear_streak();
-        Ok(())
-    }
-
-    /// F3 from the failure's class, in this order: `Canceled` is F4; `Fatal` and `DoNotRetry`
-    /// trip at once; a streak at the trip limit trips (a hint or not); a hint past `max_hint`
-    /// trips with the hinted instant; a hint within it is the window, exactly; anything else
-    /// waits the schedule's next delay, the one the machine drew (`observed`: where it waits
-    /// after the same failure), held to the schedule's bounds ([`adopt`]).
-    fn failure(
-        &mut self,
-        policy: &FlowPolicy,
-        now: Instant,
-        failure: Failure<u8>,
-        observed: Option<Instant>,
-    ) -> Result<(), FlowError> {
-        let now = self.end_run(now)?;
-        let error = failure.error;
-        let hinted = match failure.kind {
-            FailureKind::Canceled => {
-                self.phase = Phase::Idle;
-                return Ok(());
-            }
-            FailureKind::Fatal => return self.trip(error, TripReason::Fatal),
-            FailureKind::Hinted(Hint::DoNotRetry) => return self.trip(error, TripReason::DoNotRetry),
-            FailureKind::Hinted(Hint::After(d)) => Some(nanos_sat(d)),
-            FailureKind::Hinted(Hint::At(at)) => Some(nanos_sat(at.saturating_duration_since(now))),
-            _ => None,
-        };
-        if policy.trip_after().is_some_and(|limit| self.streak.saturating_add(1) >= limit) {
-            return self.trip(error, TripReason::Streak);
-        }
-        let delay = match hinted {
-            Some(d) if u128::from(d) > policy.max_hint().as_nanos() => {
-                let retry_at = now.saturating_add(Duration::from_nanos(d));
-                return self.trip(error, TripReason::Deferred { retry_at });
-            }
-            Some(d) => {
-                self.streak = self.streak.saturating_add(1);
-                if policy.restarts_after_hint() {
-                    self.place = 0;
-                    self.last_delay_ns = 0;
-                } else {
-                    self.place = self.place.saturating_add(1);
-                    self.last_delay_ns = d;
-                }
-                d
-            }
-            None => {
-                self.streak = self.streak.saturating_add(1);
-                self.place = self.place.saturating_add(1);
-                let bounds = delay_bounds(policy.backoff(), self.place, self.last_delay_ns);
-                self.last_delay_ns = adopt(observed, now, bounds, |_| false);
-                self.last_delay_ns
-            }
-        };
-        let until = now.saturating_add(Duration::from_nanos(delay));
-        self.phase = Phase::Backoff { until, last_error: error };
-        self.next_eligible = Some(until);
-        Ok(())
-    }
-
-    /// The failure trips the flow: counted into the streak, no window (F3, F10).
-    fn trip(&mut self, last_error: u8, reason: TripReason) -> Result<(), FlowError> {
-        self.streak = self.streak.saturating_add(1);
-        self.phase = Phase::Tripped { last_error, reason };
-        self.next_eligible = None;
-        // O1: the trip is an output.
-        self.pending = Some(FlowAction::Tripped { streak: self.streak, reason });
-        Ok(())
-    }
-
-    fn cancel(&mut self, now: Instant) -> Result<(), FlowError> {
-        self.end_run(now)?;
-        self.phase = Phase::Idle;
-        Ok(())
-    }
-
-    /// F8: refused while an action waits; a reset that clears a streak is an output (O1).
-    fn reset(&mut self, now: Instant) -> Result<(), FlowError> {
-        self.drained()?;
-        self.last_now = self.last_now.later(now);
-        let (streak, tripped) = (self.streak, matches!(self.phase, Phase::Tripped { .. }));
-        self.clear_streak();
-        if self.phase != Phase::Running {
-            self.phase = Phase::Idle;
-        }
-        if streak > 0 || tripped {
-            self.pending = Some(FlowAction::Reset { streak, tripped });
-        }
-        Ok(())
-    }
-
-    fn clear_streak(&mut self) {
-        self.streak = 0;
-        self.place = 0;
-        self.last_delay_ns = 0;
-        self.next_eligible = None;
-    }
-}
-
 #[derive(Arbitrary, Clone, Copy, Debug)]
 enum Op {
     Timeout(At),
@@ -334,18 +116,7 @@ pub(crate) fn run(data: &[u8]) {
     };
     let expected_schedule = every.map_or(FlowSchedule::Cron, |interval| FlowSchedule::Every { interval });
     ensure!(SETUP, machine.schedule() == expected_schedule, "F5", "schedule {:?}", machine.schedule());
-    let mut model = Model {
-        phase: Phase::Idle,
-        every,
-        streak: 0,
-        place: 0,
-        last_delay_ns: 0,
-        next_eligible: None,
-        interval_due: created,
-        run_count: 0,
-        last_now: created,
-        pending: None,
-    };
+    let mut model = FlowModel::<u8>::new(created, every);
     let mut clock = Clock { now: created };
     let mut holding = false;
     for (step, op) in ops.iter().enumerate() {
@@ -444,16 +215,8 @@ pub(crate) fn run(data: &[u8]) {
     }
 }
 
-/// The end of `machine`'s backoff window, if it is in one.
-fn waits(machine: &Flow<u8>) -> Option<Instant> {
-    match machine.status() {
-        FlowStatus::Backoff { until, .. } => Some(until),
-        _ => None,
-    }
-}
-
 /// The flow's observable state against the model's.
-fn check_state(ctx: Ctx<'_>, machine: &Flow<u8>, model: &Model) {
+fn check_state(ctx: Ctx<'_>, machine: &Flow<u8>, model: &FlowModel<u8>) {
     let info = machine.info();
     ensure!(
         ctx,
@@ -505,7 +268,7 @@ fn check_transition(
     policy: &FlowPolicy,
     op: &Op,
     failure: Option<Failure<u8>>,
-    was: &Model,
+    was: &FlowModel<u8>,
     flow: &Flow<u8>,
     now: Instant,
 ) {
