@@ -12,7 +12,7 @@ use persevere::{
     SkipReason, TripReason,
 };
 
-use crate::model::backoff::delay_bounds;
+use crate::model::backoff::{Place, delay_bounds};
 use crate::model::flow::FlowModel;
 use crate::world::{Summary, Violation, World, clamp_hint, draw_backoff, draw_failure, draw_fault_weights};
 
@@ -136,7 +136,7 @@ struct Model {
     running: Option<(u64, Instant)>,
     /// The schedule's place and previous delay before the last failure, which bound the
     /// window a failure then opens (G1).
-    schedule: (u32, u64),
+    schedule: Place,
     /// The latest cron tick fed, and the next one due.
     last_tick: Option<Instant>,
     next_tick: Instant,
@@ -153,7 +153,7 @@ impl Model {
             runs: 0,
             outcomes: 0,
             running: None,
-            schedule: (0, 0),
+            schedule: Place::default(),
             last_tick: None,
             next_tick: spec.created.saturating_add(spec.period),
             replay: None,
@@ -345,7 +345,7 @@ pub fn run(seed: u64, bug: Option<FlowBug>) -> Result<Summary, Violation> {
                         (Some(FlowBug::ClampHint), kind) => clamp_hint(kind, now, policy.max_hint()),
                         _ => kind,
                     };
-                    m.schedule = (m.flow.place.saturating_add(1), m.flow.last_delay_ns);
+                    m.schedule = m.flow.schedule;
                     let made = flows
                         .handle_failure(policy, reported, &id, Failure::new(fed, error), world.rng())
                         .map_err(|r| world.violation("G12", format!("flow {i}: a failure refused: {}", r.error)))?;
@@ -474,8 +474,7 @@ fn failed(
         }
         None => {
             let delay = until.saturating_duration_since(now).as_nanos() as u64;
-            let (place, previous) = m.schedule;
-            let (lo, hi) = delay_bounds(policy.backoff(), place, previous);
+            let (lo, hi) = m.schedule.next_bounds(policy.backoff());
             world.check("G1", until >= now && (lo..=hi).contains(&delay), || {
                 format!("flow {i}: window until {until:?} from {now:?}: {delay} ns outside [{lo}, {hi}]")
             })

@@ -229,6 +229,38 @@ pub(crate) fn violated(ctx: Ctx<'_>, rule: &str, message: core::fmt::Arguments<'
     panic!("{rule} violated at operation {}: {message}\n  operation: {:?}", ctx.step, ctx.op)
 }
 
+/// The machine's answer to an input against the model's: both accept, or both refuse with the
+/// same error. Returns the model's answer.
+pub(crate) fn compare<T: Debug, E: PartialEq + Debug>(
+    ctx: Ctx<'_>,
+    got: Result<(), E>,
+    expected: Result<T, E>,
+) -> Result<T, E> {
+    match (&got, &expected) {
+        (Ok(()), Ok(_)) => {}
+        (Err(g), Err(e)) => ensure!(ctx, g == e, "model", "refused with {g:?}, the model expects {e:?}"),
+        _ => ensure!(ctx, false, "model", "the machine answered {got:?}, the model expects {expected:?}"),
+    }
+    expected
+}
+
+/// The drain rule for `probe`, an input fed while the actions of an earlier one wait to be
+/// drained: the model refuses it (or, for a timeout, makes nothing), the machine answers the
+/// same, and neither changed (`kept`: the machine's state and the model's are as before).
+pub(crate) fn judge_probe<A: Debug, E: PartialEq + Debug>(
+    ctx: Ctx<'_>,
+    probe: impl Debug,
+    got: Result<(), E>,
+    expected: Result<Vec<A>, E>,
+    (machine_kept, model_kept): (bool, bool),
+) {
+    ensure!(ctx, !matches!(&expected, Ok(v) if !v.is_empty()), "drain", "the model accepts {probe:?} while undrained");
+    let expected = expected.map(|_| ());
+    ensure!(ctx, got == expected, "drain", "{probe:?} while undrained: {got:?}, the model expects {expected:?}");
+    ensure!(ctx, machine_kept, "G12", "{probe:?} while undrained changed the state");
+    ensure!(ctx, model_kept, "model", "{probe:?} while undrained changed the model");
+}
+
 /// Reads a configuration and then operations until the data or [`MAX_OPS`] runs out.
 pub(crate) fn parse<'a, C: Arbitrary<'a>, O: Arbitrary<'a>>(data: &'a [u8]) -> Option<(C, Vec<O>)> {
     let mut u = Unstructured::new(data);
@@ -243,7 +275,8 @@ pub(crate) fn parse<'a, C: Arbitrary<'a>, O: Arbitrary<'a>>(data: &'a [u8]) -> O
     Some((config, ops))
 }
 
-/// The RNG every machine draws its jitter from; the models draw from clones of it.
+/// The RNG every machine draws its jitter from (no model draws: see
+/// [`adopt`](crate::model::backoff::adopt)).
 pub(crate) fn rng(seed: u64) -> ChaCha8Rng {
     ChaCha8Rng::seed_from_u64(seed)
 }

@@ -18,7 +18,7 @@ use persevere::{
     TokenBucketPolicy,
 };
 
-use crate::model::backoff::delay_bounds;
+use crate::model::backoff::Place;
 use crate::model::retry::{RetryModel, waits};
 use crate::world::{Summary, Violation, World, clamp_hint, draw_backoff, draw_failure, draw_fault_weights};
 
@@ -138,7 +138,7 @@ struct Model {
     last: Option<(FailureClass, Option<u64>)>,
     /// The schedule's place and previous delay before the last input, which bound the delay
     /// a failure then schedules (G1).
-    schedule: (u32, u64),
+    schedule: Place,
     canceled: bool,
     /// When the machine asked to be woken.
     wake: Option<Instant>,
@@ -156,7 +156,7 @@ impl Model {
             running: None,
             attempts: 0,
             last: None,
-            schedule: (0, 0),
+            schedule: Place::default(),
             canceled: false,
             wake: None,
             machine: RetryModel::new(),
@@ -182,7 +182,7 @@ impl Model {
 
     /// Notes where the schedule stands, before an input that may schedule a delay.
     fn before_failure(&mut self) {
-        self.schedule = (self.machine.place.saturating_add(1), self.machine.last_delay_ns);
+        self.schedule = self.machine.schedule;
     }
 }
 
@@ -552,8 +552,8 @@ fn check_delay(
             format!("a hint of {hinted} ns waited past max_hint {max_hint:?}")
         });
     }
-    let (place, previous) = model.schedule;
-    let (lo, hi) = delay_bounds(schedule_of(policy, class), place, previous);
+    let (lo, hi) = model.schedule.next_bounds(schedule_of(policy, class));
+    let place = model.schedule.place + 1;
     world.check("G1", (lo..=hi).contains(&delay_ns), || {
         format!("delay {delay_ns} ns outside [{lo}, {hi}] ns at the schedule's place {place}")
     })

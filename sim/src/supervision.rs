@@ -19,7 +19,7 @@ use persevere::{
     SupervisionPolicy, SupervisionPolicyBuilder, TaskDefaults, TaskOutcome, TaskOutcomeKind,
 };
 
-use crate::model::backoff::delay_bounds;
+use crate::model::backoff::{Place, delay_bounds};
 use crate::model::supervision::{Grammar, Phase, Resolved, SupervisionModel, waits};
 use crate::world::{Summary, Violation, World, clamp_hint, draw_backoff, draw_failure, draw_fault_weights};
 
@@ -188,7 +188,7 @@ struct Model {
     end: Option<End>,
     /// The backoff's place and previous delay before the last input, which bound the delay a
     /// failure then schedules (G1).
-    schedule: (u32, u64),
+    schedule: Place,
     /// The wait scheduled by the latest `BackoffScheduled`.
     until: Option<Instant>,
     driver_canceled: bool,
@@ -213,7 +213,7 @@ impl Model {
             attempts: 0,
             first_start: Instant::ZERO,
             end: None,
-            schedule: (0, 0),
+            schedule: Place::default(),
             until: None,
             driver_canceled: false,
             wake: None,
@@ -246,7 +246,7 @@ impl Model {
 
     /// Notes where the backoff stands, before an input that may schedule a delay.
     fn before_failure(&mut self) {
-        self.schedule = (self.machine.place.saturating_add(1), self.machine.last_delay_ns);
+        self.schedule = self.machine.schedule;
     }
 }
 
@@ -608,8 +608,8 @@ fn check_wait(
             format!("task {i}: a hint of {hinted} ns waited past max_hint {:?}", policy.max_hint())
         });
     }
-    let (place, previous) = model.schedule;
-    let (lo, hi) = delay_bounds(policy.backoff(), place, previous);
+    let (lo, hi) = model.schedule.next_bounds(policy.backoff());
+    let place = model.schedule.place + 1;
     let d = until.saturating_duration_since(eff).as_nanos() as u64;
     if until > spaced {
         world.check("G1", (lo..=hi).contains(&d), || {

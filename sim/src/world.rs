@@ -34,41 +34,6 @@ fn rule_index(rule: &str) -> usize {
     }
 }
 
-/// Where a model stands in a backoff schedule (B1–B3, B6): the failures since the schedule
-/// last started over, and the delay it drew last (which bounds a decorrelated schedule's next).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct SchedulePlace {
-    /// Failures since the schedule last started over.
-    pub place: u32,
-    /// The last delay drawn (or an upper bound of it), in nanoseconds.
-    pub previous_delay: u64,
-}
-
-impl SchedulePlace {
-    /// The schedule starts over (a success, a reset).
-    pub fn start_over(&mut self) {
-        *self = Self::default();
-    }
-
-    /// A hinted delay of `hinted_ns` took the schedule's turn (B6): under `restart_after_hint`
-    /// the schedule starts over; otherwise the hint counts as the delay of this place.
-    pub fn hinted(&mut self, restart_after_hint: bool, hinted_ns: u64) {
-        if restart_after_hint {
-            self.start_over();
-        } else {
-            self.place += 1;
-            self.previous_delay = hinted_ns;
-        }
-    }
-
-    /// Moves to the next place and returns the bounds `(least, most)` of the delay `backoff`
-    /// may draw there ([`delay_bounds`]).
-    pub fn next_bounds(&mut self, backoff: &Backoff) -> (u64, u64) {
-        self.place += 1;
-        delay_bounds(backoff, self.place, self.previous_delay)
-    }
-}
-
 /// Draws a backoff (swarm testing): any schedule, any jitter, an initial delay up to
 /// `initial_ms` and a cap up to `cap_ms` above it, sometimes a floor.
 pub fn draw_backoff(world: &mut World, initial_ms: u64, cap_ms: u64) -> Backoff {

@@ -17,7 +17,7 @@ use persevere::{
 };
 
 use super::retry_model::{AttemptIn, KindIn, RetryIn, RetryModel};
-use super::{At, Clock, Count, Ctx, ErrorKind, SETUP, Span, ensure, nanos, parse, rng, verdict};
+use super::{At, Clock, Count, Ctx, ErrorKind, SETUP, Span, compare, ensure, nanos, parse, rng, verdict};
 
 type Task = Delivery<u8, u8, u16, u8, u8>;
 type Act = DeliveryAction<u8, u8, u16, u8, u8>;
@@ -761,15 +761,6 @@ fn drain(machine: &mut Task) -> Vec<Act> {
         }
     }
     actions
-}
-
-fn compare(
-    ctx: Ctx<'_>,
-    got: Result<(), DeliveryError>,
-    expected: Result<(), DeliveryError>,
-) -> Result<(), DeliveryError> {
-    ensure!(ctx, got == expected, "model", "the task answered {got:?}, the model expects {expected:?}");
-    got
 }
 
 /// D3, D4: a free return keeps the attempt number and uses no retry; past the cap it

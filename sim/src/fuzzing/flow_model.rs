@@ -11,7 +11,7 @@ use persevere::{
 
 use super::backoff_model::{BackoffIn, check_delay};
 use super::retry_model::KindIn;
-use super::{At, Clock, Count, Ctx, ErrorKind, SETUP, Span, ensure, nanos_sat, parse, rng, verdict};
+use super::{At, Clock, Count, Ctx, ErrorKind, SETUP, Span, compare, ensure, nanos_sat, parse, rng, verdict};
 use crate::model::flow::{FlowModel, Phase, waits};
 
 #[derive(Arbitrary, Clone, Copy, Debug, PartialEq)]
@@ -350,8 +350,8 @@ fn check_transition(
                             "a hint of {d} ns at {end:?} set the window until {until:?}"
                         ),
                         None if until != Instant::MAX => {
-                            let place = was.place.saturating_add(1);
-                            check_delay(ctx, policy.backoff(), place, was.last_delay_ns, delay_ns);
+                            let place = was.schedule.place.saturating_add(1);
+                            check_delay(ctx, policy.backoff(), place, was.schedule.previous_ns, delay_ns);
                         }
                         None => {}
                     }
@@ -379,11 +379,6 @@ fn check_transition(
         }
         _ => {}
     }
-}
-
-fn compare(ctx: Ctx<'_>, got: Result<(), FlowError>, expected: Result<(), FlowError>) -> Result<(), FlowError> {
-    ensure!(ctx, got == expected, "model", "the flow answered {got:?}, the model expects {expected:?}");
-    expected
 }
 
 /// The configuration and operations `data` decodes to.

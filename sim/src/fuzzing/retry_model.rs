@@ -14,7 +14,10 @@ use persevere::{
 use rand_chacha::ChaCha8Rng;
 
 use super::backoff_model::{BackoffIn, check_delay};
-use super::{At, Clock, Count, Ctx, ErrorKind, SETUP, Span, ensure, nanos, nanos_sat, parse, rng, verdict, violated};
+use super::{
+    At, Clock, Count, Ctx, ErrorKind, SETUP, Span, compare, ensure, judge_probe, nanos, nanos_sat, parse, rng, verdict,
+    violated,
+};
 pub(crate) use crate::model::retry::RetryModel;
 use crate::model::retry::{hinted_ns, waits};
 
@@ -276,7 +279,8 @@ pub(crate) fn run(data: &[u8]) {
         let ctx = Ctx { step, op };
         let before = machine;
         let mut delay_rule = DelayRule::None;
-        let schedule = DelayRule::Schedule { n: model.place.saturating_add(1), previous_ns: model.last_delay_ns };
+        let schedule =
+            DelayRule::Schedule { n: model.schedule.place.saturating_add(1), previous_ns: model.schedule.previous_ns };
         let result: Result<Vec<RetryAction<u8>>, RetryError> = match *op {
             Op::Start(at) => {
                 let now = clock.at(at, machine.poll_timeout());
@@ -413,25 +417,7 @@ fn probe(
         Probe::Rejected => (machine.handle_rejected(policy, now), model.rejected(now)),
         Probe::Start => (machine.handle_start(policy, now), model.start(policy, now)),
     };
-    ensure!(ctx, !matches!(&expected, Ok(v) if !v.is_empty()), "drain", "the model accepts {probe:?} while undrained");
-    let expected = expected.map(|_| ());
-    ensure!(ctx, got == expected, "drain", "{probe:?} while undrained: {got:?}, the model expects {expected:?}");
-    ensure!(ctx, *machine == before, "G12", "{probe:?} while undrained changed the state");
-    ensure!(ctx, *model == was, "model", "{probe:?} while undrained changed the model");
-}
-
-/// The machine's answer to an input against the model's: both accept, or both refuse alike.
-fn compare(
-    ctx: Ctx<'_>,
-    got: Result<(), RetryError>,
-    expected: Result<Vec<RetryAction<u8>>, RetryError>,
-) -> Result<Vec<RetryAction<u8>>, RetryError> {
-    match (&got, &expected) {
-        (Ok(()), Ok(_)) => {}
-        (Err(g), Err(e)) => ensure!(ctx, g == e, "model", "refused with {g:?}, the model expects {e:?}"),
-        _ => ensure!(ctx, false, "model", "the machine answered {got:?}, the model expects {expected:?}"),
-    }
-    expected
+    judge_probe(ctx, probe, got, expected, (*machine == before, *model == was));
 }
 
 /// The guarantees each action must meet, whatever the model says.

@@ -14,7 +14,7 @@ use rand_chacha::ChaCha8Rng;
 
 use super::backoff_model::BackoffIn;
 use super::retry_model::{AttemptIn, KindIn};
-use super::{At, Clock, Count, Ctx, ErrorKind, SETUP, Span, ensure, parse, rng, verdict};
+use super::{At, Clock, Count, Ctx, ErrorKind, SETUP, Span, compare, ensure, judge_probe, parse, rng, verdict};
 use crate::model::supervision::{Grammar, Resolved, SupervisionModel, waits};
 
 #[derive(Arbitrary, Clone, Copy, Debug, PartialEq)]
@@ -362,24 +362,7 @@ fn feed_probe(
         Probe::Cancel => (machine.handle_cancel(policy, now), model.cancel(now)),
         Probe::Start => (machine.handle_start(policy, now), model.start(policy, now)),
     };
-    ensure!(ctx, !matches!(&expected, Ok(v) if !v.is_empty()), "drain", "the model accepts {probe:?} while undrained");
-    let expected = expected.map(|_| ());
-    ensure!(ctx, got == expected, "drain", "{probe:?} while undrained: {got:?}, the model expects {expected:?}");
-    ensure!(ctx, *machine == before, "G12", "{probe:?} while undrained changed the state");
-    ensure!(ctx, *model == was, "model", "{probe:?} while undrained changed the model");
-}
-
-fn compare(
-    ctx: Ctx<'_>,
-    got: Result<(), SupervisionError>,
-    expected: Result<Vec<SupervisionAction<u8>>, SupervisionError>,
-) -> Result<Vec<SupervisionAction<u8>>, SupervisionError> {
-    match (&got, &expected) {
-        (Ok(()), Ok(_)) => {}
-        (Err(g), Err(e)) => ensure!(ctx, g == e, "model", "refused with {g:?}, the model expects {e:?}"),
-        _ => ensure!(ctx, false, "model", "the machine answered {got:?}, the model expects {expected:?}"),
-    }
-    expected
+    judge_probe(ctx, probe, got, expected, (*machine == before, *model == was));
 }
 
 /// The configuration, the hint settings drawn from its seed, and the operations `data`

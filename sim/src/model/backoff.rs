@@ -111,6 +111,56 @@ pub fn adopt(observed: Option<Instant>, now: Instant, (lo, hi): (u64, u64), ends
     }
 }
 
+/// Where a model stands in a backoff schedule (B1–B3, B6): the failures since the schedule
+/// last started over, and the delay it waited last (which bounds a decorrelated schedule's
+/// next). Written once for the retry, supervision and flow models.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Place {
+    /// Failures since the schedule last started over.
+    pub place: u32,
+    /// The last delay (or an upper bound of it, where something else lengthened the wait), in
+    /// nanoseconds.
+    pub previous_ns: u64,
+}
+
+impl Place {
+    /// The schedule starts over (a success, a reset).
+    pub fn start_over(&mut self) {
+        *self = Self::default();
+    }
+
+    /// A hinted delay of `hinted_ns` took the schedule's turn (B6): under `restart_after_hint`
+    /// the schedule starts over; otherwise the hint counts as the delay of the next place.
+    pub fn hinted(&mut self, restart_after_hint: bool, hinted_ns: u64) {
+        if restart_after_hint {
+            self.start_over();
+        } else {
+            self.place = self.place.saturating_add(1);
+            self.previous_ns = hinted_ns;
+        }
+    }
+
+    /// The bounds of the delay `backoff` may draw at the next place ([`delay_bounds`]).
+    pub fn next_bounds(&self, backoff: &Backoff) -> (u64, u64) {
+        delay_bounds(backoff, self.place.saturating_add(1), self.previous_ns)
+    }
+
+    /// Moves to the next place and returns its delay: the one the machine drew, held to the
+    /// bounds ([`adopt`], with `observed`, `now` and `ends` as there).
+    pub fn scheduled(
+        &mut self,
+        backoff: &Backoff,
+        observed: Option<Instant>,
+        now: Instant,
+        ends: impl Fn(u64) -> bool,
+    ) -> u64 {
+        let bounds = self.next_bounds(backoff);
+        self.place = self.place.saturating_add(1);
+        self.previous_ns = adopt(observed, now, bounds, ends);
+        self.previous_ns
+    }
+}
+
 /// A span in nanoseconds, saturating at `u64::MAX`.
 pub(crate) fn nanos(span: core::time::Duration) -> u64 {
     u64::try_from(span.as_nanos()).unwrap_or(u64::MAX)

@@ -9,7 +9,7 @@ use persevere::{
     SkipReason, TripReason,
 };
 
-use super::backoff::{adopt, delay_bounds, nanos};
+use super::backoff::{Place, nanos};
 
 /// F5, F10: an every-flow is due at `max(run_end + interval, next_eligible)` (`interval_due` is
 /// the first); never while a run is in flight or the flow is tripped.
@@ -53,11 +53,9 @@ pub(crate) struct FlowModel<E> {
     pub(crate) phase: Phase<E>,
     pub(crate) every: Option<Duration>,
     pub(crate) streak: u32,
-    /// The schedule's place: failures since the schedule started (at the streak's start, or
-    /// after a hinted window with `restart_after_hint`). The streak itself keeps counting.
-    pub(crate) place: u32,
-    /// The delay of the last window (a hint's, or the schedule's).
-    pub(crate) last_delay_ns: u64,
+    /// Where the schedule stands: it starts with a streak, and over after a hinted window
+    /// with `restart_after_hint` (the streak itself keeps counting).
+    pub(crate) schedule: Place,
     pub(crate) next_eligible: Option<Instant>,
     pub(crate) interval_due: Instant,
     pub(crate) run_count: u64,
@@ -73,8 +71,7 @@ impl<E: Copy + PartialEq> FlowModel<E> {
             phase: Phase::Idle,
             every,
             streak: 0,
-            place: 0,
-            last_delay_ns: 0,
+            schedule: Place::default(),
             next_eligible: None,
             interval_due: created,
             run_count: 0,
@@ -210,21 +207,12 @@ impl<E: Copy + PartialEq> FlowModel<E> {
             }
             Some(d) => {
                 self.streak = self.streak.saturating_add(1);
-                if policy.restarts_after_hint() {
-                    self.place = 0;
-                    self.last_delay_ns = 0;
-                } else {
-                    self.place = self.place.saturating_add(1);
-                    self.last_delay_ns = d;
-                }
+                self.schedule.hinted(policy.restarts_after_hint(), d);
                 d
             }
             None => {
                 self.streak = self.streak.saturating_add(1);
-                self.place = self.place.saturating_add(1);
-                let bounds = delay_bounds(policy.backoff(), self.place, self.last_delay_ns);
-                self.last_delay_ns = adopt(observed, now, bounds, |_| false);
-                self.last_delay_ns
+                self.schedule.scheduled(policy.backoff(), observed, now, |_| false)
             }
         };
         let until = now.saturating_add(Duration::from_nanos(delay));
@@ -266,8 +254,7 @@ impl<E: Copy + PartialEq> FlowModel<E> {
 
     fn clear_streak(&mut self) {
         self.streak = 0;
-        self.place = 0;
-        self.last_delay_ns = 0;
+        self.schedule.start_over();
         self.next_eligible = None;
     }
 }

@@ -13,7 +13,7 @@
 //! errors) and a timeout then does nothing.
 //!
 //! The model draws no jitter: a scheduled delay is the one the machine drew, held to the
-//! schedule's bounds ([`adopt`]).
+//! schedule's bounds ([`adopt`](crate::model::backoff::adopt)).
 
 use core::time::Duration;
 
@@ -22,7 +22,7 @@ use persevere::{
     RetryStatus, Stats,
 };
 
-use crate::model::backoff::{adopt, delay_bounds, nanos};
+use crate::model::backoff::{Place, nanos};
 
 /// The instant `machine` waits until before its next attempt, if it is waiting: what a
 /// runner passes to the model's [`RetryModel::failure`] and [`RetryModel::timeout`].
@@ -59,10 +59,9 @@ pub(crate) struct RetryModel<E> {
     pub(crate) attempt: u64,
     /// The streak: consecutive failures counted (every failure but a cancel).
     pub(crate) failures: u32,
-    /// The schedule's place: failures since the schedule last started over (after a hinted
-    /// delay under `restart_after_hint`), which numbers the next scheduled delay.
-    pub(crate) place: u32,
-    pub(crate) last_delay_ns: u64,
+    /// Where the schedule stands: it starts over after a success, and after a hinted delay
+    /// under `restart_after_hint` (the streak goes on).
+    pub(crate) schedule: Place,
     pub(crate) first_start: Instant,
     pub(crate) last_now: Instant,
     pub(crate) slept_ns: u64,
@@ -80,8 +79,7 @@ impl<E: Clone> RetryModel<E> {
             phase: Phase::Idle,
             attempt: 0,
             failures: 0,
-            place: 0,
-            last_delay_ns: 0,
+            schedule: Place::default(),
             first_start: Instant::ZERO,
             last_now: Instant::ZERO,
             slept_ns: 0,
@@ -169,8 +167,7 @@ impl<E: Clone> RetryModel<E> {
         self.last_now = self.last_now.later(now);
         // R4: a success ends the streak.
         self.failures = 0;
-        self.place = 0;
-        self.last_delay_ns = 0;
+        self.schedule.start_over();
         self.last_failure = None;
         Ok(vec![self.finish(OutcomeKind::Succeeded)])
     }
@@ -287,13 +284,7 @@ impl<E: Clone> RetryModel<E> {
                             policy.max_hint(),
                             budget_end,
                         );
-                        if policy.restarts_after_hint() {
-                            self.place = 0;
-                            self.last_delay_ns = 0;
-                        } else {
-                            self.place = self.place.saturating_add(1);
-                            self.last_delay_ns = hinted;
-                        }
+                        self.schedule.hinted(policy.restarts_after_hint(), hinted);
                         if defers {
                             self.retry_at = Some(until);
                             Err(OutcomeKind::Deferred)
@@ -302,12 +293,10 @@ impl<E: Clone> RetryModel<E> {
                         }
                     }
                     None => {
-                        self.place = self.place.saturating_add(1);
                         let backoff = crate::retry::schedule_of(policy, kind.class());
-                        let bounds = delay_bounds(backoff, self.place, self.last_delay_ns);
                         let ends = |d: u64| now.saturating_add(Duration::from_nanos(d)) > budget_end;
-                        self.last_delay_ns = adopt(observed, now, bounds, ends);
-                        let until = now.saturating_add(Duration::from_nanos(self.last_delay_ns));
+                        let delay = self.schedule.scheduled(backoff, observed, now, ends);
+                        let until = now.saturating_add(Duration::from_nanos(delay));
                         if until > budget_end { Err(OutcomeKind::OutOfTime) } else { Ok(until) }
                     }
                 }

@@ -9,7 +9,8 @@
 //! then the limit (`once`, or a streak past `max_retries`, finishes `Failed` / `TimedOut`, a
 //! hinted failure too), then the hint (never shortened; past `max_hint` the task finishes
 //! `Deferred` at the hinted instant) or else the backoff, whose delay is the one the machine
-//! drew, held to the schedule's bounds ([`adopt`]). Every decided failure counts into the
+//! drew, held to the schedule's bounds
+//! ([`adopt`](super::backoff::adopt)). Every decided failure counts into the
 //! streak; after a hinted delay under `restart_after_hint` the backoff's place starts over
 //! while the streak goes on. Between an input and the drain of its events every input is
 //! refused (`Undrained`, after the validity errors) and a timeout does nothing.
@@ -23,7 +24,7 @@ use persevere::{
 };
 
 use super::Judge;
-use super::backoff::{adopt, delay_bounds, nanos};
+use super::backoff::{Place, nanos};
 
 /// S1: a task's settings resolved against the defaults: an explicit setting wins, `Inherit`
 /// takes the default, `Off` switches it off (no restart, no timeout, no retry limit, no
@@ -267,9 +268,8 @@ pub(crate) struct SupervisionModel<E> {
     /// one but a cancel; a panic while dropping a timed-out attempt is final by S4 and is not
     /// decided, so not counted).
     pub(crate) failures: u32,
-    /// The backoff's place: failures since the schedule last started over.
-    pub(crate) place: u32,
-    pub(crate) last_delay_ns: u64,
+    /// Where the backoff stands.
+    pub(crate) schedule: Place,
     pub(crate) last_start: Instant,
     pub(crate) last_now: Instant,
     pub(crate) last_failure: Option<LastFailure<E>>,
@@ -285,8 +285,7 @@ impl<E: Clone + Default> SupervisionModel<E> {
             phase: Phase::Idle,
             attempt: 0,
             failures: 0,
-            place: 0,
-            last_delay_ns: 0,
+            schedule: Place::default(),
             last_start: Instant::ZERO,
             last_now: Instant::ZERO,
             last_failure: None,
@@ -380,20 +379,12 @@ impl<E: Clone + Default> SupervisionModel<E> {
                 self.finish(TaskOutcomeKind::Deferred)
             }
             Some(hinted) => {
-                if policy.restarts_after_hint() {
-                    self.place = 0;
-                    self.last_delay_ns = 0;
-                } else {
-                    self.place = self.place.saturating_add(1);
-                    self.last_delay_ns = hinted;
-                }
+                self.schedule.hinted(policy.restarts_after_hint(), hinted);
                 self.wait(policy, now, hinted)
             }
             None => {
-                self.place = self.place.saturating_add(1);
-                let bounds = delay_bounds(policy.backoff(), self.place, self.last_delay_ns);
-                self.last_delay_ns = adopt(observed, now, bounds, |_| false);
-                self.wait(policy, now, self.last_delay_ns)
+                let delay = self.schedule.scheduled(policy.backoff(), observed, now, |_| false);
+                self.wait(policy, now, delay)
             }
         }
     }
@@ -423,8 +414,7 @@ impl<E: Clone + Default> SupervisionModel<E> {
         let now = self.last_now.later(now);
         self.last_now = now;
         self.failures = 0;
-        self.place = 0;
-        self.last_delay_ns = 0;
+        self.schedule.start_over();
         self.last_failure = None;
         let ended = SupervisionAction::AttemptSucceeded { attempt };
         Ok(vec![
