@@ -244,6 +244,19 @@ pub(crate) fn compare<T: Debug, E: PartialEq + Debug>(
     expected
 }
 
+/// [`compare`] for an input the machine gives back when it refuses it: the very `input` (G12).
+pub(crate) fn compare_returned<T: Debug, E: PartialEq + Debug, I: PartialEq + Debug>(
+    ctx: Ctx<'_>,
+    got: Result<(), persevere::Refused<E, I>>,
+    input: &I,
+    expected: Result<T, E>,
+) -> Result<T, E> {
+    if let Err(refused) = &got {
+        ensure!(ctx, refused.input == *input, "G12", "the refused input came back as {:?}", refused.input);
+    }
+    compare(ctx, got.map_err(|r| r.error), expected)
+}
+
 /// The drain rule for `probe`, an input fed while the actions of an earlier one wait to be
 /// drained: the model refuses it (or, for a timeout, makes nothing), the machine answers the
 /// same, and neither changed (`kept`: the machine's state and the model's are as before).

@@ -17,7 +17,9 @@ use persevere::{
 };
 
 use super::retry_model::{AttemptIn, KindIn, RetryIn, RetryModel};
-use super::{At, Clock, Count, Ctx, ErrorKind, SETUP, Span, compare, ensure, nanos, parse, rng, verdict};
+use super::{
+    At, Clock, Count, Ctx, ErrorKind, SETUP, Span, compare, compare_returned, ensure, nanos, parse, rng, verdict,
+};
 
 type Task = Delivery<u8, u8, u16, u8, u8>;
 type Act = DeliveryAction<u8, u8, u16, u8, u8>;
@@ -618,16 +620,7 @@ pub(crate) fn run(data: &[u8]) {
                 let (attempt, worker) = (attempt.get(current), worker_of(worker));
                 let expected = model.heartbeat(&policy, now, attempt, worker, checkpoint);
                 let got = machine.handle_heartbeat(&policy, now, attempt, &worker, checkpoint);
-                if let Err(refused) = &got {
-                    ensure!(
-                        ctx,
-                        refused.input == checkpoint,
-                        "G12",
-                        "the refused checkpoint came back as {:?}",
-                        refused.input
-                    );
-                }
-                compare(ctx, got.map_err(|r| r.error), expected)
+                compare_returned(ctx, got, &checkpoint, expected)
             }
             Op::Persisted(at, attempt) => {
                 let now = clock.at(at, machine.poll_timeout());
@@ -646,16 +639,7 @@ pub(crate) fn run(data: &[u8]) {
                 let failure = Failure::new(kind.get(now), error);
                 let got = machine.handle_failed(&policy, now, attempt, &worker, failure, &mut rng);
                 let expected = model.failed(&policy, now, attempt, worker, failure, waits(&machine));
-                if let Err(refused) = &got {
-                    ensure!(
-                        ctx,
-                        refused.input == failure,
-                        "G12",
-                        "the refused failure came back as {:?}",
-                        refused.input
-                    );
-                }
-                compare(ctx, got.map_err(|r| r.error), expected)
+                compare_returned(ctx, got, &failure, expected)
             }
             Op::Interrupted(at, attempt, worker, reason) => {
                 let now = clock.at(at, machine.poll_timeout());

@@ -15,8 +15,8 @@ use rand_chacha::ChaCha8Rng;
 
 use super::backoff_model::{BackoffIn, check_delay};
 use super::{
-    At, Clock, Count, Ctx, ErrorKind, SETUP, Span, compare, ensure, judge_probe, nanos, nanos_sat, parse, rng, verdict,
-    violated,
+    At, Clock, Count, Ctx, ErrorKind, SETUP, Span, compare, compare_returned, ensure, judge_probe, nanos, nanos_sat,
+    parse, rng, verdict, violated,
 };
 pub(crate) use crate::model::retry::RetryModel;
 use crate::model::retry::{hinted_ns, waits};
@@ -303,16 +303,7 @@ pub(crate) fn run(data: &[u8]) {
                 };
                 let got = machine.handle_failure(&policy, now, attempt, failure, &mut rng);
                 let expected = model.failure(&policy, now, attempt, failure, waits(&machine));
-                if let Err(refused) = &got {
-                    ensure!(
-                        ctx,
-                        refused.input == failure,
-                        "G12",
-                        "the refused failure came back as {:?}",
-                        refused.input
-                    );
-                }
-                compare(ctx, got.map_err(|r| r.error), expected)
+                compare_returned(ctx, got, &failure, expected)
             }
             Op::Timeout(at) | Op::Timeout2(at) => {
                 let now = clock.at(at, machine.poll_timeout());

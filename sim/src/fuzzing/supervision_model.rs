@@ -14,7 +14,9 @@ use rand_chacha::ChaCha8Rng;
 
 use super::backoff_model::BackoffIn;
 use super::retry_model::{AttemptIn, KindIn};
-use super::{At, Clock, Count, Ctx, ErrorKind, SETUP, Span, compare, ensure, judge_probe, parse, rng, verdict};
+use super::{
+    At, Clock, Count, Ctx, ErrorKind, SETUP, Span, compare, compare_returned, ensure, judge_probe, parse, rng, verdict,
+};
 use crate::model::supervision::{Grammar, Resolved, SupervisionModel, waits};
 
 #[derive(Arbitrary, Clone, Copy, Debug, PartialEq)]
@@ -225,16 +227,7 @@ pub(crate) fn run(data: &[u8]) {
                 let failure = Failure::new(kind.get(now), error);
                 let got = machine.handle_failure(&policy, now, attempt, failure, &mut rng);
                 let expected = model.failure(&policy, now, attempt, failure, waits(&machine));
-                if let Err(refused) = &got {
-                    ensure!(
-                        ctx,
-                        refused.input == failure,
-                        "G12",
-                        "the refused failure came back as {:?}",
-                        refused.input
-                    );
-                }
-                compare(ctx, got.map_err(|r| r.error), expected)
+                compare_returned(ctx, got, &failure, expected)
             }
             Op::Abandoned(at, attempt, panic) => {
                 let now = clock.at(at, machine.poll_timeout());
