@@ -13,6 +13,7 @@ use persevere::{
     RatioBudgetPolicy, RetryClass, TokenBucket, TokenBucketPolicy,
 };
 
+use crate::model::breaker::{PPM, Rules, Window};
 use crate::world::{Summary, Violation, World, delay_bounds, draw_backoff};
 
 /// A deliberate defect, to prove the checks can fail.
@@ -194,10 +195,8 @@ struct Caller {
 #[derive(Clone, Debug, Default)]
 struct Model {
     generation: u32,
-    /// Closed: the calls in the window as `(epoch, failed, slow)`, the newest last.
-    window: VecDeque<(u64, bool, bool)>,
-    epoch: u64,
-    consecutive: u32,
+    /// Closed: the calls in the window (K2).
+    window: Window,
     /// Closed: permits issued and not recorded in this generation.
     closed_out: u32,
     /// Half-open: probes out, as `(id, lease deadline)`.
@@ -663,53 +662,39 @@ fn record(
     // K2: the closed window against the reference.
     let failed = call.outcome == CallOutcome::Failure;
     let elapsed = reported.as_nanos().saturating_sub(permit.acquired_at().as_nanos());
-    let slow = scenario.slow.is_some_and(|(_, t)| elapsed >= t.as_nanos() as u64);
-    model.consecutive = if failed { model.consecutive + 1 } else { 0 };
-    let rates = scenario.failure_ppm.is_some() || scenario.slow.is_some();
-    if rates {
-        match policy.window() {
-            persevere::BreakerWindow::Calls(n) => {
-                model.window.push_back((0, failed, slow));
-                if model.window.len() > n as usize {
-                    model.window.pop_front();
-                }
-            }
-            persevere::BreakerWindow::Time { span, buckets } => {
-                let width = span.as_nanos() as u64 / u64::from(buckets);
-                model.epoch = model.epoch.max(reported.as_nanos() / width);
-                while model.window.front().is_some_and(|(e, _, _)| e + u64::from(buckets) <= model.epoch) {
-                    model.window.pop_front();
-                }
-                model.window.push_back((model.epoch, failed, slow));
-            }
-        }
-    }
-    let calls = model.window.len() as u64;
-    let failures = model.window.iter().filter(|w| w.1).count() as u64;
-    let slows = model.window.iter().filter(|w| w.2).count() as u64;
-    let trips = model.consecutive >= scenario.consecutive.unwrap_or(u32::MAX)
-        || calls >= u64::from(policy.minimum_calls())
-            && (scenario.failure_ppm.is_some_and(|r| failures * 1_000_000 >= r * calls)
-                || scenario.slow.is_some_and(|(r, _)| slows * 1_000_000 >= r * calls));
+    let rules = rules(scenario);
+    let trips = model.window.push(&rules, reported, failed, elapsed >= rules.slow_ns);
+    let counts = model.window.counts();
     let opened = matches!(breaker.status(), BreakerStatus::Open { .. });
-    world.check("K2", opened == trips, || {
-        format!(
-            "after {} calls, {failures} failed, {slows} slow, {} consecutive the breaker is {:?}",
-            calls,
-            model.consecutive,
-            breaker.status()
-        )
-    })?;
-    if let Some(counts) = breaker.window_counts() {
-        let expected = if rates { (calls as u32, failures as u32, slows as u32) } else { (0, 0, 0) };
-        world.check(
-            "K2",
-            (counts.calls, counts.failures, counts.slow, counts.consecutive_failures)
-                == (expected.0, expected.1, expected.2, model.consecutive),
-            || format!("window {counts:?}, the model {expected:?} and {} consecutive", model.consecutive),
-        )?;
+    world.check("K2", opened == trips, || format!("after {counts:?} the breaker is {:?}", breaker.status()))?;
+    if let Some(got) = breaker.window_counts() {
+        world.check("K2", got == counts, || format!("window {got:?}, the model {counts:?}"))?;
     }
     Ok(true)
+}
+
+/// The scenario's breaker rules, as the window model reads them.
+fn rules(scenario: &BreakerScenario) -> Rules {
+    let policy = &scenario.policy;
+    let (calls, width_ns, buckets) = match policy.window() {
+        persevere::BreakerWindow::Calls(n) => (Some(n), 0, 0),
+        persevere::BreakerWindow::Time { span, buckets } => {
+            (None, span.as_nanos() as u64 / u64::from(buckets), buckets)
+        }
+    };
+    Rules {
+        consecutive: scenario.consecutive.map_or(u64::MAX, u64::from),
+        failure_ppm: scenario.failure_ppm.unwrap_or(PPM + 1),
+        slow_ppm: scenario.slow.map_or(PPM + 1, |(ppm, _)| ppm),
+        slow_ns: scenario.slow.map_or(u64::MAX, |(_, threshold)| threshold.as_nanos() as u64),
+        calls,
+        width_ns,
+        buckets,
+        minimum: policy.minimum_calls(),
+        permits: policy.half_open_permits(),
+        close_after: policy.successes_to_close(),
+        probe_ns: policy.probe_timeout().as_nanos() as u64,
+    }
 }
 
 /// After every input: a new generation clears the model; half-open never holds more than
@@ -740,9 +725,7 @@ fn check_transition(
         model.probes.clear();
         model.closed_out = 0;
         if status == BreakerStatus::Closed {
-            model.window.clear();
-            model.consecutive = 0;
-            model.epoch = 0;
+            model.window = Window::new(&rules(scenario));
         }
         if let BreakerStatus::Open { until } = status
             && !matches!(before, BreakerStatus::Open { .. })

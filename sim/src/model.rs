@@ -4,6 +4,7 @@
 //! - [`backoff`]: the envelope of a schedule (B1, B4), the bounds of every jittered delay
 //!   (B2, B3), and how a model adopts a draw it does not make ([`backoff::adopt`]): no model
 //!   samples jitter, so none restates the core's sampling.
+//! - [`breaker`]: a breaker's closed window and its trip rules (K2).
 //! - [`budget`]: retry budgets' grants (U1, U2, G9).
 //! - [`flow`]: when an every-flow is due (F5, F10) and why a cron tick is skipped (F6).
 //! - [`hint`]: what a hinted failure does (B6): waited in full, or deferred past `max_hint` or
@@ -17,6 +18,7 @@
 //! trace), a fuzz target's context panics with it.
 
 pub mod backoff;
+pub mod breaker;
 pub mod budget;
 pub mod flow;
 pub mod hint;

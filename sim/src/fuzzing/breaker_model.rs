@@ -1,24 +1,22 @@
 //! The circuit breaker (K1–K5, G8, G12) against a reference model whose window is a plain list
 //! of calls, with permits that may be stale, replayed or foreign.
 
-use std::collections::VecDeque;
-
 use core::time::Duration;
 
 use arbitrary::Arbitrary;
 use persevere::{
     Breaker, BreakerError, BreakerPolicy, BreakerPolicyBuilder, BreakerReason, BreakerState, BreakerStatus,
     BreakerWindow, CallOutcome, Instant, MAX_PERMITS, MAX_WINDOW_BUCKETS, MAX_WINDOW_CALLS, Permit, Rejected,
-    WindowCounts,
 };
 use rand_chacha::ChaCha8Rng;
 
 use super::backoff_model::{BackoffIn, check_delay};
 use crate::model::backoff::{adopt, delay_bounds};
 
+use crate::model::breaker::{PPM, Rules, Window};
+
 use super::{At, Clock, Count, Ctx, ErrorKind, Fraction, SETUP, Span, ensure, nanos, nanos_sat, parse, rng, verdict};
 
-const PPM: u64 = 1_000_000;
 const PROBE_BIT: u32 = 1 << 31;
 /// The widest time-window bucket a policy accepts (about 18 years), as its `LimitTooLarge`
 /// error documents.
@@ -64,51 +62,6 @@ fn rate(rate: Option<f64>, reasons: &mut Vec<ErrorKind>) -> u64 {
         reasons.push(ErrorKind::Zero);
     }
     ppm
-}
-
-/// The model's reading of the configuration.
-#[derive(Clone, Copy, Debug)]
-struct Rules {
-    consecutive: u64,
-    failure_ppm: u64,
-    slow_ppm: u64,
-    slow_ns: u64,
-    /// `Some(n)`: the last `n` calls; `None`: a time window.
-    calls: Option<u32>,
-    width_ns: u64,
-    buckets: u32,
-    minimum: u32,
-    permits: u32,
-    close_after: u32,
-    probe_ns: u64,
-}
-
-impl Rules {
-    fn rates(&self) -> bool {
-        self.failure_ppm <= PPM || self.slow_ppm <= PPM
-    }
-
-    /// The shape of window these rules count in: none without a rate rule (K2).
-    fn shape(&self) -> Shape {
-        match (self.rates(), self.calls) {
-            (false, _) => Shape::None,
-            (true, Some(n)) => Shape::Calls(n),
-            (true, None) => Shape::Time { width_ns: self.width_ns, buckets: self.buckets },
-        }
-    }
-}
-
-/// What a closed window counts in: nothing (consecutive failures only), the last `n` calls, or
-/// `buckets` buckets of `width_ns`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-enum Shape {
-    #[default]
-    None,
-    Calls(u32),
-    Time {
-        width_ns: u64,
-        buckets: u32,
-    },
 }
 
 fn build(config: &Config) -> Option<(BreakerPolicy, Rules)> {
@@ -215,65 +168,6 @@ fn build(config: &Config) -> Option<(BreakerPolicy, Rules)> {
         probe_ns: nanos_sat(builder.probe_timeout),
     };
     Some((policy, rules))
-}
-
-/// A closed breaker's window: every call in it, in a plain list, in the shape it was made for.
-#[derive(Clone, Debug, Default)]
-struct Window {
-    shape: Shape,
-    consecutive: u32,
-    /// `(epoch, failed, slow)`; the epoch is 0 for a count window.
-    calls: VecDeque<(u64, bool, bool)>,
-    latest_epoch: u64,
-}
-
-impl Window {
-    /// An empty window for `rules`.
-    fn new(rules: &Rules) -> Self {
-        Window { shape: rules.shape(), ..Window::default() }
-    }
-
-    /// Counts a call; returns whether a trip rule holds (K2). A window made for another shape
-    /// (under another policy) starts over empty in this one's, keeping the consecutive
-    /// failures: calls counted in one shape are never read in another.
-    fn push(&mut self, rules: &Rules, now: Instant, failed: bool, slow: bool) -> bool {
-        if self.shape != rules.shape() {
-            *self = Window { consecutive: self.consecutive, ..Window::new(rules) };
-        }
-        self.consecutive = if failed { self.consecutive.wrapping_add(1) } else { 0 };
-        match self.shape {
-            Shape::None => {}
-            Shape::Calls(n) => {
-                self.calls.push_back((0, failed, slow));
-                if self.calls.len() > n as usize {
-                    self.calls.pop_front();
-                }
-            }
-            Shape::Time { width_ns, buckets } => {
-                // A call is counted in the bucket of its time, or of the latest time seen
-                // when it comes earlier; a bucket leaves the window whole.
-                self.latest_epoch = self.latest_epoch.max(now.as_nanos() / width_ns);
-                self.calls.push_back((self.latest_epoch, failed, slow));
-                let latest = self.latest_epoch;
-                self.calls.retain(|&(epoch, _, _)| latest - epoch < u64::from(buckets));
-            }
-        }
-        let counts = self.counts();
-        let calls = u64::from(counts.calls);
-        u64::from(self.consecutive) >= rules.consecutive
-            || (counts.calls >= rules.minimum
-                && (u64::from(counts.failures) * PPM >= rules.failure_ppm * calls
-                    || u64::from(counts.slow) * PPM >= rules.slow_ppm * calls))
-    }
-
-    fn counts(&self) -> WindowCounts {
-        WindowCounts {
-            calls: self.calls.len() as u32,
-            failures: self.calls.iter().filter(|c| c.1).count() as u32,
-            slow: self.calls.iter().filter(|c| c.2).count() as u32,
-            consecutive_failures: self.consecutive,
-        }
-    }
 }
 
 #[derive(Clone, Debug)]
