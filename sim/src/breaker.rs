@@ -5,7 +5,6 @@
 //! models of the breaker's window and probes and of the budget's exact arithmetic (G8, G9,
 //! G12, G13, K2–K5, U1–U3).
 
-use std::collections::VecDeque;
 use std::time::Duration;
 
 use persevere::{
@@ -14,6 +13,7 @@ use persevere::{
 };
 
 use crate::model::breaker::{PPM, Rules, Window};
+use crate::model::budget::RatioWindow;
 use crate::world::{Summary, Violation, World, delay_bounds, draw_backoff};
 
 /// A deliberate defect, to prove the checks can fail.
@@ -214,9 +214,8 @@ struct BudgetModel {
     granted_cost: u64,
     refunded: u64,
     charged_refused: u64,
-    /// Ratio: `(epoch, is_retry)` in the window, and the latest epoch.
-    log: VecDeque<(u64, bool)>,
-    epoch: u64,
+    /// Ratio: the window (U2).
+    window: RatioWindow,
 }
 
 /// Runs the breaker scenario of `seed`; `bug` injects a defect.
@@ -397,8 +396,8 @@ pub fn run(seed: u64, bug: Option<BreakerBug>) -> Result<Summary, Violation> {
             }
         }
         check_transition(&mut world, &scenario, &mut model, &breaker, before, reported, told)?;
-        if let Some((p, _, r)) = ratio.as_ref() {
-            let (requests, retries) = budget_model.counts(p);
+        if let Some((_, _, r)) = ratio.as_ref() {
+            let (requests, retries) = budget_model.counts();
             world.check("G9", (r.requests(), r.retries()) == (requests, retries), || {
                 format!("ratio window holds {}/{}, the model {requests}/{retries}", r.requests(), r.retries())
             })?;
@@ -408,25 +407,20 @@ pub fn run(seed: u64, bug: Option<BreakerBug>) -> Result<Summary, Violation> {
 }
 
 impl BudgetModel {
-    /// Counts a request or a granted retry at `now` in the ratio window's epoch.
+    /// Counts a request or a granted retry at `now` in the ratio window.
     fn note(&mut self, policy: &RatioBudgetPolicy, now: Instant, retry: bool) {
         self.advance(policy, now);
-        self.log.push_back((self.epoch, retry));
+        self.window.push(!retry);
     }
 
-    /// Moves to `now`'s epoch (never backwards) and forgets what left the window.
+    /// Moves to `now`'s bucket (never backwards) and forgets what left the window.
     fn advance(&mut self, policy: &RatioBudgetPolicy, now: Instant) {
-        let width = policy.bucket_width().as_nanos() as u64;
-        self.epoch = self.epoch.max(now.as_nanos() / width);
-        let buckets = u64::from(policy.buckets());
-        while self.log.front().is_some_and(|(e, _)| e + buckets <= self.epoch) {
-            self.log.pop_front();
-        }
+        self.window.advance(policy.bucket_width().as_nanos() as u64, policy.buckets(), now);
     }
 
-    fn counts(&self, _policy: &RatioBudgetPolicy) -> (u32, u32) {
-        let retries = self.log.iter().filter(|(_, r)| *r).count() as u32;
-        (self.log.len() as u32 - retries, retries)
+    /// Requests and retries in the window.
+    fn counts(&self) -> (u32, u32) {
+        (self.window.requests() as u32, self.window.retries() as u32)
     }
 }
 
@@ -473,7 +467,7 @@ fn ask_budget(
     }
     if let Some((p, floor_ppm, r)) = ratio.as_mut() {
         model.advance(p, now);
-        let (requests, retries) = model.counts(p);
+        let (requests, retries) = model.counts();
         let expected =
             crate::model::budget::ratio_grants(u64::from(requests), u64::from(retries), p.ratio_ppm(), *floor_ppm);
         let granted = r.try_acquire(p, now).is_ok() || bug == Some(BreakerBug::Overgrant);

@@ -1,13 +1,13 @@
 //! The retry budgets (U1–U3, G9): a token bucket against an exact balance, and a ratio budget
 //! against a window kept as a plain list of requests and retries.
 
-use std::collections::VecDeque;
-
 use arbitrary::Arbitrary;
 use persevere::{
-    BudgetEvent, Grant, Instant, MAX_BUDGET_BUCKETS, RatioBudget, RatioBudgetPolicy, RatioBudgetPolicyBuilder,
-    RetryClass, TokenBucket, TokenBucketPolicy, TokenBucketPolicyBuilder,
+    BudgetEvent, Grant, MAX_BUDGET_BUCKETS, RatioBudget, RatioBudgetPolicy, RatioBudgetPolicyBuilder, RetryClass,
+    TokenBucket, TokenBucketPolicy, TokenBucketPolicyBuilder,
 };
+
+use crate::model::budget::RatioWindow;
 
 use super::{At, Clock, Count, Ctx, ErrorKind, Fraction, SETUP, Span, ensure, nanos, parse, verdict};
 
@@ -289,48 +289,6 @@ fn build_ratio(input: &RatioIn) -> Option<(RatioBudgetPolicy, Ratio)> {
     Some((policy, ratio))
 }
 
-/// A ratio budget's window as a plain list: `(epoch, is_request)`, and the bucket width and
-/// count it is kept in (`None` before the first call).
-#[derive(Clone, Debug, Default)]
-struct Window {
-    entries: VecDeque<(u64, bool)>,
-    latest: u64,
-    shape: Option<(u64, u32)>,
-}
-
-impl Window {
-    /// A call counts in the bucket of its time, or of the latest time seen when it comes
-    /// earlier; a bucket leaves the window whole. Under a policy with another bucket width or
-    /// count the window starts over empty: counts kept in one shape are never read in another.
-    fn advance(&mut self, ratio: &Ratio, now: Instant) {
-        let shape = (ratio.width_ns, ratio.buckets);
-        if self.shape != Some(shape) {
-            *self = Window { shape: Some(shape), ..Window::default() };
-        }
-        self.latest = self.latest.max(now.as_nanos() / ratio.width_ns);
-        let latest = self.latest;
-        self.entries.retain(|&(epoch, _)| latest - epoch < u64::from(ratio.buckets));
-    }
-
-    fn requests(&self) -> u64 {
-        self.entries.iter().filter(|e| e.1).count() as u64
-    }
-
-    fn retries(&self) -> u64 {
-        self.entries.iter().filter(|e| !e.1).count() as u64
-    }
-
-    /// Whether one more retry keeps every stretch of the last `buckets` buckets that ends
-    /// with the latest within `ratio × its requests + floor`.
-    fn burst_allows(&self, ratio: &Ratio, buckets: u64, floor_ppm: u64) -> bool {
-        (1..=buckets).all(|stretch| {
-            let recent = self.entries.iter().filter(|&&(epoch, _)| self.latest - epoch < stretch);
-            let (requests, retries) = recent.fold((0u64, 0u64), |(q, r), e| if e.1 { (q + 1, r) } else { (q, r + 1) });
-            crate::model::budget::ratio_grants(requests, retries, ratio.ratio_ppm, floor_ppm)
-        })
-    }
-}
-
 #[derive(Arbitrary, Clone, Copy, Debug, PartialEq, Eq)]
 enum ClassIn {
     Throttling,
@@ -380,7 +338,7 @@ fn check(config: &Config, ops: &[Op]) {
     let mut replaced = false;
     let mut grants: Vec<Grant> = Vec::new();
     let mut ratio = RatioBudget::new();
-    let mut window = Window::default();
+    let mut window = RatioWindow::default();
     let (mut bucket_turns, mut ratio_turns) = (Turns::default(), Turns::default());
     let mut clock = Clock::default();
     for (step, op) in ops.iter().enumerate() {
@@ -461,8 +419,8 @@ fn check(config: &Config, ops: &[Op]) {
             Op::Request(at) | Op::Request2(at) => {
                 let Some((policy, model)) = &ratio_policy else { continue };
                 let now = clock.at(at, None);
-                window.advance(model, now);
-                window.entries.push_back((window.latest, true));
+                window.advance(model.width_ns, model.buckets, now);
+                window.push(true);
                 ratio.record_request(policy, now);
             }
             Op::Rebucket(input) => {
@@ -480,9 +438,10 @@ fn check(config: &Config, ops: &[Op]) {
             Op::Retry(at) => {
                 let Some((policy, model)) = &ratio_policy else { continue };
                 let now = clock.at(at, None);
-                window.advance(model, now);
+                window.advance(model.width_ns, model.buckets, now);
                 let (requests, retries) = (window.requests(), window.retries());
-                let burst_ok = model.burst.is_none_or(|(buckets, floor)| window.burst_allows(model, buckets, floor));
+                let burst_ok =
+                    model.burst.is_none_or(|(buckets, floor)| window.burst_allows(model.ratio_ppm, buckets, floor));
                 let granted =
                     crate::model::budget::ratio_grants(requests, retries, model.ratio_ppm, model.floor_ppm) && burst_ok;
                 let got = ratio.try_acquire(policy, now);
@@ -497,7 +456,7 @@ fn check(config: &Config, ops: &[Op]) {
                     got.is_ok()
                 );
                 if got.is_ok() {
-                    window.entries.push_back((window.latest, false));
+                    window.push(false);
                     // G9, U3: the retries of the window, this one included, within ratio × requests + floor.
                     let bound = policy.allowance(requests);
                     ensure!(
@@ -562,6 +521,7 @@ pub(crate) fn describe(data: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use persevere::Instant;
 
     /// The burst bound is checked stretch by stretch: ten requests in one bucket back a retry
     /// over a burst window of two buckets, but not in the next bucket, which has no request of
