@@ -16,7 +16,7 @@
 //! 19 timeouts, 35 unviable, 15 missed. The tests after the delivery ones kill 12 of the 15;
 //! `ENDED | WAIT` → `^` and `ENDED | FINISH` → `^` in `validate` are equivalent (disjoint
 //! bits); `validate`'s `Abandoning if last_failure.is_none()` guard (a supervision state) is
-//! not killed yet.
+//! killed by `s4_an_abandoning_task_loads_only_with_its_timeout` (2026-12-03).
 //!
 //! `.ci/mutants core/src/delivery.rs` (252 mutants): 28 survived the rule tests; the tests at the
 //! end of this file kill 22. The other 6 are equivalent: `|` → `^` between the single-bit action
@@ -469,6 +469,91 @@ fn r5_every_outcome_kind_has_its_own_words() {
     distinct.sort();
     distinct.dedup();
     assert_eq!(distinct.len(), kinds.len(), "{words:?}");
+}
+
+// `.ci/mutants core/src/supervision.rs` (101 mutants, 2026-12-03): the four tests below kill
+// the survivors: a zero attempt timeout set on the task, `has_failure` either way, and a drop
+// reported for another attempt while one is abandoned. The last also kills attempt.rs's
+// `Abandoning if last_failure.is_none()` guard.
+
+/// Kills `d.is_zero()` → `false` for the task's own attempt timeout: zero is refused, with the
+/// setting named, as the defaults' is.
+#[test]
+fn s1_a_zero_attempt_timeout_set_on_the_task_is_refused() {
+    use persevere::{PolicyError, Setting, SupervisionPolicy, TaskDefaults};
+    let mut builder = SupervisionPolicy::restartable();
+    builder.attempt_timeout = Setting::Set(Duration::ZERO);
+    let refused = builder.build(&TaskDefaults::new());
+    assert!(matches!(refused, Err(PolicyError::Zero { setting: "attempt_timeout", .. })), "{refused:?}");
+}
+
+/// Kills `has_failure` → `true` and → `false`: a task whose `TaskFinished` waits to be drained
+/// loads back when it completed (no failure to report), and is refused when it failed but
+/// carries no failure.
+#[cfg(feature = "serde")]
+#[test]
+fn s6_an_undrained_outcome_loads_only_with_the_failure_it_reports() {
+    use persevere::{Failure, Supervision, SupervisionPolicy, TaskDefaults};
+    let policy = SupervisionPolicy::once().build(&TaskDefaults::new()).unwrap();
+    let finished = |failed: bool| {
+        let mut task = Supervision::<u8>::new();
+        task.handle_start(&policy, Instant::ZERO).unwrap();
+        while task.poll_action().is_some() {}
+        if failed {
+            task.handle_failure(&policy, Instant::from_nanos(5), 1, Failure::retryable(1), &mut Fixed(0)).unwrap();
+        } else {
+            task.handle_success(&policy, Instant::from_nanos(5), 1).unwrap();
+        }
+        // The attempt's end drained; `TaskFinished` still waits.
+        assert!(task.poll_action().is_some());
+        assert!(task.has_actions());
+        task
+    };
+    let completed = finished(false);
+    let json = serde_json::to_string(&completed).unwrap();
+    assert_eq!(serde_json::from_str::<Supervision<u8>>(&json).map_err(|e| e.to_string()), Ok(completed));
+
+    let failed = finished(true);
+    let mut s = serde_json::to_value(failed).unwrap();
+    serde_json::from_value::<Supervision<u8>>(s.clone()).unwrap();
+    s["engine"]["last_failure"] = serde_json::Value::Null;
+    assert!(serde_json::from_value::<Supervision<u8>>(s.clone()).is_err(), "loaded {s}");
+}
+
+/// Kills the `StaleAttempt` guard of `handle_abandoned`: while attempt 1 is abandoned, a drop
+/// reported for attempt 2 is refused with both numbers and changes nothing.
+#[test]
+fn s4_a_drop_reported_for_another_attempt_is_refused() {
+    use persevere::{Supervision, SupervisionError, SupervisionPolicy, TaskDefaults};
+    let policy = SupervisionPolicy::restartable().attempt_timeout(ms(30)).build(&TaskDefaults::new()).unwrap();
+    let mut task = Supervision::<u32>::new();
+    task.handle_start(&policy, Instant::ZERO).unwrap();
+    while task.poll_action().is_some() {}
+    task.handle_timeout(&policy, Instant::from_nanos(30_000_000), &mut Fixed(0));
+    while task.poll_action().is_some() {}
+    let before = task;
+    let refused = task.handle_abandoned(&policy, Instant::from_nanos(31_000_000), 2, None, &mut Fixed(0)).unwrap_err();
+    assert_eq!((refused.error, refused.input), (SupervisionError::StaleAttempt { current: 1, got: 2 }, None));
+    assert_eq!(task, before);
+}
+
+/// Kills attempt.rs's `Abandoning if last_failure.is_none()` in `validate`: a task whose
+/// timed-out attempt waits to be dropped loads back, and is refused without the timeout
+/// failure it keeps.
+#[cfg(feature = "serde")]
+#[test]
+fn s4_an_abandoning_task_loads_only_with_its_timeout() {
+    use persevere::{Supervision, SupervisionPolicy, TaskDefaults};
+    let policy = SupervisionPolicy::restartable().attempt_timeout(ms(30)).build(&TaskDefaults::new()).unwrap();
+    let mut task = Supervision::<u8>::new();
+    task.handle_start(&policy, Instant::ZERO).unwrap();
+    while task.poll_action().is_some() {}
+    task.handle_timeout(&policy, Instant::from_nanos(30_000_000), &mut Fixed(0));
+    while task.poll_action().is_some() {}
+    let mut s = serde_json::to_value(task).unwrap();
+    assert_eq!(serde_json::from_value::<Supervision<u8>>(s.clone()).map_err(|e| e.to_string()), Ok(task));
+    s["engine"]["last_failure"] = serde_json::Value::Null;
+    assert!(serde_json::from_value::<Supervision<u8>>(s.clone()).is_err(), "loaded {s}");
 }
 
 /// Attempts 1 ms apart, at most `max_attempts`.
