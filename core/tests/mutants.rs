@@ -471,10 +471,13 @@ fn r5_every_outcome_kind_has_its_own_words() {
     assert_eq!(distinct.len(), kinds.len(), "{words:?}");
 }
 
-// `.ci/mutants core/src/supervision.rs` (101 mutants, 2026-12-03): the four tests below kill
-// the survivors: a zero attempt timeout set on the task, `has_failure` either way, and a drop
-// reported for another attempt while one is abandoned. The last also kills attempt.rs's
-// `Abandoning if last_failure.is_none()` guard.
+// `.ci/mutants core/src/supervision.rs` (101 mutants, 2026-12-03, 25 min): 44 caught, 43
+// unviable, 14 missed. The six tests below kill all 14 (each but the two accessors' checked
+// against its mutant by hand): a zero attempt
+// timeout set on the task, `has_failure` either way, a drop reported for another attempt while
+// one is abandoned, the accessors `has_actions` and `last_failure`, and the seven mutants of
+// `validate`'s check of an attempt's end that waits to be drained. One of them also kills
+// attempt.rs's `Abandoning if last_failure.is_none()` guard.
 
 /// Kills `d.is_zero()` → `false` for the task's own attempt timeout: zero is refused, with the
 /// setting named, as the defaults' is.
@@ -554,6 +557,75 @@ fn s4_an_abandoning_task_loads_only_with_its_timeout() {
     assert_eq!(serde_json::from_value::<Supervision<u8>>(s.clone()).map_err(|e| e.to_string()), Ok(task));
     s["engine"]["last_failure"] = serde_json::Value::Null;
     assert!(serde_json::from_value::<Supervision<u8>>(s.clone()).is_err(), "loaded {s}");
+}
+
+/// Kills `has_actions` → `true` / `false` and `last_failure` → `None` (supervision.rs): the
+/// accessors say what waits and what failed.
+#[test]
+fn s6_a_task_says_whether_events_wait_and_what_failed_last() {
+    use persevere::{Failure, FailureClass, LastFailure, Supervision, SupervisionPolicy, TaskDefaults};
+    let policy = SupervisionPolicy::restartable().build(&TaskDefaults::new()).unwrap();
+    let mut task = Supervision::<u8>::new();
+    assert!(!task.has_actions());
+    task.handle_start(&policy, Instant::ZERO).unwrap();
+    assert!(task.has_actions());
+    while task.poll_action().is_some() {}
+    assert!(!task.has_actions());
+    assert_eq!(task.last_failure(), None);
+    task.handle_failure(&policy, Instant::from_nanos(5), 1, Failure::retryable(7), &mut Fixed(0)).unwrap();
+    assert_eq!(task.last_failure(), Some(&LastFailure { class: FailureClass::Retryable, error: Some(7) }));
+}
+
+/// Kills the survivors in `Supervision::validate`'s check of an attempt's end that waits to be
+/// drained: each end the transitions leave loads back (a periodic success, a retried failure,
+/// a cancel while running, a completed task, a failed one), and an end that does not fit what followed it is refused (a
+/// failure before a periodic wait with no streak; a fatal failure before a retry).
+#[cfg(feature = "serde")]
+#[test]
+fn s6_an_undrained_attempt_end_loads_only_where_it_fits() {
+    use persevere::{Failure, Supervision, SupervisionPolicy, TaskDefaults};
+    use serde_json::{Value, json};
+    let defaults = TaskDefaults::new();
+    let started = |policy: &SupervisionPolicy| {
+        let mut task = Supervision::<u8>::new();
+        task.handle_start(policy, Instant::ZERO).unwrap();
+        while task.poll_action().is_some() {}
+        task
+    };
+    let loads = |task: Supervision<u8>| {
+        assert!(task.has_actions());
+        let value = serde_json::to_value(task).unwrap();
+        assert_eq!(serde_json::from_value::<Supervision<u8>>(value.clone()).map_err(|e| e.to_string()), Ok(task));
+        value
+    };
+    let refused = |mut value: Value, ended: Value| {
+        value["ended"] = ended;
+        assert!(serde_json::from_value::<Supervision<u8>>(value.clone()).is_err(), "loaded {value}");
+    };
+
+    let periodic = SupervisionPolicy::periodic(ms(10)).build(&defaults).unwrap();
+    let mut task = started(&periodic);
+    task.handle_success(&periodic, Instant::from_nanos(5), 1).unwrap();
+    let waiting_after_success = loads(task);
+    refused(waiting_after_success, json!({ "Failed": "Retryable" }));
+
+    let restartable = SupervisionPolicy::restartable().build(&defaults).unwrap();
+    let mut task = started(&restartable);
+    task.handle_failure(&restartable, Instant::from_nanos(5), 1, Failure::retryable(1), &mut Fixed(0)).unwrap();
+    let waiting_after_failure = loads(task);
+    refused(waiting_after_failure, json!({ "Failed": "Fatal" }));
+
+    let mut task = started(&restartable);
+    task.handle_cancel(&restartable, Instant::from_nanos(5)).unwrap();
+    loads(task);
+
+    let once = SupervisionPolicy::once().build(&defaults).unwrap();
+    let mut task = started(&once);
+    task.handle_success(&once, Instant::from_nanos(5), 1).unwrap();
+    loads(task);
+    let mut task = started(&once);
+    task.handle_failure(&once, Instant::from_nanos(5), 1, Failure::retryable(1), &mut Fixed(0)).unwrap();
+    loads(task);
 }
 
 /// Attempts 1 ms apart, at most `max_attempts`.
