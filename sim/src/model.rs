@@ -5,13 +5,15 @@
 //!   (B2, B3), and how a model adopts a draw it does not make ([`backoff::adopt`]): no model
 //!   samples jitter, so none restates the core's sampling.
 //! - [`breaker`]: a breaker's closed window and its trip rules (K2).
-//! - [`budget`]: retry budgets' grants (U1, U2, G9).
-//! - [`flow`]: when an every-flow is due (F5, F10) and why a cron tick is skipped (F6).
+//! - [`budget`]: retry budgets' grants (U1, U2, G9) and a ratio budget's window.
+//! - [`flow`]: when an every-flow is due (F5, F10), why a cron tick is skipped (F6), and a
+//!   flow's every transition (F1–F10, B6).
 //! - [`hint`]: what a hinted failure does (B6): waited in full, or deferred past `max_hint` or
 //!   the total budget.
 //! - [`retry`]: the retry machine's every action (R1–R6, B6), for the fuzz target and the
 //!   retry family alike.
-//! - [`supervision`]: a supervised task's event stream (S1, S3, S5, S6, B6).
+//! - [`supervision`]: a supervised task's settings (S1), its event stream (S1, S3, S5, S6, B6),
+//!   and its every event (S1–S6, B6).
 //!
 //! A model says whether a rule holds through a [`Judge`]: the simulator's
 //! [`World`](crate::world::World) turns a broken rule into a `Violation` (with the seed and the

@@ -428,6 +428,15 @@ fn drain(
                 model.finished = true;
                 model.running = None;
                 model.wake = None;
+                // G4: a failure that must not be retried ends the operation as fatal, also on
+                // the last allowed attempt (the model checks the rest of the outcome exactly).
+                if let Some((class @ (FailureClass::Fatal | FailureClass::DoNotRetry), _)) = model.last
+                    && !rejected_here
+                {
+                    world.check("G4", outcome.kind() == OutcomeKind::Fatal, || {
+                        format!("outcome {:?} after a {class:?} failure", outcome.kind())
+                    })?;
+                }
                 if bug == Some(RetryBug::ExtraAttempt) && outcome.kind() == OutcomeKind::Exhausted {
                     model.attempts += 1;
                     world.check("G2", model.attempts <= limit, || {

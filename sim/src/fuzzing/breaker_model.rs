@@ -602,9 +602,15 @@ pub(crate) fn run(data: &[u8]) {
             }
             Op::Acquire2(_) | Op::Record2 { .. } => unreachable!("`meaning` folds the twins"),
         }
-        if matches!(model.phase, Phase::Open { .. }) && model.generation != was.generation {
-            // K3: a new opening lasts the open backoff's next delay.
-            check_delay(ctx, policy.open_backoff(), model.openings, was.last_open_ns, model.last_open_ns);
+        if let (Phase::Open { until }, Some(drawn_until)) = (&model.phase, open_until(&machine))
+            && model.generation != was.generation
+        {
+            // K3: a new opening lasts the open backoff's next delay, as the machine drew it
+            // (the model's own is that draw clamped to the bounds): from the instant the model
+            // opened at, to where the machine's open period ends.
+            let at_ns = until.as_nanos().saturating_sub(model.last_open_ns);
+            let drawn_ns = drawn_until.as_nanos().saturating_sub(at_ns);
+            check_delay(ctx, policy.open_backoff(), model.openings, was.last_open_ns, drawn_ns);
         }
         check_state(ctx, &policy, switched, &machine, &model);
         let by_hand = matches!(op.meaning(), Op::Isolate(_) | Op::Disable(_) | Op::Reset(_));

@@ -95,9 +95,16 @@ pub fn delay_bounds(backoff: &Backoff, n: u32, previous_ns: u64) -> (u64, u64) {
 /// A model never draws jitter itself (that would restate the core's sampling, and check the
 /// core against itself): it holds the wait the machine chose to the bounds `lo..=hi` of
 /// [`delay_bounds`] and adopts it, clamped to them. A wait outside the bounds so adopts a bound,
-/// and the model's prediction then differs from the machine's, which the runner reports. Where
-/// something else lengthens the wait (a supervisor's restart spacing), the clamped wait is an
-/// upper bound of the draw, which only widens a decorrelated schedule's next bounds.
+/// and the model's prediction then differs from the machine's, which the runner reports (as a
+/// model mismatch, unless its own bounds check (B3, G1, K3) on the machine's wait comes first).
+/// Where something else lengthens the wait (a supervisor's restart spacing), the clamped wait is
+/// an upper bound of the draw, which only widens a decorrelated schedule's next bounds; where
+/// the wait is over before it can be seen (a breaker already half-open), the caller passes the
+/// latest instant it can have ended, which gives an upper bound too.
+///
+/// What adopting cannot see: under wide bounds (full jitter, a decorrelated schedule) a draw
+/// from the wrong place or previous delay that still lands within this place's bounds. The
+/// unjittered schedules keep those exact.
 ///
 /// When the machine does not wait, the model adopts the longest draw if `ends` says it ends
 /// the operation (a delay past the total budget), else the shortest, so that it predicts a

@@ -264,9 +264,8 @@ pub(crate) enum Phase {
 pub(crate) struct SupervisionModel<E> {
     pub(crate) phase: Phase,
     pub(crate) attempt: u64,
-    /// The streak: failures since the last success that the failure decision counted (every
-    /// one but a cancel; a panic while dropping a timed-out attempt is final by S4 and is not
-    /// decided, so not counted).
+    /// The streak: failures since the last success (every one but a cancel; a timed-out
+    /// attempt counts once, whether its drop was clean or panicked, S4).
     pub(crate) failures: u32,
     /// Where the backoff stands.
     pub(crate) schedule: Place,
