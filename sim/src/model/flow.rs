@@ -1,6 +1,6 @@
 //! A scheduled flow, written once for the `flow` family and the flow fuzz target: when an
 //! every-flow is due (F5, F10), why a cron tick is skipped (F6), and the flow's every
-//! transition ([`FlowModel`]: F1–F10, B6).
+//! transition (`FlowModel`: F1–F10, B6).
 
 use core::time::Duration;
 

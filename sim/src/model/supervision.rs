@@ -2,7 +2,7 @@
 //! checked without a model of the machine ([`Grammar`]: the core's `Supervision` in the fuzz
 //! target and the supervision family, and the driver's real `Supervisor` in the `supervisor`
 //! family, are all held to this one grammar); and the machine's every event predicted exactly
-//! ([`SupervisionModel`], for the fuzz target and the supervision family alike).
+//! (`SupervisionModel`, for the fuzz target and the supervision family alike).
 //!
 //! The model restates the one failure decision (revised by issue 12): a failure's class first
 //! (`Fatal` and `DoNotRetry` finish `Fatal`, `Canceled` finishes `Canceled` without counting),
