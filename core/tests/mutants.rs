@@ -628,6 +628,44 @@ fn s6_an_undrained_attempt_end_loads_only_where_it_fits() {
     loads(task);
 }
 
+// `.ci/mutants core/src/flow.rs` (2026-12-03): the test below kills the two survivors in
+// `Flow::validate` (a window's presence against the phase).
+
+/// Kills the deleted arms `(Backoff, None)` and `(Tripped | Completed, Some(_))` of
+/// `Flow::validate`: a flow that backs off loads only with its window, and a tripped or
+/// completed one only without one.
+#[cfg(feature = "serde")]
+#[test]
+fn f3_a_loaded_flow_has_a_window_exactly_when_it_backs_off() {
+    use persevere::{Failure, Flow, FlowPolicy};
+    use serde_json::Value;
+    let ended = |policy: &FlowPolicy, failed: bool| {
+        let mut flow = Flow::<u8>::every(Instant::ZERO, ms(10));
+        flow.trigger(Instant::ZERO).unwrap();
+        while flow.poll_action().is_some() {}
+        if failed {
+            flow.handle_failure(policy, Instant::from_nanos(5), Failure::retryable(1), &mut Fixed(0)).unwrap();
+        } else {
+            flow.handle_success(policy, Instant::from_nanos(5)).unwrap();
+        }
+        while flow.poll_action().is_some() {}
+        let value = serde_json::to_value(flow).unwrap();
+        assert_eq!(serde_json::from_value::<Flow<u8>>(value.clone()).map_err(|e| e.to_string()), Ok(flow));
+        value
+    };
+    let refused = |mut value: Value, next_eligible: Value| {
+        value["next_eligible"] = next_eligible;
+        assert!(serde_json::from_value::<Flow<u8>>(value.clone()).is_err(), "loaded {value}");
+    };
+    let backing_off = FlowPolicy::builder().backoff(Backoff::constant(ms(50)).build().unwrap()).build().unwrap();
+    refused(ended(&backing_off, true), Value::Null);
+    let tripping = FlowPolicy::builder().with_trip(1).build().unwrap();
+    let tripped = ended(&tripping, true);
+    let some = tripped["last_now"].clone();
+    refused(tripped, some.clone());
+    refused(ended(&tripping, false), some);
+}
+
 /// Attempts 1 ms apart, at most `max_attempts`.
 fn retry_policy(max_attempts: u32) -> RetryPolicy {
     RetryPolicy::builder(Backoff::constant(ms(1)).build().unwrap()).max_attempts(max_attempts).build().unwrap()
