@@ -628,8 +628,9 @@ fn s6_an_undrained_attempt_end_loads_only_where_it_fits() {
     loads(task);
 }
 
-// `.ci/mutants core/src/flow.rs` (2026-12-03): the test below kills the two survivors in
-// `Flow::validate` (a window's presence against the phase).
+// `.ci/mutants core/src/flow.rs` (2026-12-03): the tests below kill the survivors in
+// `Flow::validate` (a window's presence against the phase; each kind of action waiting to be
+// drained against the flow) and in `Flows::is_empty`.
 
 /// Kills the deleted arms `(Backoff, None)` and `(Tripped | Completed, Some(_))` of
 /// `Flow::validate`: a flow that backs off loads only with its window, and a tripped or
@@ -664,6 +665,77 @@ fn f3_a_loaded_flow_has_a_window_exactly_when_it_backs_off() {
     let some = tripped["last_now"].clone();
     refused(tripped, some.clone());
     refused(ended(&tripping, false), some);
+}
+
+/// Kills the survivors in `Flow::validate`'s check of the action waiting to be drained: each
+/// one a transition leaves loads back (a dispatch, a skipped tick, a trip, a reset of a flow
+/// that backed off and of one that tripped), and one that does not fit the flow is refused (a
+/// dispatch of another run, a skipped tick on an every-flow, a trip with another streak, a
+/// reset that cleared no streak).
+#[cfg(feature = "serde")]
+#[test]
+fn f1_a_loaded_flow_holds_only_an_action_its_transitions_leave() {
+    use persevere::{Failure, Flow, FlowPolicy};
+    use serde_json::{Value, json};
+    let loads = |flow: Flow<u8>| {
+        assert!({ flow }.poll_action().is_some(), "{flow:?}");
+        let value = serde_json::to_value(flow).unwrap();
+        assert_eq!(serde_json::from_value::<Flow<u8>>(value.clone()).map_err(|e| e.to_string()), Ok(flow));
+        value
+    };
+    let refused = |value: &Value, edit: &dyn Fn(&mut Value)| {
+        let mut value = value.clone();
+        edit(&mut value);
+        assert!(serde_json::from_value::<Flow<u8>>(value.clone()).is_err(), "loaded {value}");
+    };
+    let policy = FlowPolicy::builder().backoff(Backoff::constant(ms(50)).build().unwrap()).build().unwrap();
+    let tripping = FlowPolicy::builder().with_trip(1).build().unwrap();
+    let running = |flow: &mut Flow<u8>| {
+        flow.trigger(Instant::ZERO).unwrap();
+        while flow.poll_action().is_some() {}
+    };
+
+    let mut flow = Flow::<u8>::every(Instant::ZERO, ms(10));
+    flow.trigger(Instant::ZERO).unwrap();
+    let dispatch = loads(flow);
+    refused(&dispatch, &|v| v["pending"]["Dispatch"]["run"] = json!(2));
+
+    let mut cron = Flow::<u8>::cron(Instant::ZERO);
+    running(&mut cron);
+    cron.handle_tick(&policy, Instant::from_nanos(3), Instant::from_nanos(3)).unwrap();
+    let skipped = loads(cron);
+    let mut every = Flow::<u8>::every(Instant::ZERO, ms(10));
+    running(&mut every);
+    let every = serde_json::to_value(every).unwrap();
+    refused(&every, &|v| v["pending"] = skipped["pending"].clone());
+
+    let mut flow = Flow::<u8>::every(Instant::ZERO, ms(10));
+    running(&mut flow);
+    flow.handle_failure(&tripping, Instant::from_nanos(5), Failure::retryable(1), &mut Fixed(0)).unwrap();
+    let trip = loads(flow);
+    refused(&trip, &|v| v["pending"]["Tripped"]["streak"] = json!(2));
+    while flow.poll_action().is_some() {}
+    flow.reset_flow(Instant::from_nanos(6)).unwrap();
+    loads(flow);
+
+    let mut flow = Flow::<u8>::every(Instant::ZERO, ms(10));
+    running(&mut flow);
+    flow.handle_failure(&policy, Instant::from_nanos(5), Failure::retryable(1), &mut Fixed(0)).unwrap();
+    while flow.poll_action().is_some() {}
+    flow.reset_flow(Instant::from_nanos(6)).unwrap();
+    let reset = loads(flow);
+    refused(&reset, &|v| v["pending"]["Reset"]["streak"] = json!(0));
+}
+
+/// Kills `Flows::is_empty` → `true` / `false`.
+#[cfg(feature = "alloc")]
+#[test]
+fn f9_a_registry_says_whether_it_holds_a_flow() {
+    use persevere::{Flow, Flows};
+    let mut flows: Flows<u8, u8> = Flows::new();
+    assert!(flows.is_empty());
+    flows.insert(1, Flow::every(Instant::ZERO, ms(10))).unwrap();
+    assert!(!flows.is_empty());
 }
 
 /// Attempts 1 ms apart, at most `max_attempts`.
