@@ -628,9 +628,10 @@ fn s6_an_undrained_attempt_end_loads_only_where_it_fits() {
     loads(task);
 }
 
-// `.ci/mutants core/src/flow.rs` (2026-12-03): the tests below kill the survivors in
-// `Flow::validate` (a window's presence against the phase; each kind of action waiting to be
-// drained against the flow) and in `Flows::is_empty`.
+// `.ci/mutants core/src/flow.rs` (166 mutants, 2026-12-03, 30 min): 82 caught, 2 timeouts, 55
+// unviable, 27 missed. The tests below kill all 27, all in `Flow::validate` (a window's
+// presence against the phase; each kind of action waiting to be drained against the flow) but
+// `Flows::is_empty`'s two.
 
 /// Kills the deleted arms `(Backoff, None)` and `(Tripped | Completed, Some(_))` of
 /// `Flow::validate`: a flow that backs off loads only with its window, and a tripped or
