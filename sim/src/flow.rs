@@ -166,11 +166,6 @@ impl Model {
     fn made(&mut self) -> Option<FlowAction> {
         self.flow.pending.take()
     }
-
-    /// The model's answer to an input the registry accepted.
-    fn accepted(&mut self, world: &mut World, i: usize, answer: Result<(), FlowError>) -> Result<(), Violation> {
-        answer.map_err(|e| world.violation("model", format!("flow {i}: the registry accepted, the model refuses: {e}")))
-    }
 }
 
 /// What the step does.
@@ -297,7 +292,7 @@ pub fn run(seed: u64, bug: Option<FlowBug>) -> Result<Summary, Violation> {
                     .handle_tick(policy, reported, &(i as u32), tick)
                     .map_err(|e| world.violation("G12", format!("flow {i}: tick refused: {e}")))?;
                 let answer = m.flow.tick(reported, tick);
-                m.accepted(&mut world, i, answer)?;
+                world.accepted("a flow's input", answer)?;
                 let expected = m.made();
                 let rule = match expected {
                     Some(FlowAction::TickSkipped { reason: SkipReason::Tripped, .. }) => "G5",
@@ -334,7 +329,7 @@ pub fn run(seed: u64, bug: Option<FlowBug>) -> Result<Summary, Violation> {
                     flows.handle_cancel(policy, reported, &id).map_err(|e| world.violation("G12", format!("{e}")))?;
                     // F4: idle, the streak and the window unchanged.
                     let answer = m.flow.cancel(reported);
-                    m.accepted(&mut world, i, answer)?;
+                    world.accepted("a flow's input", answer)?;
                     None
                 } else if faulty && world.chance(scenario.failure_rate) {
                     let (kind, hinted) = draw_failure(&mut world, &scenario.fault_weights, scenario.hint_ns, now);
@@ -357,13 +352,13 @@ pub fn run(seed: u64, bug: Option<FlowBug>) -> Result<Summary, Violation> {
                         _ => None,
                     };
                     let answer = m.flow.failure(policy, reported, Failure::new(kind, error), window);
-                    m.accepted(&mut world, i, answer)?;
+                    world.accepted("a flow's input", answer)?;
                     made
                 } else {
                     world.record(id, "run succeeds", run, 0);
                     flows.handle_success(policy, reported, &id).map_err(|e| world.violation("G12", format!("{e}")))?;
                     let answer = m.flow.success(reported);
-                    m.accepted(&mut world, i, answer)?;
+                    world.accepted("a flow's input", answer)?;
                     None
                 };
                 // O1: a trip is told, with the streak, and nothing else is.
@@ -426,7 +421,7 @@ pub fn run(seed: u64, bug: Option<FlowBug>) -> Result<Summary, Violation> {
                     world.record(id, "operator resets", m.flow.streak.into(), 0);
                     let made = flows.reset_flow(reported, &id).map_err(|e| world.violation("G12", format!("{e}")))?;
                     let answer = m.flow.reset(reported);
-                    m.accepted(&mut world, i, answer)?;
+                    world.accepted("a flow's input", answer)?;
                     // O1: a reset that clears a streak is told, with the streak; one of a flow with none is not.
                     let expected = m.made();
                     world.check("O1", made == expected, || {

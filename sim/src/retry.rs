@@ -171,13 +171,8 @@ impl Model {
         what: &str,
         answer: Result<Vec<RetryAction<u64>>, RetryError>,
     ) -> Result<(), Violation> {
-        match answer {
-            Ok(actions) => {
-                self.expected.extend(actions);
-                Ok(())
-            }
-            Err(e) => Err(world.violation("model", format!("the machine accepted {what}, the model refuses: {e}"))),
-        }
+        self.expected.extend(world.accepted(what, answer)?);
+        Ok(())
     }
 
     /// Notes where the schedule stands, before an input that may schedule a delay.

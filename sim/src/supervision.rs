@@ -235,13 +235,8 @@ impl Model {
         what: &str,
         answer: Result<Vec<SupervisionAction<u64>>, SupervisionError>,
     ) -> Result<(), Violation> {
-        match answer {
-            Ok(events) => {
-                self.expected = events;
-                Ok(())
-            }
-            Err(e) => Err(world.violation("model", format!("the machine accepted {what}, the model refuses: {e}"))),
-        }
+        self.expected = world.accepted(what, answer)?;
+        Ok(())
     }
 
     /// Notes where the backoff stands, before an input that may schedule a delay.

@@ -302,6 +302,12 @@ impl World {
         if ok { Ok(()) } else { Err(self.violation(rule, message())) }
     }
 
+    /// The model's answer to an input the machine under test accepted (`what`): the answer, or
+    /// a `model` violation when the model refuses the input.
+    pub fn accepted<T, E: core::fmt::Display>(&self, what: &str, answer: Result<T, E>) -> Result<T, Violation> {
+        answer.map_err(|e| self.violation("model", format!("the machine accepted {what}, the model refuses: {e}")))
+    }
+
     /// A violation at the current step, with the recent trace.
     pub fn violation(&self, rule: &'static str, message: String) -> Violation {
         let kept = self.events.min(RECENT as u64);
