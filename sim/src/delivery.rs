@@ -2,22 +2,28 @@
 //! several simulated workers that start, heartbeat (with checkpoints), complete, fail, crash,
 //! disconnect, decline, close cleanly before starting, go silent, or never get the hand-out
 //! (a failed send), while the server fails over and, in `Async` mode, start writes are lost and
-//! roll back. Every task is checked before and after every step (G1, G2, G4, G10–G13, D1–D9).
+//! roll back. Every task is held to the delivery model the fuzz target shares
+//! (`model::delivery`: every input it accepts, every action, its state after every
+//! step), and to the guarantees checked as the steps come (G1, G2, G10–G13).
 
 use std::time::Duration;
 
+use std::collections::VecDeque;
+
 use persevere::{
     AttemptProgress, Deliveries, Delivery, DeliveryAction, DeliveryError, DeliveryPolicy, DeliveryStatus, Durability,
-    Failure, FailureClass, FailureKind, FailurePolicy, FreeReturn, Hint, Instant, Interruption, OutcomeKind,
-    RetryPolicy, Stats, Terminal, TerminalKind,
+    Failure, FailureKind, FailurePolicy, FreeReturn, Hint, IdempotencyKey, Instant, Interruption, RetryPolicy,
+    Terminal, TerminalKind,
 };
 
+use crate::model::delivery::{DeliveryModel, waits};
 use crate::world::{Summary, Violation, World, clamp_hint, delay_bounds, draw_backoff};
 
 /// Task ids, task types, worker ids, checkpoints, errors and recovery routes.
 type Table = Deliveries<u32, u8, u16, u32, u32, u8>;
 type Task = Delivery<u32, u16, u32, u32, u8>;
 type Policy = DeliveryPolicy<u8>;
+type Act = DeliveryAction<u32, u16, u32, u32, u8>;
 
 /// A deliberate defect, to prove the checks can fail.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -159,17 +165,22 @@ struct Job {
 #[derive(Clone, Debug)]
 struct Worker {
     declines: u8,
+    /// The task types it told the table it declines (D3: the table avoids it for them).
+    declined_told: u8,
     job: Option<Job>,
     /// When an idle worker next asks for work, or a crashed one is back.
     at: Instant,
 }
 
-/// What the simulator knows about one task.
+/// What the simulator knows about one task: its model, and what the guarantees remember.
 #[derive(Clone, Debug, Default)]
-struct Model {
+struct Track {
+    /// What the task must be (from its insert on).
+    model: Option<DeliveryModel<u32, u16, u32, u32, u8>>,
+    /// The actions the model expects of the task this step, and those the table emitted.
+    expected: VecDeque<Act>,
+    got: VecDeque<Act>,
     inserted: bool,
-    /// When the table was told it was inserted: its embedded retry's first start (R5).
-    inserted_at: Instant,
     /// Some hand-out reached a worker (D5).
     received: bool,
     /// Attempt numbers whose worker may have run them: `(attempt, worker)`.
@@ -180,9 +191,33 @@ struct Model {
     retired: Vec<u64>,
     finishes: u32,
     terminal: Option<TerminalKind>,
-    /// The last checkpoint stored (D7), and the one the attempt out was handed out with.
-    checkpoint: Option<u32>,
-    snapshot: Option<u32>,
+}
+
+impl Track {
+    /// The model of a task the table holds (so inserted).
+    fn model(&mut self) -> &mut DeliveryModel<u32, u16, u32, u32, u8> {
+        self.model.as_mut().expect("a task in the table has a model")
+    }
+
+    /// Feeds the model the input the table answered with `got`: both must answer alike. The
+    /// actions the model expects then are queued, to be compared with the table's.
+    fn fed(
+        &mut self,
+        world: &World,
+        i: usize,
+        what: &str,
+        got: Result<(), DeliveryError>,
+        answer: Result<(), DeliveryError>,
+    ) -> Result<(), Violation> {
+        if got != answer {
+            return Err(
+                world.violation("model", format!("task {i}: {what} was answered {got:?}, the model {answer:?}"))
+            );
+        }
+        let actions = self.model().drain();
+        self.expected.extend(actions);
+        Ok(())
+    }
 }
 
 /// A task as the before/after check sees it: small, so every task is compared at every step.
@@ -257,11 +292,16 @@ pub fn run(seed: u64, bug: Option<DeliveryBug>) -> Result<Summary, Violation> {
     let policy = &scenario.policy;
     let n = scenario.tasks.len();
     let mut table = Table::new();
-    let mut models: Vec<Model> = vec![Model::default(); n];
+    let mut tracks: Vec<Track> = vec![Track::default(); n];
     let mut workers: Vec<Worker> = scenario
         .workers
         .iter()
-        .map(|&declines| Worker { declines, job: None, at: Instant::from_nanos(world.between(0, scenario.poll_ns)) })
+        .map(|&declines| Worker {
+            declines,
+            declined_told: 0,
+            job: None,
+            at: Instant::from_nanos(world.between(0, scenario.poll_ns)),
+        })
         .collect();
     let mut before: Vec<Option<Fp>> = vec![None; n];
     let mut causes: Vec<Cause> = vec![Cause::None; n];
@@ -272,7 +312,7 @@ pub fn run(seed: u64, bug: Option<DeliveryBug>) -> Result<Summary, Violation> {
         const TIMEOUT: usize = usize::MAX;
         const INSERT: usize = 1 << 20;
         for (i, (_, at)) in scenario.tasks.iter().enumerate() {
-            if !models[i].inserted && next.is_none_or(|(best, _)| *at < best) {
+            if !tracks[i].inserted && next.is_none_or(|(best, _)| *at < best) {
                 next = Some((*at, INSERT + i));
             }
         }
@@ -287,9 +327,9 @@ pub fn run(seed: u64, bug: Option<DeliveryBug>) -> Result<Summary, Violation> {
         {
             next = Some((at, TIMEOUT));
         }
-        if models.iter().all(|m| m.inserted && m.terminal.is_some()) {
+        if tracks.iter().all(|m| m.inserted && m.terminal.is_some()) {
             // The end: every task reached exactly one terminal state (G11, D9).
-            for (i, m) in models.iter().enumerate() {
+            for (i, m) in tracks.iter().enumerate() {
                 world.check("G11", m.finishes == 1, || format!("task {i} finished {} times", m.finishes))?;
             }
             return Ok(world.summary());
@@ -305,7 +345,7 @@ pub fn run(seed: u64, bug: Option<DeliveryBug>) -> Result<Summary, Violation> {
         }
         causes.fill(Cause::None);
         if world.chance(scenario.misuse_rate) {
-            misuse(&mut world, policy, &mut table, &models, reported)?;
+            misuse(&mut world, policy, &mut table, &tracks, reported)?;
         }
         let faulty = world.now < scenario.horizon;
         if what == TIMEOUT {
@@ -318,6 +358,11 @@ pub fn run(seed: u64, bug: Option<DeliveryBug>) -> Result<Summary, Violation> {
                 };
             }
             table.handle_timeout(policy, reported, world.rng());
+            for (id, _, task) in table.iter() {
+                let m = &mut tracks[*id as usize];
+                m.model().timeout(policy, reported, waits(task));
+                m.fed(&world, *id as usize, "a timeout", Ok(()), Ok(()))?;
+            }
             if world.chance(scenario.misuse_rate) {
                 // A second timeout at the same time changes nothing.
                 let once = table.clone();
@@ -333,8 +378,14 @@ pub fn run(seed: u64, bug: Option<DeliveryBug>) -> Result<Summary, Violation> {
             table
                 .insert(policy, reported, i as u32, ty, 1_000 + i as u64)
                 .map_err(|e| world.violation("G12", format!("task {i}: insert refused: {e}")))?;
-            models[i].inserted = true;
-            models[i].inserted_at = reported;
+            let m = &mut tracks[i];
+            m.inserted = true;
+            m.model = Some(DeliveryModel::new(
+                policy,
+                reported,
+                IdempotencyKey { task: i as u32, step_execution: 1_000 + i as u64 },
+            ));
+            m.fed(&world, i, "the insert", Ok(()), Ok(()))?;
         } else {
             let w = what;
             if workers[w].job.is_none() {
@@ -349,9 +400,28 @@ pub fn run(seed: u64, bug: Option<DeliveryBug>) -> Result<Summary, Violation> {
                         };
                     }
                     table.handle_failover(policy, reported, world.rng());
-                } else if let Some(id) = table.hand_out_next(policy, reported, &(w as u16)) {
-                    world.record(id, "hand out to", w as u64, 0);
-                    causes[id as usize] = Cause::HandOut;
+                    for (id, _, task) in table.iter() {
+                        let m = &mut tracks[*id as usize];
+                        let answer = m.model().failover(policy, reported, waits(task));
+                        m.fed(&world, *id as usize, "a failover", Ok(()), answer)?;
+                    }
+                } else {
+                    // The ready task with the lowest id whose type this worker has not declined.
+                    let chosen = table.hand_out_next(policy, reported, &(w as u16));
+                    let expected = tracks.iter().enumerate().position(|(i, m)| {
+                        workers[w].declined_told & (1 << scenario.tasks[i].0) == 0
+                            && m.model.as_ref().is_some_and(|m| m.check_hand_out(reported, w as u16).is_ok())
+                    });
+                    world.check("D1", chosen.map(|id| id as usize) == expected, || {
+                        format!("worker {w} was handed task {chosen:?}, the model hands it {expected:?}")
+                    })?;
+                    if let Some(id) = chosen {
+                        world.record(id, "hand out to", w as u64, 0);
+                        causes[id as usize] = Cause::HandOut;
+                        let m = &mut tracks[id as usize];
+                        let answer = m.model().hand_out(policy, reported, w as u16);
+                        m.fed(&world, id as usize, "a hand-out", Ok(()), answer)?;
+                    }
                 }
             } else {
                 report(
@@ -360,7 +430,7 @@ pub fn run(seed: u64, bug: Option<DeliveryBug>) -> Result<Summary, Violation> {
                     bug,
                     &mut table,
                     &mut workers,
-                    &mut models,
+                    &mut tracks,
                     &before,
                     &mut causes,
                     w,
@@ -368,18 +438,28 @@ pub fn run(seed: u64, bug: Option<DeliveryBug>) -> Result<Summary, Violation> {
                 )?;
             }
         }
-        drain(&mut world, &scenario, bug, &mut table, &mut workers, &mut models, reported)?;
+        drain(&mut world, &scenario, bug, &mut table, &mut workers, &mut tracks, reported)?;
         let mut seen = 0;
         for (id, _, task) in table.iter() {
             let i = *id as usize;
             seen += usize::from(before[i].is_some());
-            check_task(&mut world, &scenario, task, &mut models[i], i, before[i], causes[i])?;
+            let m = &mut tracks[i];
+            check_task(&mut world, &scenario, task, m, i, before[i], causes[i])?;
+            // The model: every action of this step, then the state.
+            world.check("model", m.got == m.expected, || {
+                format!("task {i}: actions {:?}, the model expects {:?}", m.got, m.expected)
+            })?;
+            m.got.clear();
+            m.expected.clear();
+            if let Some(model) = &m.model {
+                model.check(&mut world, task, (0..workers.len() as u16).chain([u16::MAX]))?;
+            }
         }
         let held = before.iter().filter(|b| b.is_some()).count();
         world.check("G11", seen == held, || format!("{} tasks were lost from the table", held - seen))?;
         let counts = table.counts();
-        let done = models.iter().filter(|m| m.terminal == Some(TerminalKind::Completed)).count();
-        let inserted = models.iter().filter(|m| m.inserted).count();
+        let done = tracks.iter().filter(|m| m.terminal == Some(TerminalKind::Completed)).count();
+        let inserted = tracks.iter().filter(|m| m.inserted).count();
         world.check("G11", counts.total() == inserted && counts.completed == done, || {
             format!("{counts:?} for {inserted} tasks, {done} completed")
         })?;
@@ -396,7 +476,7 @@ fn report(
     bug: Option<DeliveryBug>,
     table: &mut Table,
     workers: &mut [Worker],
-    models: &mut [Model],
+    tracks: &mut [Track],
     before: &[Option<Fp>],
     causes: &mut [Cause],
     w: usize,
@@ -419,67 +499,99 @@ fn report(
         workers[w].job = None;
         workers[w].at = at.saturating_add(Duration::from_nanos(world.between(1, scenario.poll_ns)));
     }
-    let (accepted, expected, cause) = match what {
+    let model = tracks[i].model();
+    // What the table answered, what the model answers, whether the attempt is out to this
+    // worker as the report needs (G12), and what the report does.
+    let (got, answer, expected, cause) = match what {
         Report::Persisted => {
-            let ok = table.handle_persisted(policy, now, &task, attempt).is_ok();
-            (ok, b.out().is_some_and(|o| o.0 == attempt), Cause::Progress)
+            let got = table.handle_persisted(policy, now, &task, attempt);
+            (got, model.persisted(now, attempt), b.out().is_some_and(|o| o.0 == attempt), Cause::Progress)
         }
         Report::Started => {
-            let ok = table.handle_started(policy, now, &task, attempt, &worker).is_ok();
-            (ok, holds.is_some_and(|o| !o.2), Cause::Progress)
+            let got = table.handle_started(policy, now, &task, attempt, &worker);
+            (got, model.started(policy, now, attempt, worker), holds.is_some_and(|o| !o.2), Cause::Progress)
         }
         Report::Heartbeat(checkpoint) => {
-            let ok = table.handle_heartbeat(policy, now, &task, attempt, &worker, Some(checkpoint)).is_ok();
-            (ok, holds.is_some(), Cause::Progress)
+            let got =
+                table.handle_heartbeat(policy, now, &task, attempt, &worker, Some(checkpoint)).map_err(|r| r.error);
+            let answer = model.heartbeat(policy, now, attempt, worker, Some(checkpoint));
+            (got, answer, holds.is_some(), Cause::Progress)
         }
         Report::Completed => {
-            let ok = table.handle_completed(policy, now, &task, attempt, &worker).is_ok();
-            (ok, holds.is_some(), Cause::Completed)
+            let got = table.handle_completed(policy, now, &task, attempt, &worker);
+            (got, model.completed(now, attempt, worker), holds.is_some(), Cause::Completed)
         }
         Report::Failed(kind) => {
             let fed = match bug {
                 Some(DeliveryBug::ClampHint) => clamp_hint(kind, now, policy.retry().max_hint()),
                 _ => kind,
             };
-            let failure = Failure::new(fed, attempt as u32);
-            let stats = table.get(&task).map(Delivery::stats);
-            let ok = table.handle_failed(policy, now, &task, attempt, &worker, failure, world.rng()).is_ok();
-            if let (true, FailureKind::Hinted(Hint::After(hint)), Some(stats)) = (ok, kind, stats) {
-                check_hint(world, scenario, &models[i], i, table.get(&task), stats, hint)?;
+            let slept = table.get(&task).map(|t| t.stats().slept);
+            let got = table.handle_failed(
+                policy,
+                now,
+                &task,
+                attempt,
+                &worker,
+                Failure::new(fed, attempt as u32),
+                world.rng(),
+            );
+            let after = table.get(&task);
+            let failure = Failure::new(kind, attempt as u32);
+            let answer = model.failed(policy, now, attempt, worker, failure, after.and_then(waits));
+            if let (Ok(()), FailureKind::Hinted(Hint::After(hint)), Some(slept), Some(after)) =
+                (got, kind, slept, after)
+                && let DeliveryStatus::Pending { .. } = after.status()
+            {
+                // G1: a hint that is waited is waited in full, never shortened.
+                let waited = after.stats().slept.saturating_sub(slept);
+                world.check("G1", waited >= hint, || format!("task {i}: a hint of {hint:?} was waited {waited:?}"))?;
             }
-            (ok, holds.is_some(), Cause::Consumes)
+            (got.map_err(|r| r.error), answer, holds.is_some(), Cause::Consumes)
         }
         Report::Returned(reason) => {
-            let ok = if reason == FreeReturn::Declined && bug == Some(DeliveryBug::DeclineAsDisconnect) {
+            let got = if reason == FreeReturn::Declined && bug == Some(DeliveryBug::DeclineAsDisconnect) {
                 let r = world.rng();
-                table.handle_interrupted(policy, now, &task, attempt, &worker, Interruption::Disconnected, r).is_ok()
+                table.handle_interrupted(policy, now, &task, attempt, &worker, Interruption::Disconnected, r)
             } else {
-                table.handle_returned(policy, now, &task, attempt, &worker, reason).is_ok()
+                table.handle_returned(policy, now, &task, attempt, &worker, reason)
             };
-            (ok, holds.is_some_and(|o| !o.2), Cause::Free)
+            let answer = model.returned(policy, now, attempt, worker, reason);
+            (got, answer, holds.is_some_and(|o| !o.2), Cause::Free)
         }
         Report::Disconnected => {
-            let r = world.rng();
-            let ok =
-                table.handle_interrupted(policy, now, &task, attempt, &worker, Interruption::Disconnected, r).is_ok();
-            (ok, holds.is_some(), Cause::Consumes)
+            let reason = Interruption::Disconnected;
+            let got = table.handle_interrupted(policy, now, &task, attempt, &worker, reason, world.rng());
+            let observed = table.get(&task).and_then(waits);
+            let answer = model.interrupted(policy, now, attempt, worker, reason, observed);
+            (got, answer, holds.is_some(), Cause::Consumes)
         }
         Report::Crashed => {
             // Every attempt this worker holds is interrupted.
+            let mut held = Vec::new();
             for (j, b) in before.iter().enumerate() {
-                if b.and_then(|b| b.out()).is_some_and(|o| o.1 == worker) {
+                if let Some(out) = b.and_then(|b| b.out()).filter(|o| o.1 == worker) {
                     causes[j] = Cause::Consumes;
+                    held.push((j, out.0));
                 }
             }
-            let expected = causes.iter().filter(|c| **c == Cause::Consumes).count();
-            let lost = table.handle_worker_lost(policy, now, &worker, Interruption::WorkerCrashed, world.rng());
+            let reason = Interruption::WorkerCrashed;
+            let lost = table.handle_worker_lost(policy, now, &worker, reason, world.rng());
             workers[w].at = at.saturating_add(Duration::from_nanos(world.between(1, scenario.restart_ns.max(1))));
             world.record(u32::MAX, "worker crashed", w as u64, lost as u64);
-            return world.check("D2", lost == expected, || {
-                format!("worker {w} crashed holding {expected} attempts; {lost} were interrupted")
-            });
+            world.check("D2", lost == held.len(), || {
+                format!("worker {w} crashed holding {} attempts; {lost} were interrupted", held.len())
+            })?;
+            for (j, attempt) in held {
+                let observed = table.get(&(j as u32)).and_then(waits);
+                let m = &mut tracks[j];
+                let answer = m.model().interrupted(policy, now, attempt, worker, reason, observed);
+                m.fed(world, j, "a crash", Ok(()), answer)?;
+            }
+            return Ok(());
         }
     };
+    let accepted = got.is_ok();
     world.record(task, if accepted { "report accepted" } else { "report refused" }, attempt, 0);
     world.check("G12", accepted == expected, || {
         format!(
@@ -488,10 +600,10 @@ fn report(
         )
     })?;
     if accepted {
-        if let Report::Heartbeat(checkpoint) = what {
-            models[i].checkpoint = Some(checkpoint);
-        }
         causes[i] = cause;
+        if what == Report::Returned(FreeReturn::Declined) {
+            workers[w].declined_told |= 1 << scenario.tasks[i].0;
+        }
         if cause != Cause::Progress {
             // The attempt is over for this worker.
             workers[w].job = None;
@@ -500,7 +612,7 @@ fn report(
         let after = table.get(&task).map(Fp::of);
         world.check("G12", after == Some(b), || format!("task {i}: a refused report changed it"))?;
     }
-    Ok(())
+    tracks[i].fed(world, i, &format!("{what:?}"), got, answer)
 }
 
 /// Drains the table's actions: hand-outs go to their workers (G10), revokes free them,
@@ -511,7 +623,7 @@ fn drain(
     bug: Option<DeliveryBug>,
     table: &mut Table,
     workers: &mut [Worker],
-    models: &mut [Model],
+    tracks: &mut [Track],
     now: Instant,
 ) -> Result<(), Violation> {
     let policy = &scenario.policy;
@@ -520,10 +632,11 @@ fn drain(
     while let Some((task, action)) = table.poll_action() {
         world.steps += 1;
         let i = task as usize;
-        let finished = models[i].terminal;
+        let finished = tracks[i].terminal;
         world.check("D9", finished.is_none() || matches!(action, DeliveryAction::Finish(_)), || {
             format!("task {i}: {action:?} after it finished ({finished:?})")
         })?;
+        tracks[i].got.push_back(action);
         match action {
             DeliveryAction::Ready { attempt } => {
                 world.record(task, "ready", attempt, 0);
@@ -543,18 +656,8 @@ fn drain(
             }
             DeliveryAction::HandOut(h) => {
                 world.record(task, "hand-out sent", h.attempt, u64::from(h.worker));
-                let m = &mut models[i];
+                let m = &mut tracks[i];
                 receive(world, scenario, m, i, h.attempt, h.worker)?;
-                world.check("D7", h.checkpoint == m.checkpoint, || {
-                    format!(
-                        "task {i}: handed out with checkpoint {:?}, the last stored is {:?}",
-                        h.checkpoint, m.checkpoint
-                    )
-                })?;
-                m.snapshot = m.checkpoint;
-                world.check("D10", h.key.task == task && h.key.step_execution == 1_000 + u64::from(task), || {
-                    format!("task {i}: idempotency key {:?}", h.key)
-                })?;
                 if bug == Some(DeliveryBug::SecondWorker)
                     && policy.durability() == Durability::Sync
                     && workers.len() > 1
@@ -576,7 +679,7 @@ fn drain(
             }
             DeliveryAction::Finish(terminal) => {
                 world.record(task, "finish", u64::from(task), terminal.kind() as u64);
-                let m = &mut models[i];
+                let m = &mut tracks[i];
                 m.finishes += 1;
                 world.check("G11", m.finishes == 1, || format!("task {i}: a second Finish"))?;
                 m.terminal = Some(terminal.kind());
@@ -595,7 +698,7 @@ fn drain(
 fn receive(
     world: &mut World,
     scenario: &DeliveryScenario,
-    m: &mut Model,
+    m: &mut Track,
     i: usize,
     attempt: u64,
     worker: u16,
@@ -685,13 +788,14 @@ fn plan(
     plan
 }
 
-/// The before/after check of one task (D1–D6, G1, G2, G10, G11).
+/// The guarantees of one step for one task, from before and after it (G1, G2, G10, G11): what
+/// a step may consume, given what the family fed (`cause`). The model decides the rest.
 #[allow(clippy::too_many_arguments)]
 fn check_task(
     world: &mut World,
     scenario: &DeliveryScenario,
     task: &Task,
-    m: &mut Model,
+    m: &mut Track,
     i: usize,
     before: Option<Fp>,
     cause: Cause,
@@ -700,9 +804,7 @@ fn check_task(
     let Some(b) = before else { return Ok(()) };
     let a = Fp::of(task);
     if b == a {
-        return world.check("D1", matches!(cause, Cause::None | Cause::Progress), || {
-            format!("task {i}: {cause:?} changed nothing")
-        });
+        return Ok(());
     }
     let consumed = a.retries_used.wrapping_sub(b.retries_used);
     let was = b.out();
@@ -710,39 +812,13 @@ fn check_task(
         (St::Done(_), _) => {
             return Err(world.violation("G11", format!("task {i}: a terminal state changed to {:?}", task.status())));
         }
-        (St::Pending { attempt, .. }, St::Pending { attempt: now_attempt, not_before: None }) => {
-            world.check("D1", cause == Cause::Ready && attempt == now_attempt && consumed == 0, || {
-                format!("task {i}: ready for {now_attempt} after pending {attempt} by {cause:?}")
-            })?;
-        }
-        (St::Pending { attempt, .. }, St::Out { attempt: out_attempt, started: false, .. }) => {
-            world.check("D1", cause == Cause::HandOut && attempt == out_attempt && consumed == 0, || {
-                format!("task {i}: attempt {attempt} pending, then {out_attempt} handed out by {cause:?}")
-            })?;
-        }
-        (_, St::Done(TerminalKind::Completed)) => {
-            let completed = match task.terminal() {
-                Some(Terminal::Completed { attempt }) => Some(*attempt),
-                _ => None,
-            };
-            world.check("D1", cause == Cause::Completed && was.map(|o| o.0) == completed && consumed == 0, || {
-                format!("task {i}: completed attempt {completed:?} by {cause:?}")
-            })?;
-        }
         (_, St::Done(TerminalKind::DeadLettered)) => {
-            // D4: only a free return past the cap dead-letters.
+            // Only a free return past the cap dead-letters, and it consumes no retry.
             world.check("G10", cause == Cause::Free && consumed == 0, || {
                 format!("task {i}: dead-lettered by {cause:?}, {consumed} retries consumed")
             })?;
-            let letter = match task.terminal() {
-                Some(Terminal::DeadLettered(letter)) => letter.redeliveries,
-                _ => u32::MAX,
-            };
-            let max = policy.max_redeliveries();
-            world.check("D4", letter == max && b.redeliveries == max, || {
-                format!("task {i}: dead-lettered after {letter} of {max} free returns")
-            })?;
         }
+        (_, St::Done(TerminalKind::Completed)) => {}
         (_, St::Done(kind)) => {
             // Retries ended: the attempt that was out consumed the last retry there was.
             world.check("G10", cause == Cause::Consumes && consumed == 1, || {
@@ -756,17 +832,8 @@ fn check_task(
             let (old, worker, _, durable) = was.expect("out");
             match cause {
                 Cause::Free => {
-                    world.check(
-                        "G10",
-                        attempt == old && consumed == 0 && a.redeliveries == b.redeliveries + 1,
-                        || {
-                            format!(
-                                "task {i}: a free return of attempt {old} left {attempt}, {consumed} retries consumed"
-                            )
-                        },
-                    )?;
-                    world.check("D3", a.checkpoint == b.checkpoint, || {
-                        format!("task {i}: a free return lost its input")
+                    world.check("G10", attempt == old && consumed == 0, || {
+                        format!("task {i}: a free return of attempt {old} left {attempt}, {consumed} retries consumed")
                     })?;
                     m.may_run.retain(|r| *r != (old, worker));
                 }
@@ -774,12 +841,7 @@ fn check_task(
                     world.check("G10", attempt == old && consumed == 0 && !durable, || {
                         format!("task {i}: a rollback of attempt {old} left {attempt}, {consumed} retries consumed")
                     })?;
-                    world.check("D6", policy.durability() == Durability::Async, || {
-                        format!("task {i}: a rollback in Sync mode")
-                    })?;
                     m.rolled_back.push(old);
-                    // D6, D7: what the rolled-back attempt stored is lost with it.
-                    m.checkpoint = m.snapshot;
                 }
                 _ => {
                     world.check("G10", cause == Cause::Consumes && attempt == old + 1 && consumed == 1, || {
@@ -801,19 +863,10 @@ fn check_task(
                 world.check("G1", t <= most, || format!("task {i}: retry delay until {t:?} past {most:?}"))?;
             }
         }
-        (St::Out { .. }, St::Out { .. }) => {
-            let same = a.out().map(|o| (o.0, o.1)) == was.map(|o| (o.0, o.1));
-            world.check("D1", cause == Cause::Progress && consumed == 0 && same, || {
-                format!("task {i}: {:?} became {:?} by {cause:?}", b.state, a.state)
-            })?;
-        }
-        (from, to) => return Err(world.violation("D1", format!("task {i}: {from:?} became {to:?} by {cause:?}"))),
+        _ => {}
     }
-    world.check("D7", a.checkpoint == m.checkpoint, || {
-        format!("task {i}: stores checkpoint {:?}, the model {:?}", a.checkpoint, m.checkpoint)
-    })?;
-    // D5, D6: a started attempt makes progress NotCompleted; Async always is (the terminal
-    // state's progress is checked against every hand-out that reached a worker).
+    // A started attempt makes progress NotCompleted; Async always is (the terminal state's
+    // progress is checked against every hand-out that reached a worker).
     if a.progress == AttemptProgress::NotStarted {
         let running = matches!(a.state, St::Out { started: true, .. });
         world.check("G10", !running && policy.durability() == Durability::Sync, || {
@@ -823,75 +876,11 @@ fn check_task(
     Ok(())
 }
 
-/// B6 in the embedded retry: an accepted failure of task `i` with a `Retry-After` of `hint`
-/// (`stats` were the task's statistics before it). Unless the limit ended retries first, a hint
-/// past `max_hint`, or one that ends past the total budget, ends retries at once with
-/// `Deferred` and the hinted instant; any other is waited exactly (never shortened): the
-/// retry delay is the hint, counted into the time slept, and the next attempt is not handed
-/// out before it ends.
-fn check_hint(
-    world: &mut World,
-    scenario: &DeliveryScenario,
-    m: &Model,
-    i: usize,
-    task: Option<&Task>,
-    stats: Stats,
-    hint: Duration,
-) -> Result<(), Violation> {
-    let Some(task) = task else { return Ok(()) };
-    let retry = scenario.policy.retry();
-    let hint_ns = hint.as_nanos() as u64;
-    // The failure was accepted at the task's latest time: its first start plus the elapsed time.
-    let at = |stats: Stats| m.inserted_at.saturating_add(stats.elapsed.unwrap_or_default());
-    match task.status() {
-        DeliveryStatus::Done(terminal) => {
-            let Some(error) = terminal.recovery_error() else { return Ok(()) };
-            let budget_end = retry.total().map_or(Instant::MAX, |t| m.inserted_at.saturating_add(t));
-            let (retry_at, deferred) = crate::model::hint::hinted(at(error.stats), hint, retry.max_hint(), budget_end);
-            let limited = retry.max_attempts().is_some_and(|n| error.stats.attempts >= u64::from(n));
-            let expected = if limited {
-                Some(OutcomeKind::Exhausted)
-            } else if deferred {
-                Some(OutcomeKind::Deferred)
-            } else {
-                // A hint within max_hint and the budget is waited, not the end.
-                None
-            };
-            let ok = Some(error.ended) == expected
-                && (expected != Some(OutcomeKind::Deferred) || error.retry_at == Some(retry_at));
-            world.check("G1", ok, || {
-                format!(
-                    "task {i}: a hint of {hint:?} (max_hint {:?}, budget end {budget_end:?}) ended retries {:?} \
-                     with retry_at {:?}; expected {expected:?} at {retry_at:?}",
-                    retry.max_hint(),
-                    error.ended,
-                    error.retry_at
-                )
-            })
-        }
-        DeliveryStatus::Pending { not_before, .. } => {
-            let after = task.stats();
-            let slept = after.slept.saturating_sub(stats.slept);
-            let until = at(after);
-            let budget_end = retry.total().map_or(Instant::MAX, |t| m.inserted_at.saturating_add(t));
-            let ok = slept == hint && *not_before == (hint_ns > 0).then_some(until);
-            world.check("G1", ok && hint <= retry.max_hint() && until <= budget_end, || {
-                format!(
-                    "task {i}: a hint of {hint:?} (max_hint {:?}, budget end {budget_end:?}) was waited {slept:?}, \
-                     not before {not_before:?}",
-                    retry.max_hint()
-                )
-            })
-        }
-        other => Err(world.violation("D1", format!("task {i}: a failure left {other:?}"))),
-    }
-}
-
-/// The terminal state agrees with the policy and what happened (D4, D8, G2, G4, G10, G13).
+/// The guarantees of a terminal state (G10, G13); the model decides which one it is.
 fn check_terminal(
     world: &mut World,
     scenario: &DeliveryScenario,
-    m: &Model,
+    m: &Track,
     i: usize,
     terminal: &Terminal<u32, u8>,
 ) -> Result<(), Violation> {
@@ -902,40 +891,6 @@ fn check_terminal(
     };
     if progress == Some(AttemptProgress::NotStarted) {
         world.check("G10", !m.received, || format!("task {i}: NotStarted, but a worker received it"))?;
-    }
-    if let Some(error) = terminal.recovery_error() {
-        let expected = match policy.on_failure() {
-            FailurePolicy::Fail => TerminalKind::Failed,
-            FailurePolicy::Proceed => TerminalKind::Proceeded,
-            FailurePolicy::Divert(_) => TerminalKind::Diverted,
-        };
-        let route = match terminal {
-            Terminal::Diverted { route, .. } => Some(*route),
-            _ => None,
-        };
-        world.check("D8", terminal.kind() == expected && route.is_none_or(|r| r == 7), || {
-            format!("task {i}: {:?} under {:?}", terminal.kind(), policy.on_failure())
-        })?;
-        let class = error.last_failure.class;
-        let ok = match error.ended {
-            OutcomeKind::Exhausted => {
-                class.is_retryable() && Some(error.stats.attempts) == policy.retry().max_attempts().map(u64::from)
-            }
-            OutcomeKind::Fatal => !class.is_retryable(),
-            OutcomeKind::Canceled => class == FailureClass::Canceled,
-            OutcomeKind::OutOfTime => policy.retry().total().is_some(),
-            // B6: only a hint (past max_hint or the budget; see `check_hint`) defers a task.
-            OutcomeKind::Deferred => class == FailureClass::RetryAfter && error.retry_at.is_some(),
-            _ => false,
-        } && (error.retry_at.is_some() == (error.ended == OutcomeKind::Deferred));
-        let rule = match error.ended {
-            OutcomeKind::Exhausted => "G2",
-            OutcomeKind::Deferred => "G1",
-            _ => "G4",
-        };
-        world.check(rule, ok, || {
-            format!("task {i}: retries ended {:?} after {class:?}, {:?}", error.ended, error.stats)
-        })?;
     }
     // G13: once faults stop, a task finishes within a bound computed from its policy and
     // the workload.
@@ -960,38 +915,46 @@ fn misuse(
     world: &mut World,
     policy: &Policy,
     table: &mut Table,
-    models: &[Model],
+    tracks: &[Track],
     now: Instant,
 ) -> Result<(), Violation> {
-    let n = models.len() as u32;
+    let n = tracks.len() as u32;
     let before = table.clone();
     let task = world.between(0, u64::from(n) - 1) as u32;
     let current = table.get(&task).map(|d| (d.attempt(), Fp::of(d).out()));
-    // The table drains every task into its own queue, so it never refuses as undrained: each
-    // refusal names the mistake.
-    let refused = match (world.between(0, 3), current) {
-        (0, Some((_, Some((attempt, worker, _, _))))) => {
+    // The model answers each wrong report too (on a copy: a refusal changes nothing). The table
+    // drains every task into its own queue, so it never refuses as undrained.
+    let mut model = tracks[task as usize].model.clone();
+    let (got, answer) = match (world.between(0, 3), current, model.as_mut()) {
+        (0, Some((_, Some((attempt, worker, _, _)))), Some(model)) => {
             // The right attempt from the wrong worker.
-            table.handle_completed(policy, now, &task, attempt, &worker.wrapping_add(1))
-                == Err(DeliveryError::WrongWorker { attempt })
+            let wrong = worker.wrapping_add(1);
+            (table.handle_completed(policy, now, &task, attempt, &wrong), model.completed(now, attempt, wrong))
         }
-        (1, Some((attempt, _))) => {
+        (1, Some((attempt, _)), Some(model)) => {
             // An attempt that is not out.
             let r = world.rng();
             let failure = Failure::retryable(0);
-            table.handle_failed(policy, now, &task, attempt + 1, &0, failure, r).is_err_and(|r| {
-                r.input == failure && matches!(r.error, DeliveryError::StaleAttempt { .. } | DeliveryError::Finished(_))
-            })
+            let got = table.handle_failed(policy, now, &task, attempt + 1, &0, failure, r);
+            world.check("G12", got.as_ref().is_err_and(|r| r.input == failure), || {
+                format!("task {task}: a wrong failure was not handed back: {got:?}")
+            })?;
+            (got.map_err(|r| r.error), model.failed(policy, now, attempt + 1, 0, failure, None))
         }
-        (2, Some((_, Some((attempt, worker, true, _))))) => {
+        (2, Some((_, Some((attempt, worker, true, _)))), Some(model)) => {
             // A free return of a started attempt.
-            table.handle_returned(policy, now, &task, attempt, &worker, FreeReturn::Declined)
-                == Err(DeliveryError::AlreadyStarted { attempt })
+            let reason = FreeReturn::Declined;
+            let got = table.handle_returned(policy, now, &task, attempt, &worker, reason);
+            (got, model.returned(policy, now, attempt, worker, reason))
         }
-        _ => table.handle_started(policy, now, &(n + 1), 1, &0) == Err(DeliveryError::UnknownTask),
+        _ => (table.handle_started(policy, now, &(n + 1), 1, &0), Err(DeliveryError::UnknownTask)),
     };
+    let refused = got.is_err();
     world.record(task, "misuse fed", 0, 0);
     world.check("G12", refused, || format!("task {task}: a wrong report was accepted"))?;
+    world.check("model", got == answer, || {
+        format!("task {task}: a wrong report was answered {got:?}, the model {answer:?}")
+    })?;
     world.check("G12", *table == before, || format!("task {task}: a refused report changed the table"))
 }
 

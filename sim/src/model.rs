@@ -6,6 +6,8 @@
 //!   samples jitter, so none restates the core's sampling.
 //! - [`breaker`]: a breaker's closed window and its trip rules (K2).
 //! - [`budget`]: retry budgets' grants (U1, U2, G9) and a ratio budget's window.
+//! - [`delivery`]: one task's redelivery, its every input and action (D1–D10, with the retry
+//!   model inside), for the fuzz target and the delivery family alike.
 //! - [`flow`]: when an every-flow is due (F5, F10), why a cron tick is skipped (F6), and a
 //!   flow's every transition (F1–F10, B6).
 //! - [`hint`]: what a hinted failure does (B6): waited in full, or deferred past `max_hint` or
@@ -22,6 +24,7 @@
 pub mod backoff;
 pub mod breaker;
 pub mod budget;
+pub mod delivery;
 pub mod flow;
 pub mod hint;
 pub mod retry;
