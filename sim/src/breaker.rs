@@ -1,9 +1,10 @@
 //! Breaker scenarios: one real [`persevere::Breaker`] and one shared retry budget (a
 //! [`persevere::TokenBucket`] or a [`persevere::RatioBudget`]) used by many simulated callers,
 //! with drawn call durations and outcomes, lost probe results, and an operator who isolates,
-//! disables and resets the breaker at random; checked after every input against reference
-//! models of the breaker's window and probes and of the budget's exact arithmetic (G8, G9,
-//! G12, G13, K2–K5, U1–U3).
+//! disables and resets the breaker at random; checked after every input against the breaker
+//! model the fuzz target shares (`model::breaker`: every input, every permit and refusal, the
+//! state after every step) and the budget's exact arithmetic (U1–U3), and against the
+//! guarantees as the steps come (G8, G9, G12, G13).
 
 use std::time::Duration;
 
@@ -12,7 +13,7 @@ use persevere::{
     RatioBudgetPolicy, RetryClass, TokenBucket, TokenBucketPolicy,
 };
 
-use crate::model::breaker::{PPM, Rules, Window};
+use crate::model::breaker::{BreakerModel, PPM, PermitModel, Rules, open_until};
 use crate::model::budget::RatioWindow;
 use crate::world::{Summary, Violation, World, delay_bounds, draw_backoff};
 
@@ -191,20 +192,38 @@ struct Caller {
     retry: Option<Option<Grant>>,
 }
 
-/// The reference model of the breaker's closed-state window (K2) and of its probes (K4).
-#[derive(Clone, Debug, Default)]
+/// What the breaker must be (its model), and what the family remembers beside it.
+#[derive(Clone, Debug)]
 struct Model {
-    generation: u32,
-    /// Closed: the calls in the window (K2).
-    window: Window,
-    /// Closed: permits issued and not recorded in this generation.
-    closed_out: u32,
-    /// Half-open: probes out, as `(id, lease deadline)`.
-    probes: Vec<(u32, Instant)>,
-    /// An upper bound of the previous open duration (for a decorrelated open backoff).
-    previous_open: u64,
+    breaker: BreakerModel,
+    rules: Rules,
+    /// The generation the trace last reported.
+    traced: u32,
     /// The latest permit the breaker issued (a stale one, once the breaker moves on).
     last_permit: Option<Permit>,
+}
+
+impl Model {
+    /// Compares the breaker's answer to a record with the model's.
+    fn recorded(
+        &mut self,
+        world: &World,
+        policy: &BreakerPolicy,
+        breaker: &Breaker,
+        now: Instant,
+        (permit, outcome): (Permit, CallOutcome),
+        got: Result<(), BreakerError>,
+    ) -> Result<(), Violation> {
+        let elapsed_ns = now.as_nanos().saturating_sub(permit.acquired_at().as_nanos());
+        let observed = open_until(breaker);
+        let answer =
+            self.breaker.record(policy, &self.rules, now, PermitModel::of(&permit), outcome, elapsed_ns, observed);
+        if got == answer {
+            Ok(())
+        } else {
+            Err(world.violation("model", format!("record of {permit:?} gave {got:?}, the model {answer:?}")))
+        }
+    }
 }
 
 /// The reference model of the budget's arithmetic (U1–U3).
@@ -234,7 +253,8 @@ pub fn run(seed: u64, bug: Option<BreakerBug>) -> Result<Summary, Violation> {
         _ => None,
     };
     let mut budget_model = BudgetModel { balance: bucket.map_or(0, |(p, _)| p.capacity_milli()), ..Default::default() };
-    let mut model = Model::default();
+    let rules = rules(&scenario);
+    let mut model = Model { breaker: BreakerModel::new(1, &rules), rules, traced: 0, last_permit: None };
     let mut callers: Vec<Caller> = (0..scenario.callers)
         .map(|_| Caller { at: Instant::from_nanos(world.between(0, scenario.gap_ns)), call: None, retry: None })
         .collect();
@@ -285,7 +305,7 @@ pub fn run(seed: u64, bug: Option<BreakerBug>) -> Result<Summary, Violation> {
         // no call is measured slower than it was.
         let reported = world.step_to(due, scenario.stall_rate, scenario.horizon);
         if world.chance(scenario.misuse_rate) {
-            misuse(&mut world, policy, &mut breaker, &mut other, &model, reported)?;
+            misuse(&mut world, policy, &mut breaker, &mut other, &mut model, reported)?;
         }
         let before = breaker.status();
         // Whether the breaker was told the time (a refused input tells it nothing).
@@ -295,9 +315,11 @@ pub fn run(seed: u64, bug: Option<BreakerBug>) -> Result<Summary, Violation> {
                 told = true;
                 world.record(u32::MAX, "breaker timeout", reported.as_nanos(), 0);
                 breaker.handle_timeout(policy, reported, world.rng());
+                model.breaker.timeout(policy, reported, open_until(&breaker));
                 // A second timeout at the same time changes nothing.
                 let once = breaker;
                 breaker.handle_timeout(policy, reported, world.rng());
+                model.breaker.timeout(policy, reported, open_until(&breaker));
                 world.check("§3", breaker == once, || {
                     "a repeated timeout changed the breaker (handle_timeout twice must do nothing)".into()
                 })?;
@@ -307,6 +329,7 @@ pub fn run(seed: u64, bug: Option<BreakerBug>) -> Result<Summary, Violation> {
                 if matches!(before, BreakerStatus::Isolated | BreakerStatus::Disabled) {
                     world.record(u32::MAX, "operator restores", 0, 0);
                     breaker.handle_reset(policy, reported);
+                    model.breaker.reset(&model.rules, reported);
                 }
             }
             SETTLED => {
@@ -322,11 +345,20 @@ pub fn run(seed: u64, bug: Option<BreakerBug>) -> Result<Summary, Violation> {
                     let op = world.between(0, 2);
                     world.record(u32::MAX, "operator", op, 0);
                     match op {
-                        0 => breaker.handle_isolate(policy, reported),
-                        1 => breaker.handle_disable(policy, reported),
-                        _ => breaker.handle_reset(policy, reported),
+                        0 => {
+                            breaker.handle_isolate(policy, reported);
+                            model.breaker.isolate(reported);
+                        }
+                        1 => {
+                            breaker.handle_disable(policy, reported);
+                            model.breaker.disable(reported);
+                        }
+                        _ => {
+                            breaker.handle_reset(policy, reported);
+                            model.breaker.reset(&model.rules, reported);
+                        }
                     }
-                    check_transition(&mut world, &scenario, &mut model, &breaker, before, reported, false)?;
+                    check_transition(&mut world, &scenario, &mut model, &breaker, reported, false)?;
                 }
                 let before = breaker.status();
                 let caller = &mut callers[c];
@@ -395,7 +427,7 @@ pub fn run(seed: u64, bug: Option<BreakerBug>) -> Result<Summary, Violation> {
                 }
             }
         }
-        check_transition(&mut world, &scenario, &mut model, &breaker, before, reported, told)?;
+        check_transition(&mut world, &scenario, &mut model, &breaker, reported, told)?;
         if let Some((_, _, r)) = ratio.as_ref() {
             let (requests, retries) = budget_model.counts();
             world.check("G9", (r.requests(), r.retries()) == (requests, retries), || {
@@ -503,6 +535,8 @@ fn acquire(
 ) -> Result<(), Violation> {
     let policy = &scenario.policy;
     let result = breaker.try_acquire(policy, reported, world.rng());
+    let probes_before = model.breaker.probes().len() as u32;
+    let answer = model.breaker.acquire(policy, &model.rules, reported, open_until(breaker));
     let after = breaker.status();
     let subject = c as u32;
     let permit = match result {
@@ -520,56 +554,14 @@ fn acquire(
                     return world
                         .check("G8", world.now >= until, || format!("a call admitted while open until {until:?}"));
                 }
-                model.probes.push((u32::MAX, reported.saturating_add(policy.probe_timeout())));
-                world.check("G8", model.probes.len() as u32 <= policy.half_open_permits(), || {
-                    format!(
-                        "{} probes admitted in half-open, permits {}",
-                        model.probes.len(),
-                        policy.half_open_permits()
-                    )
-                })?;
-                return Ok(());
+                let out = probes_before + 1;
+                return world.check("G8", out <= policy.half_open_permits(), || {
+                    format!("{out} probes admitted in half-open, permits {}", policy.half_open_permits())
+                });
             }
-            match before {
-                BreakerStatus::Open { until } => {
-                    let (least, most) =
-                        (until.saturating_duration_since(world.now), until.saturating_duration_since(reported));
-                    world.check("K3", rejected.retry_after.is_some_and(|r| least <= r && r <= most), || {
-                        format!("retry_after {:?} while open until {until:?}", rejected.retry_after)
-                    })?;
-                }
-                BreakerStatus::Isolated => {
-                    world.check("K1", rejected.retry_after.is_none(), || "an isolated breaker names a time".into())?;
-                }
-                BreakerStatus::Closed | BreakerStatus::Disabled | BreakerStatus::MetricsOnly => {
-                    return Err(world.violation("K1", format!("a call rejected while {before:?}")));
-                }
-                BreakerStatus::HalfOpen { .. } => {
-                    // Rejected only with every permit held, or after an expired lease reopened it.
-                    let full = model.probes.len() as u32 >= policy.half_open_permits();
-                    world.check("G8", full || matches!(after, BreakerStatus::Open { .. }), || {
-                        format!(
-                            "a half-open breaker with {} of {} probes out rejected a call",
-                            model.probes.len(),
-                            policy.half_open_permits()
-                        )
-                    })?;
-                    // K3: it says when the earliest lease ends (or when it turns half-open again).
-                    let until = match after {
-                        BreakerStatus::Open { until } => Some(until),
-                        _ => model.probes.iter().map(|p| p.1).min(),
-                    };
-                    let now = world.now;
-                    let ok = until.is_some_and(|until| {
-                        let (least, most) =
-                            (until.saturating_duration_since(now), until.saturating_duration_since(reported));
-                        rejected.retry_after.is_some_and(|r| least <= r && r <= most)
-                    });
-                    world.check("K3", ok, || {
-                        format!("retry_after {:?} in half-open, until {until:?}", rejected.retry_after)
-                    })?;
-                }
-            }
+            world.check("model", answer == Err(rejected), || {
+                format!("a call was rejected ({rejected:?}) while {before:?}; the model answers {answer:?}")
+            })?;
             let wait =
                 rejected.retry_after.unwrap_or(Duration::from_nanos(scenario.gap_ns)).max(Duration::from_nanos(1));
             caller.at = world.now.saturating_add(wait);
@@ -586,21 +578,13 @@ fn acquire(
         _ => {}
     }
     let probe = matches!(breaker.status(), BreakerStatus::HalfOpen { .. });
-    world.check("K4", permit.is_probe() == probe, || format!("permit {permit:?} while {:?}", breaker.status()))?;
-    if permit.generation() != model.generation {
-        // The admission itself moved the breaker on (open → half-open).
-        model.generation = permit.generation();
-        model.probes.clear();
-        model.closed_out = 0;
-    }
-    if probe {
-        model.probes.push((permit.id(), permit.acquired_at().saturating_add(policy.probe_timeout())));
-        world.check("G8", model.probes.len() as u32 <= policy.half_open_permits(), || {
-            format!("{} probes admitted in half-open, permits {}", model.probes.len(), policy.half_open_permits())
+    if let BreakerStatus::HalfOpen { permits } = breaker.status() {
+        world.check("G8", permits <= policy.half_open_permits(), || {
+            format!("{permits} probes admitted in half-open, permits {}", policy.half_open_permits())
         })?;
-    } else {
-        model.closed_out += 1;
     }
+    let got = PermitModel::of(&permit);
+    world.check("model", answer == Ok(got), || format!("admitted {got:?}, the model answers {answer:?}"))?;
     let faulty = world.now < scenario.horizon;
     let mut longest = scenario.call_ns;
     if !faulty {
@@ -621,7 +605,8 @@ fn acquire(
     Ok(())
 }
 
-/// A caller records its call's outcome (K2, K4, K5, G12); returns whether it was accepted.
+/// A caller records its call's outcome (K5, G12, and the model); returns whether it was
+/// accepted.
 fn record(
     world: &mut World,
     scenario: &BreakerScenario,
@@ -641,30 +626,13 @@ fn record(
             format!("a stale permit {permit:?} was not refused as stale: {result:?}")
         })?;
         world.check("G12", *breaker == before, || "a refused record changed the breaker".into())?;
-        return Ok(false);
+    } else {
+        world.check("K5", result.is_ok(), || {
+            format!("the permit {permit:?} of this generation was refused: {result:?}")
+        })?;
     }
-    world
-        .check("K5", result.is_ok(), || format!("the permit {permit:?} of this generation was refused: {result:?}"))?;
-    if permit.is_probe() {
-        model.probes.retain(|(id, _)| *id != permit.id());
-        return Ok(true);
-    }
-    model.closed_out = model.closed_out.saturating_sub(1);
-    if before.status() != BreakerStatus::Closed || call.outcome == CallOutcome::Ignored {
-        return Ok(true);
-    }
-    // K2: the closed window against the reference.
-    let failed = call.outcome == CallOutcome::Failure;
-    let elapsed = reported.as_nanos().saturating_sub(permit.acquired_at().as_nanos());
-    let rules = rules(scenario);
-    let trips = model.window.push(&rules, reported, failed, elapsed >= rules.slow_ns);
-    let counts = model.window.counts();
-    let opened = matches!(breaker.status(), BreakerStatus::Open { .. });
-    world.check("K2", opened == trips, || format!("after {counts:?} the breaker is {:?}", breaker.status()))?;
-    if let Some(got) = breaker.window_counts() {
-        world.check("K2", got == counts, || format!("window {got:?}, the model {counts:?}"))?;
-    }
-    Ok(true)
+    model.recorded(world, policy, breaker, reported, (permit, call.outcome), result)?;
+    Ok(result.is_ok())
 }
 
 /// The scenario's breaker rules, as the window model reads them.
@@ -691,20 +659,19 @@ fn rules(scenario: &BreakerScenario) -> Rules {
     }
 }
 
-/// After every input: a new generation clears the model; half-open never holds more than
-/// `permits` probes nor a lease past its deadline (G8); open durations follow the backoff (K3).
+/// After every input: half-open never holds more than `permits` probes nor a lease past the
+/// time the breaker was told (G8); then the breaker against its model.
 fn check_transition(
     world: &mut World,
     scenario: &BreakerScenario,
     model: &mut Model,
     breaker: &Breaker,
-    before: BreakerStatus,
     reported: Instant,
     told: bool,
 ) -> Result<(), Violation> {
     let policy = &scenario.policy;
     let status = breaker.status();
-    if breaker.generation() != model.generation {
+    if breaker.generation() != model.traced {
         let (label, detail) = match status {
             BreakerStatus::Closed => ("breaker closed", 0),
             BreakerStatus::Open { until } => ("breaker opens until", until.as_nanos()),
@@ -714,83 +681,56 @@ fn check_transition(
             BreakerStatus::MetricsOnly => ("breaker metrics-only", 0),
         };
         world.record(u32::MAX, label, detail, u64::from(breaker.generation()));
-        model.generation = breaker.generation();
-        let earliest = model.probes.iter().map(|p| p.1).min();
-        model.probes.clear();
-        model.closed_out = 0;
-        if status == BreakerStatus::Closed {
-            model.window = Window::new(&rules(scenario));
-        }
-        if let BreakerStatus::Open { until } = status
-            && !matches!(before, BreakerStatus::Open { .. })
-        {
-            // K3: the open period is the next delay of the open backoff, from the failure.
-            let (lo, hi) = delay_bounds(policy.open_backoff(), breaker.openings(), model.previous_open);
-            let from = earliest.map_or(reported, |e| e.earlier(reported));
-            let now = world.now;
-            world.check("K3", until <= now.saturating_add(Duration::from_nanos(hi)), || {
-                format!("open until {until:?}, more than {hi} ns after {now:?}")
-            })?;
-            world.check("K3", until >= from.saturating_add(Duration::from_nanos(lo)), || {
-                format!("open until {until:?}, less than {lo} ns after {from:?}")
-            })?;
-            model.previous_open = hi;
-        }
-    }
-    if status == BreakerStatus::Closed && breaker.openings() == 0 {
-        model.previous_open = 0;
+        model.traced = breaker.generation();
     }
     if let BreakerStatus::HalfOpen { permits } = status {
         world.check("G8", permits <= policy.half_open_permits(), || format!("{permits} probes out in half-open"))?;
-        world.check("K4", permits as usize == model.probes.len(), || {
-            format!("the breaker holds {permits} probes, the model {}", model.probes.len())
-        })?;
         // Never wedged: every lease still held ends after the time the breaker was told.
-        let expired = model.probes.iter().map(|p| p.1).min().filter(|d| told && *d <= reported);
+        let expired = breaker.poll_timeout().filter(|d| told && *d <= reported);
         world.check("G8", expired.is_none(), || format!("half-open with a lease that ended at {expired:?}"))?;
-        let timeout = breaker.poll_timeout();
-        let earliest = model.probes.iter().map(|p| p.1).min();
-        world.check("G8", timeout == earliest, || {
-            format!("wakes at {timeout:?}, the earliest lease ends {earliest:?}")
-        })?;
     }
-    Ok(())
+    model.breaker.check(world, policy, false, breaker)
 }
 
-/// Feeds a permit the breaker must refuse, and checks nothing changes (K5, G12).
+/// Feeds a permit the breaker must refuse, and checks nothing changes (K5, G12) and the model
+/// refuses it alike.
 #[allow(clippy::too_many_arguments)]
 fn misuse(
     world: &mut World,
     policy: &BreakerPolicy,
     breaker: &mut Breaker,
     other: &mut Breaker,
-    model: &Model,
+    model: &mut Model,
     now: Instant,
 ) -> Result<(), Violation> {
     let before = *breaker;
     let outcome = world.pick(&[CallOutcome::Success, CallOutcome::Failure, CallOutcome::Ignored]);
-    let (what, result) = match (world.between(0, 2), model.last_permit) {
+    let (what, permit, result) = match (world.between(0, 2), model.last_permit) {
         (0, Some(permit)) if permit.generation() != breaker.generation() => {
-            ("stale", breaker.record(policy, now, permit, outcome, world.rng()))
+            ("stale", permit, breaker.record(policy, now, permit, outcome, world.rng()))
         }
-        (1, _) if model.closed_out == 0 && breaker.status() == BreakerStatus::Closed => {
+        (1, _) if model.breaker.in_flight() == 0 && breaker.status() == BreakerStatus::Closed => {
             // A permit recorded twice: refused when none of its state is outstanding.
             let permit =
                 breaker.try_acquire(policy, now, world.rng()).map_err(|e| world.violation("K1", format!("{e}")))?;
-            breaker
-                .record(policy, now, permit, CallOutcome::Ignored, world.rng())
-                .map_err(|e| world.violation("K5", format!("{e}")))?;
+            let answer = model.breaker.acquire(policy, &model.rules, now, open_until(breaker));
+            world.check("model", answer == Ok(PermitModel::of(&permit)), || {
+                format!("admitted {permit:?}, the model answers {answer:?}")
+            })?;
+            let result = breaker.record(policy, now, permit, CallOutcome::Ignored, world.rng());
+            model.recorded(world, policy, breaker, now, (permit, CallOutcome::Ignored), result)?;
             let snapshot = *breaker;
             let result = breaker.record(policy, now, permit, outcome, world.rng());
             world.record(0, "misuse: recorded twice", u64::from(permit.id()), 0);
             world.check("K5", matches!(result, Err(BreakerError::NotOutstanding { .. })), || {
                 format!("a permit recorded twice was not refused: {result:?}")
             })?;
-            return world.check("G12", *breaker == snapshot, || "a refused record changed the breaker".into());
+            world.check("G12", *breaker == snapshot, || "a refused record changed the breaker".into())?;
+            return model.recorded(world, policy, breaker, now, (permit, outcome), result);
         }
         _ => {
             let Ok(permit) = other.try_acquire(policy, now, world.rng()) else { return Ok(()) };
-            ("foreign", breaker.record(policy, now, permit, outcome, world.rng()))
+            ("foreign", permit, breaker.record(policy, now, permit, outcome, world.rng()))
         }
     };
     world.record(0, "misuse fed", 0, u64::from(what == "stale"));
@@ -799,5 +739,6 @@ fn misuse(
         _ => matches!(result, Err(BreakerError::Foreign { .. })),
     };
     world.check("K5", expected, || format!("a {what} permit was not refused as {what}: {result:?}"))?;
-    world.check("G12", *breaker == before, || "a refused record changed the breaker".into())
+    world.check("G12", *breaker == before, || "a refused record changed the breaker".into())?;
+    model.recorded(world, policy, breaker, now, (permit, outcome), result)
 }

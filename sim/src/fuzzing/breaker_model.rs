@@ -1,23 +1,19 @@
 //! The circuit breaker (K1–K5, G8, G12) against a reference model whose window is a plain list
 //! of calls, with permits that may be stale, replayed or foreign.
 
-use core::time::Duration;
-
 use arbitrary::Arbitrary;
 use persevere::{
     Breaker, BreakerError, BreakerPolicy, BreakerPolicyBuilder, BreakerReason, BreakerState, BreakerStatus,
-    BreakerWindow, CallOutcome, Instant, MAX_PERMITS, MAX_WINDOW_BUCKETS, MAX_WINDOW_CALLS, Permit, Rejected,
+    BreakerWindow, CallOutcome, Instant, MAX_PERMITS, MAX_WINDOW_BUCKETS, MAX_WINDOW_CALLS, Permit,
 };
 use rand_chacha::ChaCha8Rng;
 
 use super::backoff_model::{BackoffIn, check_delay};
-use crate::model::backoff::{adopt, delay_bounds};
 
-use crate::model::breaker::{PPM, Rules, Window};
+use crate::model::breaker::{BreakerModel as Model, PPM, PermitModel, Phase, Rules, open_until};
 
 use super::{At, Clock, Count, Ctx, ErrorKind, Fraction, SETUP, Span, ensure, nanos, nanos_sat, parse, rng, verdict};
 
-const PROBE_BIT: u32 = 1 << 31;
 /// The widest time-window bucket a policy accepts (about 18 years), as its `LimitTooLarge`
 /// error documents.
 const MAX_BUCKET_WIDTH_NS: u64 = (1 << 59) - 1;
@@ -170,228 +166,6 @@ fn build(config: &Config) -> Option<(BreakerPolicy, Rules)> {
     Some((policy, rules))
 }
 
-#[derive(Clone, Debug)]
-enum Phase {
-    Closed(Window),
-    Open { until: Instant },
-    HalfOpen { probes: Vec<(u32, Instant)>, successes: u32 },
-    Isolated,
-    Disabled,
-}
-
-/// What a [`Breaker`] must be, restated from K1–K5.
-#[derive(Clone, Debug)]
-struct Model {
-    id: u32,
-    phase: Phase,
-    generation: u32,
-    next_id: u32,
-    in_flight: u32,
-    last_now: Instant,
-    openings: u32,
-    last_open_ns: u64,
-}
-
-/// What the model says a permit must carry.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct PermitModel {
-    breaker: u32,
-    generation: u32,
-    id: u32,
-    acquired_at: Instant,
-}
-
-impl PermitModel {
-    fn of(permit: &Permit) -> Self {
-        PermitModel {
-            breaker: permit.breaker(),
-            generation: permit.generation(),
-            id: permit.id(),
-            acquired_at: permit.acquired_at(),
-        }
-    }
-}
-
-impl Model {
-    fn status(&self) -> BreakerStatus {
-        match &self.phase {
-            Phase::Closed(_) => BreakerStatus::Closed,
-            Phase::Open { until } => BreakerStatus::Open { until: *until },
-            Phase::HalfOpen { probes, .. } => BreakerStatus::HalfOpen { permits: probes.len() as u32 },
-            Phase::Isolated => BreakerStatus::Isolated,
-            Phase::Disabled => BreakerStatus::Disabled,
-        }
-    }
-
-    fn poll_timeout(&self) -> Option<Instant> {
-        match &self.phase {
-            Phase::Open { until } => Some(*until),
-            Phase::HalfOpen { probes, .. } => probes.iter().map(|p| p.1).min(),
-            _ => None,
-        }
-    }
-
-    fn enter(&mut self, phase: Phase) {
-        self.phase = phase;
-        self.generation = self.generation.wrapping_add(1);
-        self.in_flight = 0;
-    }
-
-    /// K3: opens for the next open duration, counted from `at` (or the latest time seen), by
-    /// an input at `now`. The duration is the one the machine drew ([`adopt`]): `observed` is
-    /// where its open period ends after the same input, `None` when it is no longer open (then
-    /// the period ended by `now`, so it was at most `now - at`).
-    fn open(&mut self, policy: &BreakerPolicy, at: Instant, now: Instant, observed: Option<Instant>) {
-        let at = self.last_now.later(at);
-        self.openings = self.openings.saturating_add(1);
-        let bounds = delay_bounds(policy.open_backoff(), self.openings, self.last_open_ns);
-        self.last_open_ns = adopt(Some(observed.unwrap_or(now)), at, bounds, |_| false);
-        self.last_now = at;
-        self.enter(Phase::Open { until: at.saturating_add(Duration::from_nanos(self.last_open_ns)) });
-    }
-
-    /// K4: a lease past its deadline is a failure at that deadline.
-    fn expire(&mut self, policy: &BreakerPolicy, now: Instant, observed: Option<Instant>) {
-        if let Phase::HalfOpen { probes, .. } = &self.phase
-            && let Some(earliest) = probes.iter().map(|p| p.1).min()
-            && earliest <= now
-        {
-            self.open(policy, earliest, now, observed);
-            self.last_now = self.last_now.later(now);
-        }
-    }
-
-    /// Everything due at `now` in one step: overdue leases expire (reopening at the earliest
-    /// deadline), then an open period that has ended turns half-open.
-    fn settle(&mut self, policy: &BreakerPolicy, now: Instant, observed: Option<Instant>) {
-        self.expire(policy, now, observed);
-        if let Phase::Open { until } = self.phase
-            && until <= now
-        {
-            self.last_now = now;
-            self.enter(Phase::HalfOpen { probes: Vec::new(), successes: 0 });
-        }
-    }
-
-    fn issue(&mut self, now: Instant) -> PermitModel {
-        let id = self.next_id;
-        self.next_id = (id + 1) & !PROBE_BIT;
-        self.in_flight = self.in_flight.wrapping_add(1);
-        PermitModel { breaker: self.id, generation: self.generation, id, acquired_at: now }
-    }
-
-    fn acquire(
-        &mut self,
-        policy: &BreakerPolicy,
-        rules: &Rules,
-        now: Instant,
-        observed: Option<Instant>,
-    ) -> Result<PermitModel, Rejected> {
-        match self.phase {
-            Phase::Closed(_) | Phase::Disabled => return Ok(self.issue(now)),
-            Phase::Isolated => return Err(Rejected { retry_after: None }),
-            Phase::Open { until } if now < until && self.last_now < until => {
-                return Err(Rejected { retry_after: Some(until.saturating_duration_since(self.last_now.later(now))) });
-            }
-            _ => {}
-        }
-        let now = self.last_now.later(now);
-        self.settle(policy, now, observed);
-        match &mut self.phase {
-            Phase::HalfOpen { probes, .. } => {
-                if probes.len() as u32 >= rules.permits {
-                    let earliest = probes.iter().map(|p| p.1).min().unwrap_or(now);
-                    return Err(Rejected { retry_after: Some(earliest.saturating_duration_since(now)) });
-                }
-                let id = self.next_id | PROBE_BIT;
-                self.next_id = (self.next_id + 1) & !PROBE_BIT;
-                probes.push((id, now.saturating_add(Duration::from_nanos(rules.probe_ns))));
-                self.last_now = now;
-                Ok(PermitModel { breaker: self.id, generation: self.generation, id, acquired_at: now })
-            }
-            Phase::Open { until } => Err(Rejected { retry_after: Some(until.saturating_duration_since(now)) }),
-            _ => unreachable!("only an open or half-open breaker gets here"),
-        }
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn record(
-        &mut self,
-        policy: &BreakerPolicy,
-        rules: &Rules,
-        now: Instant,
-        permit: PermitModel,
-        outcome: CallOutcome,
-        elapsed_ns: u64,
-        observed: Option<Instant>,
-    ) -> Result<(), BreakerError> {
-        if permit.breaker != self.id {
-            return Err(BreakerError::Foreign { this: self.id, got: permit.breaker });
-        }
-        if permit.generation != self.generation {
-            return Err(BreakerError::Stale { current: self.generation, got: permit.generation });
-        }
-        match &mut self.phase {
-            Phase::Closed(window) => {
-                if self.in_flight == 0 {
-                    return Err(BreakerError::NotOutstanding { id: permit.id });
-                }
-                self.in_flight -= 1;
-                if outcome != CallOutcome::Ignored
-                    && window.push(rules, now, outcome == CallOutcome::Failure, elapsed_ns >= rules.slow_ns)
-                {
-                    self.open(policy, now, now, observed);
-                }
-                Ok(())
-            }
-            Phase::Disabled => {
-                if self.in_flight == 0 {
-                    return Err(BreakerError::NotOutstanding { id: permit.id });
-                }
-                self.in_flight -= 1;
-                Ok(())
-            }
-            Phase::HalfOpen { probes, .. } => {
-                if !probes.iter().any(|p| p.0 == permit.id) {
-                    return Err(BreakerError::NotOutstanding { id: permit.id });
-                }
-                let now = self.last_now.later(now);
-                // A lease that ended before its result came already counted as a failure.
-                let generation = self.generation;
-                self.settle(policy, now, observed);
-                self.last_now = now;
-                if self.generation != generation {
-                    return Ok(());
-                }
-                let Phase::HalfOpen { probes, successes } = &mut self.phase else { return Ok(()) };
-                probes.retain(|p| p.0 != permit.id);
-                let failed = match outcome {
-                    CallOutcome::Ignored => return Ok(()),
-                    CallOutcome::Failure => true,
-                    CallOutcome::Success => rules.slow_ppm <= PPM && elapsed_ns >= rules.slow_ns,
-                };
-                if failed {
-                    self.open(policy, now, now, observed);
-                } else {
-                    *successes = successes.saturating_add(1);
-                    if *successes >= rules.close_after {
-                        self.openings = 0;
-                        self.last_open_ns = 0;
-                        self.enter(Phase::Closed(Window::new(rules)));
-                    }
-                }
-                Ok(())
-            }
-            Phase::Open { .. } | Phase::Isolated => Err(BreakerError::NotOutstanding { id: permit.id }),
-        }
-    }
-
-    fn timeout(&mut self, policy: &BreakerPolicy, now: Instant, observed: Option<Instant>) {
-        let now = self.last_now.later(now);
-        self.settle(policy, now, observed);
-    }
-}
-
 #[derive(Arbitrary, Clone, Copy, Debug, PartialEq, Eq)]
 enum PermitPick {
     Latest,
@@ -453,14 +227,6 @@ impl Op {
 /// How many permits the driver remembers (newest kept).
 const PERMITS_KEPT: usize = 64;
 
-/// Where `machine`'s open period ends, if it is open.
-fn open_until(machine: &Breaker) -> Option<Instant> {
-    match machine.status() {
-        BreakerStatus::Open { until } => Some(until),
-        _ => None,
-    }
-}
-
 pub(crate) fn run(data: &[u8]) {
     let Some((config, ops)) = parse::<Config, Op>(data) else { return };
     let Some((first_policy, first_rules)) = build(&config) else { return };
@@ -471,16 +237,7 @@ pub(crate) fn run(data: &[u8]) {
     let mut machine = Breaker::new(&policy, config.id);
     let mut foreign = Breaker::new(&policy, config.id.wrapping_add(1));
     foreign.handle_disable(&policy, Instant::ZERO);
-    let mut model = Model {
-        id: config.id,
-        phase: Phase::Closed(Window::new(&rules)),
-        generation: 0,
-        next_id: 0,
-        in_flight: 0,
-        last_now: Instant::ZERO,
-        openings: 0,
-        last_open_ns: 0,
-    };
+    let mut model = Model::new(config.id, &rules);
     let mut permits: Vec<Permit> = Vec::new();
     let mut clock = Clock::default();
     for (step, op) in ops.iter().enumerate() {
@@ -564,22 +321,17 @@ pub(crate) fn run(data: &[u8]) {
             }
             Op::Isolate(at) => {
                 let now = clock.at(at, machine.poll_timeout());
-                model.last_now = model.last_now.later(now);
-                model.enter(Phase::Isolated);
+                model.isolate(now);
                 machine.handle_isolate(&policy, now);
             }
             Op::Disable(at) => {
                 let now = clock.at(at, machine.poll_timeout());
-                model.last_now = model.last_now.later(now);
-                model.enter(Phase::Disabled);
+                model.disable(now);
                 machine.handle_disable(&policy, now);
             }
             Op::Reset(at) => {
                 let now = clock.at(at, machine.poll_timeout());
-                model.last_now = model.last_now.later(now);
-                model.openings = 0;
-                model.last_open_ns = 0;
-                model.enter(Phase::Closed(Window::new(&rules)));
+                model.reset(&rules, now);
                 machine.handle_reset(&policy, now);
             }
             Op::Repolicy { window, permits, rates } => {
@@ -728,66 +480,7 @@ fn record(
 }
 
 fn check_state(ctx: Ctx<'_>, policy: &BreakerPolicy, switched: bool, machine: &Breaker, model: &Model) {
-    let status = machine.status();
-    ensure!(ctx, status == model.status(), "model", "status {status:?}, the model expects {:?}", model.status());
-    ensure!(
-        ctx,
-        machine.generation() == model.generation,
-        "model",
-        "generation {}, expected {}",
-        machine.generation(),
-        model.generation
-    );
-    ensure!(
-        ctx,
-        machine.openings() == model.openings,
-        "K3",
-        "{} openings, the model counts {}",
-        machine.openings(),
-        model.openings
-    );
-    let timeout = machine.poll_timeout();
-    ensure!(
-        ctx,
-        timeout == model.poll_timeout(),
-        "K4",
-        "poll_timeout {timeout:?}, expected {:?}",
-        model.poll_timeout()
-    );
-    match status {
-        BreakerStatus::HalfOpen { permits } => {
-            // Under a replaced policy with fewer permits, probes admitted before stay out (and
-            // no more are admitted: see the acquisition).
-            ensure!(
-                ctx,
-                switched || permits <= policy.half_open_permits(),
-                "G8",
-                "{permits} probes out (permits {})",
-                policy.half_open_permits()
-            );
-            if permits > 0 {
-                ensure!(
-                    ctx,
-                    timeout.is_some(),
-                    "K4",
-                    "probes are out but nothing times them out: the breaker could wedge"
-                );
-            }
-        }
-        BreakerStatus::Open { until } => {
-            ensure!(ctx, timeout == Some(until), "K4", "open until {until:?} but poll_timeout is {timeout:?}")
-        }
-        _ => {}
-    }
-    if let Phase::Closed(window) = &model.phase {
-        // A window without a rate rule counts no calls; one made under another policy keeps its
-        // counts until its next recorded call rebuilds it.
-        let expected = window.counts();
-        let got = machine.window_counts();
-        ensure!(ctx, got == Some(expected), "K2", "window counts {got:?}, the model counts {expected:?}");
-    } else {
-        ensure!(ctx, machine.window_counts().is_none(), "K2", "window counts outside the closed state");
-    }
+    let _ = model.check(&mut ctx.judge(), policy, switched, machine);
 }
 
 /// The configuration and operations `data` decodes to.
