@@ -14,7 +14,7 @@ use persevere::{
 };
 
 use crate::model::breaker::{BreakerModel, PPM, PermitModel, Rules, open_until};
-use crate::model::budget::RatioWindow;
+use crate::model::budget::{BucketModel, RatioModel, RatioRules};
 use crate::world::{Summary, Violation, World, delay_bounds, draw_backoff};
 
 /// A deliberate defect, to prove the checks can fail.
@@ -35,8 +35,9 @@ pub enum BudgetSpec {
     None,
     /// A token bucket (U1).
     Bucket(TokenBucketPolicy),
-    /// A ratio budget (U2), with its floor in millionths of a retry, computed independently.
-    Ratio(RatioBudgetPolicy, u64),
+    /// A ratio budget (U2), with its settings as the model reads them (computed from what
+    /// was drawn, not asked of the policy).
+    Ratio(RatioBudgetPolicy, RatioRules),
 }
 
 /// The drawn configuration of one breaker scenario (swarm testing: the seed chooses it).
@@ -141,15 +142,23 @@ impl BreakerScenario {
             }
             _ => {
                 let (ttl_ms, per_sec) = (world.between(16, 10_000), world.between(0, 10));
-                let ratio = world.between(0, 1000) as f64 / 1000.0;
-                let policy = RatioBudgetPolicy::builder(ratio)
+                let per_mille = world.between(0, 1000);
+                let buckets = world.between(1, 16) as u32;
+                let policy = RatioBudgetPolicy::builder(per_mille as f64 / 1000.0)
                     .ttl(ms(ttl_ms))
-                    .buckets(world.between(1, 16) as u32)
+                    .buckets(buckets)
                     .min_retries_per_sec(per_sec as u32)
                     .build()
                     .expect("drawn ratio budgets are valid");
-                // U3: the floor is min_retries_per_sec × ttl, in millionths, exactly.
-                BudgetSpec::Ratio(policy, per_sec * ttl_ms * 1_000)
+                let rules = RatioRules {
+                    ratio_ppm: per_mille * 1_000,
+                    // U3: the floor is min_retries_per_sec × ttl, in millionths, exactly.
+                    floor_ppm: per_sec * ttl_ms * 1_000,
+                    width_ns: ttl_ms * 1_000_000 / u64::from(buckets),
+                    buckets,
+                    burst: None,
+                };
+                BudgetSpec::Ratio(policy, rules)
             }
         };
         BreakerScenario {
@@ -226,17 +235,6 @@ impl Model {
     }
 }
 
-/// The reference model of the budget's arithmetic (U1–U3).
-#[derive(Clone, Debug, Default)]
-struct BudgetModel {
-    balance: u64,
-    granted_cost: u64,
-    refunded: u64,
-    charged_refused: u64,
-    /// Ratio: the window (U2).
-    window: RatioWindow,
-}
-
 /// Runs the breaker scenario of `seed`; `bug` injects a defect.
 pub fn run(seed: u64, bug: Option<BreakerBug>) -> Result<Summary, Violation> {
     let mut world = World::new("breaker", seed);
@@ -249,10 +247,11 @@ pub fn run(seed: u64, bug: Option<BreakerBug>) -> Result<Summary, Violation> {
         _ => None,
     };
     let mut ratio = match scenario.budget {
-        BudgetSpec::Ratio(p, floor) => Some((p, floor, RatioBudget::new())),
+        BudgetSpec::Ratio(p, rules) => Some((p, rules, RatioBudget::new())),
         _ => None,
     };
-    let mut budget_model = BudgetModel { balance: bucket.map_or(0, |(p, _)| p.capacity_milli()), ..Default::default() };
+    let mut bucket_model = BucketModel::new(bucket.map_or(0, |(p, _)| p.capacity_milli()));
+    let mut ratio_model = RatioModel::default();
     let rules = rules(&scenario);
     let mut model = Model { breaker: BreakerModel::new(1, &rules), rules, traced: 0, last_permit: None };
     let mut callers: Vec<Caller> = (0..scenario.callers)
@@ -379,7 +378,7 @@ pub fn run(seed: u64, bug: Option<BreakerBug>) -> Result<Summary, Violation> {
                                     &mut world,
                                     &mut bucket,
                                     &mut ratio,
-                                    &mut budget_model,
+                                    (&mut bucket_model, &mut ratio_model),
                                     bug,
                                     class,
                                     reported,
@@ -393,21 +392,11 @@ pub fn run(seed: u64, bug: Option<BreakerBug>) -> Result<Summary, Violation> {
                                 if let Some((p, b)) = bucket.as_mut() {
                                     let grant = retry.flatten();
                                     b.record_success(p, grant);
-                                    let refund = match grant {
-                                        Some(g) if p.settings().refund_retry_cost => g.cost_milli(),
-                                        _ => p.settings().success_refund_milli,
-                                    };
-                                    let credited = refund.min(p.capacity_milli() - budget_model.balance);
-                                    budget_model.balance += credited;
-                                    budget_model.refunded += credited;
+                                    let before = bucket_model.balance;
+                                    bucket_model.success(p, grant);
+                                    let credited = bucket_model.balance.saturating_sub(before);
                                     world.record(c as u32, "budget refund", credited, b.balance_milli());
-                                    world.check("G9", b.balance_milli() == budget_model.balance, || {
-                                        format!(
-                                            "bucket balance {} after a refund, the model says {}",
-                                            b.balance_milli(),
-                                            budget_model.balance
-                                        )
-                                    })?;
+                                    bucket_model.check(&mut world, p, b)?;
                                 }
                             }
                             CallOutcome::Ignored => {}
@@ -416,10 +405,10 @@ pub fn run(seed: u64, bug: Option<BreakerBug>) -> Result<Summary, Violation> {
                 } else {
                     // A new request, or a retry the budget granted.
                     if caller.retry.is_none()
-                        && let Some((p, _, r)) = ratio.as_mut()
+                        && let Some((p, rules, r)) = ratio.as_mut()
                     {
                         r.record_request(p, reported);
-                        budget_model.note(p, reported, false);
+                        ratio_model.request(rules, reported);
                         world.record(c as u32, "request", 0, 0);
                     }
                     told = true;
@@ -429,31 +418,10 @@ pub fn run(seed: u64, bug: Option<BreakerBug>) -> Result<Summary, Violation> {
         }
         check_transition(&mut world, &scenario, &mut model, &breaker, reported, told)?;
         if let Some((_, _, r)) = ratio.as_ref() {
-            let (requests, retries) = budget_model.counts();
-            world.check("G9", (r.requests(), r.retries()) == (requests, retries), || {
-                format!("ratio window holds {}/{}, the model {requests}/{retries}", r.requests(), r.retries())
-            })?;
+            ratio_model.check(&mut world, r)?;
         }
     }
     Err(world.violation("G13", "the scenario did not finish within 400000 steps".into()))
-}
-
-impl BudgetModel {
-    /// Counts a request or a granted retry at `now` in the ratio window.
-    fn note(&mut self, policy: &RatioBudgetPolicy, now: Instant, retry: bool) {
-        self.advance(policy, now);
-        self.window.push(!retry);
-    }
-
-    /// Moves to `now`'s bucket (never backwards) and forgets what left the window.
-    fn advance(&mut self, policy: &RatioBudgetPolicy, now: Instant) {
-        self.window.advance(policy.bucket_width().as_nanos() as u64, policy.buckets(), now);
-    }
-
-    /// Requests and retries in the window.
-    fn counts(&self) -> (u32, u32) {
-        (self.window.requests() as u32, self.window.retries() as u32)
-    }
 }
 
 /// Asks the shared budget for a retry after a failure of `class`, and checks its answer
@@ -462,59 +430,40 @@ impl BudgetModel {
 fn ask_budget(
     world: &mut World,
     bucket: &mut Option<(TokenBucketPolicy, TokenBucket)>,
-    ratio: &mut Option<(RatioBudgetPolicy, u64, RatioBudget)>,
-    model: &mut BudgetModel,
+    ratio: &mut Option<(RatioBudgetPolicy, RatioRules, RatioBudget)>,
+    (bucket_model, ratio_model): (&mut BucketModel, &mut RatioModel),
     bug: Option<BreakerBug>,
     class: RetryClass,
     now: Instant,
 ) -> Result<Option<Option<Grant>>, Violation> {
     if let Some((p, b)) = bucket.as_mut() {
-        let cost = p.cost_milli(class);
-        let (expected, after) = crate::model::budget::bucket_grants(model.balance, cost, p.settings().threshold_milli);
+        let balance = bucket_model.balance;
+        let (expected, cost) = bucket_model.acquire(p, class);
         let got = b.try_acquire(p, class);
         let granted = got.is_ok() || bug == Some(BreakerBug::Overgrant);
         world.record(u32::MAX, "bucket asked", cost, u64::from(granted));
         world.check("G9", granted == expected, || {
             format!(
-                "the bucket {} a retry costing {cost} at balance {}",
-                if granted { "granted" } else { "refused" },
-                model.balance
+                "the bucket {} a retry costing {cost} at balance {balance}",
+                if granted { "granted" } else { "refused" }
             )
         })?;
-        if expected {
-            model.balance -= cost;
-            model.granted_cost += cost;
-        } else if p.settings().charge_refused {
-            model.charged_refused += model.balance - after.unwrap_or(0);
-            model.balance = after.unwrap_or(0);
-        }
-        world.check("G9", b.balance_milli() == model.balance, || {
-            format!("bucket balance {}, the model says {}", b.balance_milli(), model.balance)
-        })?;
-        // Over the whole run: never more granted than the capacity plus what was refunded.
-        world.check("G9", model.granted_cost + model.charged_refused <= p.capacity_milli() + model.refunded, || {
-            "the bucket granted more than its capacity and refunds".into()
-        })?;
+        bucket_model.check(world, p, b)?;
         return Ok(granted.then_some(got.ok()));
     }
-    if let Some((p, floor_ppm, r)) = ratio.as_mut() {
-        model.advance(p, now);
-        let (requests, retries) = model.counts();
-        let expected =
-            crate::model::budget::ratio_grants(u64::from(requests), u64::from(retries), p.ratio_ppm(), *floor_ppm);
+    if let Some((p, rules, r)) = ratio.as_mut() {
+        let (expected, requests, retries) = ratio_model.retry(rules, now);
         let granted = r.try_acquire(p, now).is_ok() || bug == Some(BreakerBug::Overgrant);
-        world.record(u32::MAX, "ratio asked", u64::from(requests), u64::from(retries));
+        world.record(u32::MAX, "ratio asked", requests, retries);
         world.check("G9", granted == expected, || {
             format!(
-                "the ratio budget {} retry {} over {requests} requests (ratio {} ppm, floor {floor_ppm})",
+                "the ratio budget {} retry {} over {requests} requests (ratio {} ppm, floor {})",
                 if granted { "granted" } else { "refused" },
                 retries + 1,
-                p.ratio_ppm()
+                rules.ratio_ppm,
+                rules.floor_ppm
             )
         })?;
-        if granted {
-            model.note(p, now, true);
-        }
         return Ok(granted.then_some(None));
     }
     Ok(Some(None))

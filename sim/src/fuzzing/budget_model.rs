@@ -7,7 +7,7 @@ use persevere::{
     TokenBucket, TokenBucketPolicy, TokenBucketPolicyBuilder,
 };
 
-use crate::model::budget::RatioWindow;
+use crate::model::budget::{BucketModel, RatioModel, RatioRules};
 
 use super::{At, Clock, Count, Ctx, ErrorKind, Fraction, SETUP, Span, ensure, nanos, parse, verdict};
 
@@ -179,18 +179,7 @@ fn build_bucket(input: &BucketIn) -> Option<TokenBucketPolicy> {
     }
 }
 
-/// The model's reading of a ratio budget's configuration.
-#[derive(Clone, Copy, Debug)]
-struct Ratio {
-    ratio_ppm: u64,
-    floor_ppm: u64,
-    width_ns: u64,
-    buckets: u32,
-    /// The burst window in buckets, and its floor in millionths of a retry.
-    burst: Option<(u64, u64)>,
-}
-
-fn build_ratio(input: &RatioIn) -> Option<(RatioBudgetPolicy, Ratio)> {
+fn build_ratio(input: &RatioIn) -> Option<(RatioBudgetPolicy, RatioRules)> {
     let mut builder = RatioBudgetPolicy::builder(input.ratio.get());
     if let Some(ttl) = input.ttl {
         builder = builder.ttl(ttl.get());
@@ -250,7 +239,7 @@ fn build_ratio(input: &RatioIn) -> Option<(RatioBudgetPolicy, Ratio)> {
         u64::try_from(floor).unwrap_or(u64::MAX)
     };
     let floor = floor_over(ttl_ns);
-    let ratio = Ratio {
+    let ratio = RatioRules {
         ratio_ppm: (builder.ratio * PPM as f64).round() as u64,
         floor_ppm: floor,
         width_ns,
@@ -330,15 +319,10 @@ fn check(config: &Config, ops: &[Op]) {
     let mut bucket_policy = build_bucket(&config.bucket);
     let mut ratio_policy = build_ratio(&config.ratio);
     let mut bucket = bucket_policy.as_ref().map(TokenBucket::new);
-    let mut balance = bucket_policy.as_ref().map_or(0, TokenBucketPolicy::capacity_milli);
-    // Tokens: the first capacity, plus refunds, minus what a smaller capacity cut off.
-    let initial = u128::from(balance);
-    let (mut charged, mut refunded, mut cut) = (0u128, 0u128, 0u128);
-    // The bucket's policy was replaced and no call has read its balance since.
-    let mut replaced = false;
+    let mut bucket_model = BucketModel::new(bucket_policy.as_ref().map_or(0, TokenBucketPolicy::capacity_milli));
     let mut grants: Vec<Grant> = Vec::new();
     let mut ratio = RatioBudget::new();
-    let mut window = RatioWindow::default();
+    let mut ratio_model = RatioModel::default();
     let (mut bucket_turns, mut ratio_turns) = (Turns::default(), Turns::default());
     let mut clock = Clock::default();
     for (step, op) in ops.iter().enumerate() {
@@ -351,14 +335,8 @@ fn check(config: &Config, ops: &[Op]) {
                     ClassIn::Transient => RetryClass::Transient,
                     ClassIn::Timeout => RetryClass::Timeout,
                 };
-                let settings = policy.settings();
-                let cost = policy.cost_milli(class);
-                // A balance kept under a larger capacity is read, and kept, as full at this one.
-                let capped = balance.min(policy.capacity_milli());
-                cut += u128::from(balance - capped);
-                balance = capped;
-                replaced = false;
-                let (granted, after) = crate::model::budget::bucket_grants(balance, cost, settings.threshold_milli);
+                let balance = bucket_model.balance;
+                let (granted, cost) = bucket_model.acquire(policy, class);
                 let got = bucket.try_acquire(policy, class);
                 let expected = bucket_turns.after(got.is_ok());
                 let told = bucket.poll_event();
@@ -368,30 +346,21 @@ fn check(config: &Config, ops: &[Op]) {
                     got.is_ok() == granted,
                     "U1",
                     "balance {balance}, cost {cost}, threshold {:?}: granted {}, expected {granted}",
-                    settings.threshold_milli,
+                    policy.settings().threshold_milli,
                     got.is_ok()
                 );
-                match got {
-                    Ok(grant) => {
-                        ensure!(
-                            ctx,
-                            grant.cost_milli() == cost,
-                            "U1",
-                            "a grant of {} for a cost of {cost}",
-                            grant.cost_milli()
-                        );
-                        balance = after.unwrap_or(0);
-                        charged += u128::from(cost);
-                        grants.push(grant);
-                        if grants.len() > 64 {
-                            let _ = grants.remove(0);
-                        }
+                if let Ok(grant) = got {
+                    ensure!(
+                        ctx,
+                        grant.cost_milli() == cost,
+                        "U1",
+                        "a grant of {} for a cost of {cost}",
+                        grant.cost_milli()
+                    );
+                    grants.push(grant);
+                    if grants.len() > 64 {
+                        let _ = grants.remove(0);
                     }
-                    Err(_) if settings.charge_refused => {
-                        charged += u128::from(balance - after.unwrap_or(0));
-                        balance = after.unwrap_or(0);
-                    }
-                    Err(_) => {}
                 }
             }
             Op::Success(pick) => {
@@ -401,33 +370,20 @@ fn check(config: &Config, ops: &[Op]) {
                     GrantPick::Latest => grants.last().copied(),
                     GrantPick::Back(k) => grants.len().checked_sub(1 + usize::from(k)).map(|i| grants[i]),
                 };
-                let settings = policy.settings();
-                let refund = match grant {
-                    Some(grant) if settings.refund_retry_cost => grant.cost_milli(),
-                    _ => settings.success_refund_milli,
-                };
-                let capped = balance.saturating_add(refund).min(settings.capacity_milli);
-                if capped >= balance {
-                    refunded += u128::from(capped - balance);
-                } else {
-                    cut += u128::from(balance - capped);
-                }
-                balance = capped;
-                replaced = false;
+                bucket_model.success(policy, grant);
                 bucket.record_success(policy, grant);
             }
             Op::Request(at) | Op::Request2(at) => {
-                let Some((policy, model)) = &ratio_policy else { continue };
+                let Some((policy, rules)) = &ratio_policy else { continue };
                 let now = clock.at(at, None);
-                window.advance(model.width_ns, model.buckets, now);
-                window.push(true);
+                ratio_model.request(rules, now);
                 ratio.record_request(policy, now);
             }
             Op::Rebucket(input) => {
                 // An invalid policy is refused by its builder (as the model expects): no switch.
                 if let (Some(policy), Some(_)) = (build_bucket(&input), &bucket) {
                     bucket_policy = Some(policy);
-                    replaced = true;
+                    bucket_model.replace();
                 }
             }
             Op::Reratio(input) => {
@@ -436,14 +392,9 @@ fn check(config: &Config, ops: &[Op]) {
                 }
             }
             Op::Retry(at) => {
-                let Some((policy, model)) = &ratio_policy else { continue };
+                let Some((policy, rules)) = &ratio_policy else { continue };
                 let now = clock.at(at, None);
-                window.advance(model.width_ns, model.buckets, now);
-                let (requests, retries) = (window.requests(), window.retries());
-                let burst_ok =
-                    model.burst.is_none_or(|(buckets, floor)| window.burst_allows(model.ratio_ppm, buckets, floor));
-                let granted =
-                    crate::model::budget::ratio_grants(requests, retries, model.ratio_ppm, model.floor_ppm) && burst_ok;
+                let (granted, requests, retries) = ratio_model.retry(rules, now);
                 let got = ratio.try_acquire(policy, now);
                 let expected = ratio_turns.after(got.is_ok());
                 let told = ratio.poll_event();
@@ -456,7 +407,6 @@ fn check(config: &Config, ops: &[Op]) {
                     got.is_ok()
                 );
                 if got.is_ok() {
-                    window.push(false);
                     // G9, U3: the retries of the window, this one included, within ratio × requests + floor.
                     let bound = policy.allowance(requests);
                     ensure!(
@@ -470,45 +420,10 @@ fn check(config: &Config, ops: &[Op]) {
             }
         }
         if let (Some(policy), Some(bucket)) = (&bucket_policy, &bucket) {
-            let capacity = policy.capacity_milli();
-            ensure!(
-                ctx,
-                bucket.balance_milli() == balance,
-                "U1",
-                "balance {}, the model holds {balance}",
-                bucket.balance_milli()
-            );
-            ensure!(ctx, replaced || balance <= capacity, "G9", "balance {balance} above the capacity {capacity}");
-            ensure!(
-                ctx,
-                charged <= initial + refunded,
-                "G9",
-                "{charged} charged out of {initial} plus {refunded} refunded"
-            );
-            ensure!(
-                ctx,
-                initial + refunded - cut - charged == u128::from(balance),
-                "U3",
-                "tokens were created or lost"
-            );
+            let _ = bucket_model.check(&mut ctx.judge(), policy, bucket);
         }
         if ratio_policy.is_some() {
-            ensure!(
-                ctx,
-                u64::from(ratio.requests()) == window.requests(),
-                "U2",
-                "{} requests in the window, the model counts {}",
-                ratio.requests(),
-                window.requests()
-            );
-            ensure!(
-                ctx,
-                u64::from(ratio.retries()) == window.retries(),
-                "U2",
-                "{} retries in the window, the model counts {}",
-                ratio.retries(),
-                window.retries()
-            );
+            let _ = ratio_model.check(&mut ctx.judge(), &ratio);
         }
     }
 }
