@@ -13,7 +13,7 @@ use persevere::{
     RatioBudgetPolicy, RetryClass, TokenBucket, TokenBucketPolicy,
 };
 
-use crate::model::breaker::{BreakerModel, PPM, PermitModel, Rules, open_until};
+use crate::model::breaker::{BreakerModel, PPM, PermitModel, Phase, Rules, open_until};
 use crate::model::budget::{BucketModel, RatioModel, RatioRules};
 use crate::world::{Summary, Violation, World, delay_bounds, draw_backoff};
 
@@ -45,6 +45,8 @@ pub enum BudgetSpec {
 pub struct BreakerScenario {
     /// The breaker's policy.
     pub policy: BreakerPolicy,
+    /// Its rules as the model reads them, from what was drawn (not asked of the policy).
+    pub(crate) rules: Rules,
     /// The rate thresholds drawn, in parts per million (`None`: unset).
     pub failure_ppm: Option<u64>,
     /// The slow-call rate threshold in ppm, and the slow-call threshold.
@@ -105,20 +107,43 @@ impl BreakerScenario {
             consecutive
         };
         let window_calls = world.between(1, 64) as u32;
-        builder = if world.chance(500) {
-            builder.count_window(window_calls)
+        // K2's window: the last calls (minimum calls by default: the window's size), or time
+        // buckets (minimum calls by default: 100).
+        let (calls, width_ns, buckets, default_minimum) = if world.chance(500) {
+            builder = builder.count_window(window_calls);
+            (Some(window_calls), 0, 0, window_calls)
         } else {
-            builder.time_window(ms(world.between(16, 2_000)), world.between(1, 16) as u32)
+            let (span_ms, buckets) = (world.between(16, 2_000), world.between(1, 16) as u32);
+            builder = builder.time_window(ms(span_ms), buckets);
+            (None, span_ms * 1_000_000 / u64::from(buckets), buckets, 100)
         };
-        if world.chance(700) {
-            builder = builder.minimum_calls(world.between(1, u64::from(window_calls)) as u32);
+        let minimum = world.chance(700).then(|| world.between(1, u64::from(window_calls)) as u32);
+        if let Some(n) = minimum {
+            builder = builder.minimum_calls(n);
         }
-        builder = builder.half_open_permits(world.between(1, 4) as u32);
-        if world.chance(500) {
-            builder = builder.successes_to_close(world.between(1, 4) as u32);
+        let permits = world.between(1, 4) as u32;
+        builder = builder.half_open_permits(permits);
+        let close_after = world.chance(500).then(|| world.between(1, 4) as u32);
+        if let Some(n) = close_after {
+            builder = builder.successes_to_close(n);
         }
-        builder = builder.probe_timeout(ms(world.between(5, 2_000)));
+        let probe_ms = world.between(5, 2_000);
+        builder = builder.probe_timeout(ms(probe_ms));
         let policy = builder.build().expect("drawn breaker policies are valid");
+        let rules = Rules {
+            consecutive: consecutive.map_or(u64::MAX, u64::from),
+            failure_ppm: failure_ppm.unwrap_or(PPM + 1),
+            slow_ppm: slow.map_or(PPM + 1, |(ppm, _)| ppm),
+            slow_ns: slow.map_or(u64::MAX, |(_, threshold)| threshold.as_nanos() as u64),
+            calls,
+            width_ns,
+            buckets,
+            minimum: minimum.unwrap_or(default_minimum),
+            permits,
+            // K4: as many successful probes as permits close it, by default.
+            close_after: close_after.unwrap_or(permits),
+            probe_ns: probe_ms * 1_000_000,
+        };
         let budget = match world.between(0, 5) {
             0 => BudgetSpec::None,
             1 => BudgetSpec::Bucket(TokenBucketPolicy::aws()),
@@ -163,6 +188,7 @@ impl BreakerScenario {
         };
         BreakerScenario {
             policy,
+            rules,
             failure_ppm,
             slow,
             consecutive,
@@ -208,6 +234,8 @@ struct Model {
     rules: Rules,
     /// The generation the trace last reported.
     traced: u32,
+    /// The model's generation and last open duration after the previous input.
+    seen: (u32, u64),
     /// The latest permit the breaker issued (a stale one, once the breaker moves on).
     last_permit: Option<Permit>,
 }
@@ -252,8 +280,8 @@ pub fn run(seed: u64, bug: Option<BreakerBug>) -> Result<Summary, Violation> {
     };
     let mut bucket_model = BucketModel::new(bucket.map_or(0, |(p, _)| p.capacity_milli()));
     let mut ratio_model = RatioModel::default();
-    let rules = rules(&scenario);
-    let mut model = Model { breaker: BreakerModel::new(1, &rules), rules, traced: 0, last_permit: None };
+    let rules = scenario.rules;
+    let mut model = Model { breaker: BreakerModel::new(1, &rules), rules, traced: 0, seen: (0, 0), last_permit: None };
     let mut callers: Vec<Caller> = (0..scenario.callers)
         .map(|_| Caller { at: Instant::from_nanos(world.between(0, scenario.gap_ns)), call: None, retry: None })
         .collect();
@@ -584,30 +612,6 @@ fn record(
     Ok(result.is_ok())
 }
 
-/// The scenario's breaker rules, as the window model reads them.
-fn rules(scenario: &BreakerScenario) -> Rules {
-    let policy = &scenario.policy;
-    let (calls, width_ns, buckets) = match policy.window() {
-        persevere::BreakerWindow::Calls(n) => (Some(n), 0, 0),
-        persevere::BreakerWindow::Time { span, buckets } => {
-            (None, span.as_nanos() as u64 / u64::from(buckets), buckets)
-        }
-    };
-    Rules {
-        consecutive: scenario.consecutive.map_or(u64::MAX, u64::from),
-        failure_ppm: scenario.failure_ppm.unwrap_or(PPM + 1),
-        slow_ppm: scenario.slow.map_or(PPM + 1, |(ppm, _)| ppm),
-        slow_ns: scenario.slow.map_or(u64::MAX, |(_, threshold)| threshold.as_nanos() as u64),
-        calls,
-        width_ns,
-        buckets,
-        minimum: policy.minimum_calls(),
-        permits: policy.half_open_permits(),
-        close_after: policy.successes_to_close(),
-        probe_ns: policy.probe_timeout().as_nanos() as u64,
-    }
-}
-
 /// After every input: half-open never holds more than `permits` probes nor a lease past the
 /// time the breaker was told (G8); then the breaker against its model.
 fn check_transition(
@@ -634,11 +638,30 @@ fn check_transition(
     }
     if let BreakerStatus::HalfOpen { permits } = status {
         world.check("G8", permits <= policy.half_open_permits(), || format!("{permits} probes out in half-open"))?;
-        // Never wedged: every lease still held ends after the time the breaker was told.
-        let expired = breaker.poll_timeout().filter(|d| told && *d <= reported);
+        // Never wedged: every lease the model holds ends after the time the breaker was told.
+        let earliest = model.breaker.probes().iter().map(|p| p.1).min();
+        let expired = earliest.filter(|d| told && *d <= reported);
         world.check("G8", expired.is_none(), || format!("half-open with a lease that ended at {expired:?}"))?;
     }
-    model.breaker.check(world, policy, false, breaker)
+    let (generation, previous_ns) = model.seen;
+    if let (Phase::Open { until }, BreakerStatus::Open { until: drawn_until }) = (&model.breaker.phase, status)
+        && model.breaker.generation != generation
+    {
+        // K3: a new opening lasts the open backoff's next delay, as the breaker drew it: from
+        // the instant the model opened at to where the breaker's open period ends, within the
+        // bounds of the opening's place in the schedule (the model adopts the draw clamped to
+        // them, so this comes first).
+        let at_ns = until.as_nanos().saturating_sub(model.breaker.last_open_ns);
+        let drawn_ns = drawn_until.as_nanos().saturating_sub(at_ns);
+        let n = model.breaker.openings;
+        let (lo, hi) = delay_bounds(policy.open_backoff(), n, previous_ns);
+        world.check("K3", (lo..=hi).contains(&drawn_ns), || {
+            format!("opening {n} lasts {drawn_ns} ns, outside {lo}..={hi}")
+        })?;
+    }
+    let result = model.breaker.check(world, policy, false, breaker);
+    model.seen = (model.breaker.generation, model.breaker.last_open_ns);
+    result
 }
 
 /// Feeds a permit the breaker must refuse, and checks nothing changes (K5, G12) and the model

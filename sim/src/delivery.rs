@@ -12,8 +12,8 @@ use std::collections::VecDeque;
 
 use persevere::{
     AttemptProgress, Deliveries, Delivery, DeliveryAction, DeliveryError, DeliveryPolicy, DeliveryStatus, Durability,
-    Failure, FailureKind, FailurePolicy, FreeReturn, Hint, IdempotencyKey, Instant, Interruption, RetryPolicy,
-    Terminal, TerminalKind,
+    Failure, FailureClass, FailureKind, FailurePolicy, FreeReturn, Hint, IdempotencyKey, Instant, Interruption,
+    OutcomeKind, RetryPolicy, Terminal, TerminalKind,
 };
 
 use crate::model::delivery::{DeliveryModel, waits};
@@ -191,6 +191,8 @@ struct Track {
     retired: Vec<u64>,
     finishes: u32,
     terminal: Option<TerminalKind>,
+    /// The latest failure reported with a `Retry-After` hint: when it was fed, and the hint.
+    hinted: Option<(Instant, Duration)>,
 }
 
 impl Track {
@@ -547,6 +549,12 @@ fn report(
                 let waited = after.stats().slept.saturating_sub(slept);
                 world.check("G1", waited >= hint, || format!("task {i}: a hint of {hint:?} was waited {waited:?}"))?;
             }
+            if got.is_ok() {
+                tracks[i].hinted = match kind {
+                    FailureKind::Hinted(Hint::After(hint)) => Some((now, hint)),
+                    _ => None,
+                };
+            }
             (got.map_err(|r| r.error), answer, holds.is_some(), Cause::Consumes)
         }
         Report::Returned(reason) => {
@@ -876,7 +884,7 @@ fn check_task(
     Ok(())
 }
 
-/// The guarantees of a terminal state (G10, G13); the model decides which one it is.
+/// The guarantees of a terminal state (G1, G2, G4, G10, G13); the model decides which one it is.
 fn check_terminal(
     world: &mut World,
     scenario: &DeliveryScenario,
@@ -891,6 +899,36 @@ fn check_terminal(
     };
     if progress == Some(AttemptProgress::NotStarted) {
         world.check("G10", !m.received, || format!("task {i}: NotStarted, but a worker received it"))?;
+    }
+    if let Some(error) = terminal.recovery_error() {
+        // How retries ended fits the last failure and the policy: a limit used exactly (G2), a
+        // class that ends retries (G4), a hint deferred to no earlier than it asked (G1).
+        let class = error.last_failure.class;
+        let retry = policy.retry();
+        let hinted = m.hinted.filter(|_| class == FailureClass::RetryAfter);
+        let ok = match error.ended {
+            OutcomeKind::Exhausted => {
+                class.is_retryable() && Some(error.stats.attempts) == retry.max_attempts().map(u64::from)
+            }
+            OutcomeKind::Fatal => !class.is_retryable(),
+            OutcomeKind::Canceled => class == FailureClass::Canceled,
+            OutcomeKind::OutOfTime => retry.total().is_some(),
+            OutcomeKind::Deferred => {
+                hinted.zip(error.retry_at).is_some_and(|((at, hint), retry_at)| retry_at >= at.saturating_add(hint))
+            }
+            _ => false,
+        } && (error.retry_at.is_some() == (error.ended == OutcomeKind::Deferred));
+        let rule = match error.ended {
+            OutcomeKind::Exhausted => "G2",
+            OutcomeKind::Deferred => "G1",
+            _ => "G4",
+        };
+        world.check(rule, ok, || {
+            format!(
+                "task {i}: retries ended {:?} after {class:?} (hint {hinted:?}), retry_at {:?}, {:?}",
+                error.ended, error.retry_at, error.stats
+            )
+        })?;
     }
     // G13: once faults stop, a task finishes within a bound computed from its policy and
     // the workload.

@@ -4,8 +4,11 @@
 //! - [`backoff`]: the envelope of a schedule (B1, B4), the bounds of every jittered delay
 //!   (B2, B3), and how a model adopts a draw it does not make ([`backoff::adopt`]): no model
 //!   samples jitter, so none restates the core's sampling.
-//! - [`breaker`]: a breaker's closed window and its trip rules (K2).
-//! - [`budget`]: retry budgets' grants (U1, U2, G9) and a ratio budget's window.
+//! - [`breaker`]: a breaker's closed window and its trip rules (K2), and the breaker's every
+//!   transition, permit and refusal (K1–K5), for the fuzz target and the breaker family alike.
+//! - [`budget`]: retry budgets' grants (U1, U2, G9), a token bucket's balance and every token
+//!   through it (U1, U3), and a ratio budget's window and decisions (U2), for the budget fuzz
+//!   target and the breaker family alike.
 //! - [`delivery`]: one task's redelivery, its every input and action (D1–D10, with the retry
 //!   model inside), for the fuzz target and the delivery family alike.
 //! - [`flow`]: when an every-flow is due (F5, F10), why a cron tick is skipped (F6), and a

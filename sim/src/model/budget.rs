@@ -99,7 +99,11 @@ impl BucketModel {
     /// this one; a refused retry is charged what is left above zero when the policy says so.
     pub fn acquire(&mut self, policy: &TokenBucketPolicy, class: RetryClass) -> (bool, u64) {
         let settings = policy.settings();
-        let cost = policy.cost_milli(class);
+        let cost = match class {
+            RetryClass::Throttling => settings.throttling_cost_milli,
+            RetryClass::Transient => settings.transient_cost_milli,
+            RetryClass::Timeout => settings.timeout_cost_milli,
+        };
         let capped = self.balance.min(policy.capacity_milli());
         self.cut += u128::from(self.balance - capped);
         self.balance = capped;
