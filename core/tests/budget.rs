@@ -795,6 +795,26 @@ fn u2_the_envoy_retry_budget_allows_a_share_of_the_requests_in_flight_and_never_
     assert!(matches!(ConcurrencyBudgetPolicy::builder(0.0).build(), Err(PolicyError::Zero { .. })));
 }
 
+#[test]
+fn o1_a_concurrency_budget_counts_the_events_it_pushes_out_unseen() {
+    use persevere::{ConcurrencyBudget, ConcurrencyBudgetPolicy};
+
+    let envoy = ConcurrencyBudgetPolicy::envoy();
+    let mut b = ConcurrencyBudget::new();
+    for _ in 0..3 {
+        b.try_acquire(&envoy).unwrap();
+    }
+    // Spent, recovered, spent again: three events, and only two wait to be drained.
+    assert_eq!(b.try_acquire(&envoy), Err(BudgetRefused));
+    b.release_retry().unwrap();
+    assert_eq!(b.try_acquire(&envoy), Ok(()));
+    assert_eq!(b.try_acquire(&envoy), Err(BudgetRefused));
+    assert_eq!(b.dropped_events(), 1);
+    assert_eq!(b.poll_event(), Some(BudgetEvent::Recovered { refused: 1 }));
+    assert_eq!(b.poll_event(), Some(BudgetEvent::Exhausted));
+    assert_eq!(b.poll_event(), None);
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
 
