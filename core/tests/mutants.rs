@@ -22,13 +22,23 @@
 //! end of this file kill 22. The other 6 are equivalent: `|` → `^` between the single-bit action
 //! flags in `validate` (`REVOKE | READY | HAND_OUT | FINISH` and its parts), whose bits are
 //! disjoint, so `a ^ b == a | b`.
+//!
+//! `.ci/mutants core/src/breaker.rs` (450 mutants, 2026-12-03): NN caught, NN timeouts, NN
+//! unviable, NN missed. The tests at the end of this file kill the survivors of `Window::validate`
+//! (crafted loads of a count and a time window, each bound just inside and just outside), the
+//! `Permit` getters, `window_key`'s shift, the bucket-width limit, `NEVER`, `rate_ppm`'s rounding,
+//! the builder a policy gives back, `successes_to_close` and `trip_reason`'s slow-call reason
+//! (each checked against its mutant applied by hand). Equivalent: `window_key`'s
+//! `(width << 5) | buckets` → `^` (the bits overlap only for a loaded bucket count of 32 or
+//! more, which is refused either way; only the reason named differs), and `|` → `^` in `push`'s
+//! write of a count-window slot, `(w & !(3 << shift)) | new` and `f | (s << 1)` (disjoint bits).
 
 use core::convert::Infallible;
 use core::time::Duration;
 
 use persevere::{
-    Backoff, Delivery, DeliveryError, DeliveryPolicy, DeliveryStatus, Failure, FreeReturn, Instant, Jitter,
-    RetryPolicy, SplitMix64,
+    Backoff, Breaker, BreakerPolicy, BreakerPolicyBuilder, BreakerStatus, CallOutcome, Delivery, DeliveryError,
+    DeliveryPolicy, DeliveryStatus, Failure, FreeReturn, Instant, Jitter, Permit, PolicyError, RetryPolicy, SplitMix64,
 };
 use rand_core::{Rng, TryRng};
 
@@ -750,4 +760,260 @@ fn started(policy: &RetryPolicy) -> persevere::Retry<u8> {
     retry.handle_start(policy, Instant::ZERO).unwrap();
     while retry.poll_action().is_some() {}
     retry
+}
+
+// ---- breaker.rs (`.ci/mutants core/src/breaker.rs`) -------------------------------------------
+
+/// A breaker policy open for 1 s, with `rules`.
+fn breaker_policy(rules: impl FnOnce(BreakerPolicyBuilder) -> BreakerPolicyBuilder) -> BreakerPolicy {
+    rules(BreakerPolicy::builder(Backoff::constant(ms(1_000)).build().unwrap())).build().unwrap()
+}
+
+/// One call on `b` at `at_ms` milliseconds, taking `took_ms`, that ends with `outcome`.
+fn breaker_call(b: &mut Breaker, p: &BreakerPolicy, at_ms: u64, took_ms: u64, outcome: CallOutcome) {
+    let now = Instant::from_millis(at_ms);
+    let permit = b.try_acquire(p, now, &mut Fixed(0)).unwrap();
+    b.record_with_duration(p, now, permit, outcome, ms(took_ms), &mut Fixed(0)).unwrap();
+}
+
+/// Kills `Permit::id`, `generation` and `breaker` → 0 / 1, `is_probe` → `true` and its `&` →
+/// `|`: a permit names its breaker, its state's generation and its own id, and only a
+/// half-open permit is a probe.
+#[test]
+fn k5_a_permit_names_its_breaker_its_generation_and_itself() {
+    let p = breaker_policy(|b| b.consecutive_failures(1));
+    let mut b = Breaker::new(&p, 7);
+    let closed: Vec<Permit> = (0..3).map(|_| b.try_acquire(&p, Instant::ZERO, &mut Fixed(0)).unwrap()).collect();
+    assert_eq!(closed.iter().map(Permit::id).collect::<Vec<_>>(), [0, 1, 2]);
+    assert!(closed.iter().all(|permit| permit.breaker() == 7 && permit.generation() == 0 && !permit.is_probe()));
+    b.record(&p, Instant::ZERO, closed[0], CallOutcome::Failure, &mut Fixed(0)).unwrap();
+    // Open (generation 1), then half-open at the end of the open period (generation 2).
+    let probe = b.try_acquire(&p, Instant::from_secs(1), &mut Fixed(0)).unwrap();
+    assert_eq!(b.status(), BreakerStatus::HalfOpen { permits: 1 });
+    assert_eq!((probe.breaker(), probe.generation(), b.generation()), (7, 2, 2));
+    assert!(probe.is_probe());
+    assert!(closed.iter().all(|permit| permit.id() != probe.id()));
+}
+
+/// Kills `BreakerPolicy::successes_to_close` → 1: it is `half_open_permits` by default, and
+/// what was set otherwise.
+#[test]
+fn k4_a_policy_says_how_many_successful_probes_close_it() {
+    assert_eq!(breaker_policy(|b| b.consecutive_failures(1).half_open_permits(3)).successes_to_close(), 3);
+    let p = breaker_policy(|b| b.consecutive_failures(1).half_open_permits(3).successes_to_close(2));
+    assert_eq!(p.successes_to_close(), 2);
+}
+
+/// Kills `rate * PPM + 0.5` → `- 0.5` in `rate_ppm`: a rate is rounded to the nearest part
+/// per million, so 1 ppm is a rate (not rounded down to zero), and 0.4 ppm is none.
+#[test]
+fn k2_a_rate_of_one_part_per_million_is_the_smallest_there_is() {
+    let builder = |rate| BreakerPolicy::builder(Backoff::constant(ms(1_000)).build().unwrap()).failure_rate(rate);
+    assert!(builder(1e-6).build().unwrap().counts_every_call());
+    assert!(matches!(builder(0.4e-6).build(), Err(PolicyError::Zero { setting: "failure_rate", .. })));
+}
+
+/// Kills `NEVER = PPM + 1` → `PPM - 1`: a rate one part per million below 1 is a rate rule
+/// like any other (the window counts every call, and the rate trips the breaker).
+#[test]
+fn k2_a_failure_rate_one_ppm_below_one_trips() {
+    let p = breaker_policy(|b| b.failure_rate(0.999_999).count_window(2));
+    assert!(p.counts_every_call());
+    let mut b = Breaker::new(&p, 1);
+    breaker_call(&mut b, &p, 0, 0, CallOutcome::Failure);
+    assert_eq!(b.window_counts().map(|c| c.calls), Some(1));
+    breaker_call(&mut b, &p, 0, 0, CallOutcome::Failure);
+    assert_eq!(b.status(), BreakerStatus::Open { until: Instant::from_secs(1) }, "2 failures of 2");
+}
+
+/// Kills `MAX_BUCKET_WIDTH_NS = (1 << 59) - 1` → `+ 1` and → `/ 1`: the widest bucket is
+/// 2^59 − 1 ns; one more is refused.
+#[test]
+fn k2_a_time_window_bucket_is_at_most_two_to_the_59_minus_one_ns_wide() {
+    let builder = |span_ns: u64| {
+        BreakerPolicy::builder(Backoff::constant(ms(1_000)).build().unwrap())
+            .failure_rate(0.5)
+            .time_window(Duration::from_nanos(span_ns), 1)
+    };
+    assert!(builder((1 << 59) - 1).build().is_ok());
+    let refused = builder(1 << 59).build();
+    assert!(matches!(refused, Err(PolicyError::LimitTooLarge { max: 0x07FF_FFFF_FFFF_FFFF, .. })), "{refused:?}");
+}
+
+/// Kills `slow_ns != u64::MAX` → `==` in `From<BreakerPolicy> for BreakerPolicyBuilder`: a
+/// policy gives back the builder it was built from, field for field: no slow-call threshold
+/// where none was set, and a threshold set without a slow-call rate.
+#[test]
+fn k2_a_policy_gives_back_the_builder_it_was_built_from() {
+    let explicit = BreakerPolicy::builder(Backoff::constant(ms(1_000)).build().unwrap())
+        .failure_rate(0.5)
+        .minimum_calls(100)
+        .successes_to_close(1);
+    assert_eq!(explicit.slow_call_threshold, None);
+    assert_eq!(BreakerPolicyBuilder::from(explicit.build().unwrap()), explicit);
+    let threshold_alone = BreakerPolicyBuilder { slow_call_threshold: Some(ms(100)), ..explicit };
+    assert_eq!(BreakerPolicyBuilder::from(threshold_alone.build().unwrap()), threshold_alone);
+}
+
+/// Kills `failure_ppm * calls` → `failure_ppm + calls` in `Window::trip_reason`: a breaker
+/// tripped by its slow calls, with a failure in its window below the failure rate, says it
+/// opened on the slow-call rate.
+#[test]
+fn k2_a_trip_on_the_slow_call_rate_is_told_as_one() {
+    use persevere::BreakerReason;
+    let p = breaker_policy(|b| b.failure_rate(0.5).slow_call_rate(0.5, ms(100)).count_window(4));
+    let mut b = Breaker::new(&p, 1);
+    for (took, outcome) in [(0, CallOutcome::Failure), (100, CallOutcome::Success), (0, CallOutcome::Success)] {
+        breaker_call(&mut b, &p, 0, took, outcome);
+    }
+    assert_eq!(b.status(), BreakerStatus::Closed);
+    breaker_call(&mut b, &p, 0, 100, CallOutcome::Success);
+    let event = b.poll_event().unwrap();
+    assert_eq!(
+        (event.to, event.reason),
+        (BreakerStatus::Open { until: Instant::from_secs(1) }, BreakerReason::SlowCallRate)
+    );
+}
+
+/// Whether a breaker's JSON state loads; the refusal's message if not.
+#[cfg(feature = "serde")]
+fn breaker_loads(state: &serde_json::Value) -> Result<Breaker, String> {
+    serde_json::from_value(state.clone()).map_err(|e| e.to_string())
+}
+
+/// `state` with the values at JSON pointers `edits` replaced.
+#[cfg(feature = "serde")]
+fn edited(state: &serde_json::Value, edits: &[(&str, serde_json::Value)]) -> serde_json::Value {
+    let mut state = state.clone();
+    for (pointer, value) in edits {
+        *state.pointer_mut(pointer).unwrap_or_else(|| panic!("no {pointer} in the breaker's JSON")) = value.clone();
+    }
+    state
+}
+
+/// Kills the survivors in `Window::validate`'s check of a loaded count window (DESIGN §3, any
+/// state that loads is safe to drive): the windows `push` makes load back (one not yet full,
+/// with a failed and a slow call; a full one that wrapped), and each bound is edited to just
+/// inside and just outside: a window of 512 calls loads, one of 513 does not; a head at the
+/// length, more calls than the length, a head that does not continue a window that is not
+/// full, and a call in a slot never written are refused.
+#[cfg(feature = "serde")]
+#[test]
+fn k2_a_loaded_count_window_loads_only_as_push_could_have_made_it() {
+    use serde_json::json;
+    let p = breaker_policy(|b| b.failure_rate(0.5).slow_call_rate(0.5, ms(100)).count_window(4));
+    let mut b = Breaker::new(&p, 1);
+    // A failed call, a fast one and a slow one: slots 0 (failed), 1 and 2 (slow) of 4, two
+    // bits each.
+    for (took, outcome) in [(0, CallOutcome::Failure), (0, CallOutcome::Success), (100, CallOutcome::Success)] {
+        breaker_call(&mut b, &p, 0, took, outcome);
+    }
+    let partial = serde_json::to_value(b).unwrap();
+    assert_eq!(breaker_loads(&partial), Ok(b));
+    assert_eq!(partial["phase"]["Closed"]["key"], json!(4 << 5), "the window key's encoding changed");
+    assert_eq!(partial["phase"]["Closed"]["ring"]["Calls"]["bits"][0], json!(1 | (2 << 4)));
+    // Two more calls: full, and the head wrapped to slot 1.
+    breaker_call(&mut b, &p, 0, 0, CallOutcome::Success);
+    breaker_call(&mut b, &p, 0, 0, CallOutcome::Failure);
+    assert_eq!(b.status(), BreakerStatus::Closed);
+    let full = serde_json::to_value(b).unwrap();
+    assert_eq!(full["phase"]["Closed"]["ring"]["Calls"]["head"], json!(1));
+    assert_eq!(breaker_loads(&full), Ok(b));
+
+    const LEN: &str = "/phase/Closed/ring/Calls/len";
+    const HEAD: &str = "/phase/Closed/ring/Calls/head";
+    const KEY: &str = "/phase/Closed/key";
+    let longest = edited(&partial, &[(LEN, json!(512)), (KEY, json!(512 << 5))]);
+    assert!(breaker_loads(&longest).is_ok(), "a window of 512 calls");
+
+    let refused = [
+        ("a window of 513 calls", edited(&partial, &[(LEN, json!(513)), (KEY, json!(513 << 5))]), "out of range"),
+        ("a head at the length", edited(&full, &[(HEAD, json!(4))]), "out of range"),
+        ("more calls than the length", edited(&full, &[("/phase/Closed/calls", json!(5))]), "out of range"),
+        ("a head behind the calls", edited(&partial, &[(HEAD, json!(2))]), "does not continue"),
+        (
+            "a failed call in slot 3 of 3 calls",
+            edited(
+                &partial,
+                &[
+                    ("/phase/Closed/ring/Calls/bits/0", json!(1 | (2 << 4) | (1 << 6))),
+                    ("/phase/Closed/failures", json!(2)),
+                ],
+            ),
+            "never wrote",
+        ),
+    ];
+    for (what, state, why) in refused {
+        let err = breaker_loads(&state).expect_err(what);
+        assert!(err.contains(why), "{what}: {err}");
+    }
+}
+
+/// Kills the survivors in `Window::validate`'s check of a loaded time window, and `window_key`'s
+/// `width << 5` → `>>` (DESIGN §3): a window `push` makes (with a failed and a slow call)
+/// loads back, and each bound is edited to just inside and just outside: a bucket width of
+/// 2^59 − 1 ns and 16 buckets load; a zero width, a width of 2^59 ns and 17 buckets do not,
+/// nor a width its key does not describe, a call in a bucket past the count, or a bucket
+/// with more failed or slow calls than calls.
+#[cfg(feature = "serde")]
+#[test]
+fn k2_a_loaded_time_window_loads_only_as_push_could_have_made_it() {
+    use serde_json::json;
+    let p = breaker_policy(|b| {
+        b.failure_rate(0.5).slow_call_rate(0.5, ms(100)).time_window(Duration::from_secs(10), 10).minimum_calls(5)
+    });
+    let mut b = Breaker::new(&p, 1);
+    // All in the first bucket of 1 s, which starts at zero.
+    for (took, outcome) in [(0, CallOutcome::Failure), (100, CallOutcome::Success), (0, CallOutcome::Success)] {
+        breaker_call(&mut b, &p, 500, took, outcome);
+    }
+    let state = serde_json::to_value(b).unwrap();
+    assert_eq!(breaker_loads(&state), Ok(b));
+    assert_eq!(state["phase"]["Closed"]["ring"]["Time"]["buckets"][0], json!({ "calls": 3, "failures": 1, "slow": 1 }));
+    // The key of a time window: its bucket width, shifted past the bucket count.
+    let key = |width: u64, buckets: u64| json!((width << 5) | buckets);
+    assert_eq!(state["phase"]["Closed"]["key"], key(1_000_000_000, 10), "the window key's encoding changed");
+
+    const WIDTH: &str = "/phase/Closed/ring/Time/width";
+    const COUNT: &str = "/phase/Closed/ring/Time/count";
+    const KEY: &str = "/phase/Closed/key";
+    const WIDEST: u64 = (1 << 59) - 1;
+    let loads = [
+        ("a bucket 2^59 - 1 ns wide", edited(&state, &[(WIDTH, json!(WIDEST)), (KEY, key(WIDEST, 10))])),
+        ("16 buckets", edited(&state, &[(COUNT, json!(16)), (KEY, key(1_000_000_000, 16))])),
+    ];
+    for (what, state) in loads {
+        assert!(breaker_loads(&state).is_ok(), "{what}: {:?}", breaker_loads(&state));
+    }
+
+    let bucket = |i: usize, field: &str| format!("/phase/Closed/ring/Time/buckets/{i}/{field}");
+    let refused = [
+        ("a zero width", edited(&state, &[(WIDTH, json!(0)), (KEY, key(0, 10))]), "out of range"),
+        (
+            "a bucket 2^59 ns wide",
+            edited(&state, &[(WIDTH, json!(WIDEST + 1)), (KEY, key(WIDEST + 1, 10))]),
+            "out of range",
+        ),
+        ("17 buckets", edited(&state, &[(COUNT, json!(17)), (KEY, key(1_000_000_000, 17))]), "out of range"),
+        ("a width 1 ns wider than its key", edited(&state, &[(WIDTH, json!(1_000_000_001))]), "key"),
+        (
+            "a call in bucket 12 of 10",
+            edited(&state, &[(&bucket(12, "calls"), json!(1)), ("/phase/Closed/calls", json!(4))]),
+            "cannot have",
+        ),
+        (
+            "more failed calls than calls",
+            edited(&state, &[(&bucket(0, "failures"), json!(4)), ("/phase/Closed/failures", json!(4))]),
+            "cannot have",
+        ),
+        (
+            "more slow calls than calls",
+            edited(&state, &[(&bucket(0, "slow"), json!(4)), ("/phase/Closed/slow", json!(4))]),
+            "cannot have",
+        ),
+    ];
+    for (what, state, why) in refused {
+        let err = breaker_loads(&state).expect_err(what);
+        assert!(err.contains(why), "{what}: {err}");
+    }
 }
