@@ -27,8 +27,8 @@
 //! unviable, NN missed. The tests at the end of this file kill the survivors of `Window::validate`
 //! (crafted loads of a count and a time window, each bound just inside and just outside), the
 //! `Permit` getters, `window_key`'s shift, the bucket-width limit, `NEVER`, `rate_ppm`'s rounding,
-//! the builder a policy gives back, `successes_to_close` and `trip_reason`'s slow-call reason
-//! (each checked against its mutant applied by hand). Equivalent: `window_key`'s
+//! the builder a policy gives back, `successes_to_close`, `trip_reason`'s slow-call reason and
+//! `Probes::latest` (each checked against its mutant applied by hand). Equivalent: `window_key`'s
 //! `(width << 5) | buckets` → `^` (the bits overlap only for a loaded bucket count of 32 or
 //! more, which is refused either way; only the reason named differs), and `|` → `^` in `push`'s
 //! write of a count-window slot, `(w & !(3 << shift)) | new` and `f | (s << 1)` (disjoint bits).
@@ -1016,4 +1016,22 @@ fn k2_a_loaded_time_window_loads_only_as_push_could_have_made_it() {
         let err = breaker_loads(&state).expect_err(what);
         assert!(err.contains(why), "{what}: {err}");
     }
+}
+
+/// Kills `busy & (1 << i)` → `|` in `Probes::latest`: under the rates rule, a half-open
+/// breaker whose probes are all taken says to come back when its last held lease ends, not
+/// at the deadline a recorded probe's free slot still holds.
+#[test]
+fn k4_under_the_rates_rule_a_full_half_open_breaker_waits_for_its_last_held_lease() {
+    let p = breaker_policy(|b| b.consecutive_failures(1).failure_rate(0.5).half_open_permits(2).half_open_by_rates());
+    let mut b = Breaker::new(&p, 1);
+    breaker_call(&mut b, &p, 0, 0, CallOutcome::Failure);
+    let first = b.try_acquire(&p, Instant::from_secs(1), &mut Fixed(0)).unwrap();
+    let second = b.try_acquire(&p, Instant::from_secs(2), &mut Fixed(0)).unwrap();
+    // The second probe answers; its slot is free, with its lease's deadline (12 s) left in it.
+    b.record(&p, Instant::from_secs(2), second, CallOutcome::Success, &mut Fixed(0)).unwrap();
+    assert_eq!(b.status(), BreakerStatus::HalfOpen { permits: 1 });
+    let rejected = b.try_acquire(&p, Instant::from_secs(3), &mut Fixed(0)).unwrap_err();
+    assert_eq!(rejected.retry_after, Some(Duration::from_secs(8)), "the first probe's lease ends at 11 s");
+    assert!(first.is_probe());
 }
