@@ -334,3 +334,18 @@ fn a_stale_timeout_expires_what_each_tasks_latest_now_makes_due() {
     );
     assert!(matches!(table.get(&1).unwrap().status(), DeliveryStatus::Pending { attempt: 2, .. }));
 }
+
+#[test]
+fn d9_the_total_counts_every_state_once() {
+    let counts = DeliveryCounts {
+        pending: 1,
+        handed_out: 2,
+        running: 4,
+        completed: 8,
+        failed: 16,
+        proceeded: 32,
+        diverted: 64,
+        dead_lettered: 128,
+    };
+    assert_eq!(counts.total(), 255);
+}

@@ -1035,3 +1035,24 @@ fn k4_under_the_rates_rule_a_full_half_open_breaker_waits_for_its_last_held_leas
     assert_eq!(rejected.retry_after, Some(Duration::from_secs(8)), "the first probe's lease ends at 11 s");
     assert!(first.is_probe());
 }
+
+/// An open breaker not yet due refuses a call, changes nothing (not even its latest time) and
+/// says how long is left; past its period's end it admits a probe (kills `now < until` →
+/// `now > until` in `try_acquire`'s fast refusal). Its mutant `false` is equivalent: the slow
+/// path refuses exactly alike, as this test shows.
+#[test]
+fn k1_an_open_breaker_refuses_a_call_before_its_period_ends_and_changes_nothing() {
+    let p = breaker_policy(|b| b.consecutive_failures(1));
+    let mut b = Breaker::new(&p, 1);
+    let permit = b.try_acquire(&p, Instant::ZERO, &mut Fixed(0)).unwrap();
+    b.record(&p, Instant::ZERO, permit, CallOutcome::Failure, &mut Fixed(0)).unwrap();
+    let BreakerStatus::Open { until } = b.status() else { panic!("{:?}", b.status()) };
+    let before = b;
+    let rejected = b.try_acquire(&p, Instant::from_millis(400), &mut Fixed(0)).unwrap_err();
+    assert_eq!(rejected.retry_after, Some(until.saturating_duration_since(Instant::from_millis(400))));
+    assert_eq!(b, before);
+    // Past the end of the period (not only at it), the next call is a probe.
+    let late = until.saturating_add(ms(1));
+    assert!(b.try_acquire(&p, late, &mut Fixed(0)).unwrap().is_probe());
+    assert_eq!(b.status(), BreakerStatus::HalfOpen { permits: 1 });
+}
