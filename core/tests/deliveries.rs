@@ -349,3 +349,35 @@ fn d9_the_total_counts_every_state_once() {
     };
     assert_eq!(counts.total(), 255);
 }
+
+#[test]
+fn d2_the_table_interrupts_the_attempts_of_the_lost_worker_only() {
+    let p = policy(3, 3);
+    let mut t = Table::new();
+    let mut r = ChaCha8Rng::seed_from_u64(7);
+    assert!(t.is_empty());
+    for (id, ty) in [(1, "pdf"), (2, "mail"), (3, "pdf")] {
+        t.insert(&p, at(0), id, ty, u64::from(id)).unwrap();
+    }
+    assert!(!t.is_empty());
+    assert_eq!(
+        t.iter().map(|(id, ty, task)| (*id, *ty, task.attempt())).collect::<Vec<_>>(),
+        [(1, "pdf", 1), (2, "mail", 1), (3, "pdf", 1)]
+    );
+    assert_eq!((t.task_type(&2), t.task_type(&9)), (Some(&"mail"), None));
+    assert!(!t.has_declined(&1, &"pdf"), "nobody declined anything yet");
+    for worker in 1..=3u8 {
+        assert_eq!(t.hand_out_next(&p, at(0), &worker), Some(u32::from(worker)));
+    }
+    // Worker 1's attempt is interrupted by a disconnect: it consumes a retry (D2).
+    t.handle_interrupted(&p, at(10), &1, 1, &1, Interruption::Disconnected, &mut r).unwrap();
+    assert!(matches!(t.get(&1).unwrap().status(), DeliveryStatus::Pending { attempt: 2, .. }));
+    assert_eq!(
+        t.handle_interrupted(&p, at(10), &2, 1, &1, Interruption::Disconnected, &mut r),
+        Err(DeliveryError::WrongWorker { attempt: 1 })
+    );
+    // Worker 2 crashes: only the attempt it holds is interrupted.
+    assert_eq!(t.handle_worker_lost(&p, at(20), &2, Interruption::WorkerCrashed, &mut r), 1);
+    assert!(matches!(t.get(&2).unwrap().status(), DeliveryStatus::Pending { attempt: 2, .. }));
+    assert!(matches!(t.get(&3).unwrap().status(), DeliveryStatus::HandedOut { attempt: 1, worker: 3, .. }));
+}

@@ -1056,3 +1056,32 @@ fn k1_an_open_breaker_refuses_a_call_before_its_period_ends_and_changes_nothing(
     assert!(b.try_acquire(&p, late, &mut Fixed(0)).unwrap().is_probe());
     assert_eq!(b.status(), BreakerStatus::HalfOpen { permits: 1 });
 }
+
+/// A zero open period with a stale clock: the breaker's own time is already at the period's
+/// end, so the next call is a probe whatever `now` says (kills `last_now < until` → `<=` / `==`
+/// in `try_acquire`'s fast refusal; `>` is equivalent, as `last_now` never passes `until` while
+/// open). Permit ids run on across a probe and a close, and a disabled breaker's permit is
+/// acquired at the `now` it was asked at (kills `& !PROBE_BIT` → `|` / `^` / `& PROBE_BIT` in
+/// `acquire_slow` and `id & PROBE_BIT != 0` → `==` / `|` / `^` in `try_acquire`; `next_id |
+/// PROBE_BIT` → `^` is equivalent, as `next_id` never holds that bit).
+#[test]
+fn k4_k5_a_zero_open_period_probes_at_once_and_permit_ids_run_on() {
+    let p = BreakerPolicy::builder(Backoff::constant(Duration::ZERO).build().unwrap())
+        .consecutive_failures(1)
+        .build()
+        .unwrap();
+    let mut b = Breaker::new(&p, 1);
+    let first = b.try_acquire(&p, Instant::from_secs(1), &mut Fixed(0)).unwrap();
+    b.record(&p, Instant::from_secs(1), first, CallOutcome::Failure, &mut Fixed(0)).unwrap();
+    assert_eq!(b.status(), BreakerStatus::Open { until: Instant::from_secs(1) });
+    let probe = b.try_acquire(&p, Instant::from_millis(500), &mut Fixed(0)).unwrap();
+    assert!(probe.is_probe());
+    assert_eq!((probe.id() & !(1 << 31), probe.acquired_at()), (1, Instant::from_secs(1)));
+    b.record(&p, Instant::from_secs(1), probe, CallOutcome::Success, &mut Fixed(0)).unwrap();
+    assert_eq!(b.status(), BreakerStatus::Closed);
+    let next = b.try_acquire(&p, Instant::from_secs(1), &mut Fixed(0)).unwrap();
+    assert_eq!((next.id(), next.is_probe()), (2, false));
+    b.handle_disable(&p, Instant::from_secs(2));
+    let disabled = b.try_acquire(&p, Instant::from_secs(1), &mut Fixed(0)).unwrap();
+    assert_eq!((disabled.id(), disabled.acquired_at()), (3, Instant::from_secs(1)));
+}
