@@ -381,3 +381,19 @@ fn d2_the_table_interrupts_the_attempts_of_the_lost_worker_only() {
     assert!(matches!(t.get(&2).unwrap().status(), DeliveryStatus::Pending { attempt: 2, .. }));
     assert!(matches!(t.get(&3).unwrap().status(), DeliveryStatus::HandedOut { attempt: 1, worker: 3, .. }));
 }
+
+#[test]
+fn d6_a_failover_of_the_table_interrupts_every_attempt_out() {
+    let p = policy(3, 3);
+    let mut t = Table::new();
+    let mut r = ChaCha8Rng::seed_from_u64(7);
+    for id in 1..=2 {
+        t.insert(&p, at(0), id, "pdf", u64::from(id)).unwrap();
+    }
+    assert_eq!(t.hand_out_next(&p, at(0), &1), Some(1));
+    t.handle_failover(&p, at(10), &mut r);
+    // `Sync`: the hand-out was durable, so the failover consumes a retry (D2, D6); the task
+    // that was never handed out is untouched.
+    assert!(matches!(t.get(&1).unwrap().status(), DeliveryStatus::Pending { attempt: 2, .. }));
+    assert!(matches!(t.get(&2).unwrap().status(), DeliveryStatus::Pending { attempt: 1, not_before: None }));
+}
