@@ -23,8 +23,9 @@
 //! flags in `validate` (`REVOKE | READY | HAND_OUT | FINISH` and its parts), whose bits are
 //! disjoint, so `a ^ b == a | b`.
 //!
-//! `.ci/mutants core/src/breaker.rs` (450 mutants, 2026-12-03): NN caught, NN timeouts, NN
-//! unviable, NN missed. The tests at the end of this file kill the survivors of `Window::validate`
+//! `.ci/mutants core/src/breaker.rs` (450 mutants, 2026-12-03): 328 caught, 0 timeouts, 34
+//! unviable, 88 missed; 82 are killed by the tests at the end of this file and 6 are
+//! equivalent. The tests kill the survivors of `Window::validate`
 //! (crafted loads of a count and a time window, each bound just inside and just outside), the
 //! `Permit` getters, `window_key`'s shift, the bucket-width limit, `NEVER`, `rate_ppm`'s rounding,
 //! the builder a policy gives back, `successes_to_close`, `trip_reason`'s slow-call reason and
@@ -32,6 +33,11 @@
 //! `(width << 5) | buckets` → `^` (the bits overlap only for a loaded bucket count of 32 or
 //! more, which is refused either way; only the reason named differs), and `|` → `^` in `push`'s
 //! write of a count-window slot, `(w & !(3 << shift)) | new` and `f | (s << 1)` (disjoint bits).
+//! Later in the file: `try_acquire`'s fast refusal and its probe test, `acquire_slow`'s id
+//! counter, `Breaker::id`, `expire`'s freeing of a lease under the rates rule and
+//! `Breaker::validate`'s check of a half-open state. Equivalent there: the fast refusal's guard
+//! → `false` and `last_now < until` → `>` (the slow path refuses alike; `last_now` never passes
+//! `until` while open), and `next_id | PROBE_BIT` → `^` (`next_id` never holds that bit).
 //!
 //! `.ci/mutants core/src/concurrency_budget.rs core/src/deliveries.rs` (113 mutants,
 //! 2026-12-03): 84 caught, 0 timeouts, 16 unviable, 13 missed. Tests in `tests/deliveries.rs`
@@ -1091,4 +1097,59 @@ fn k4_k5_a_zero_open_period_probes_at_once_and_permit_ids_run_on() {
     b.handle_disable(&p, Instant::from_secs(2));
     let disabled = b.try_acquire(&p, Instant::from_secs(1), &mut Fixed(0)).unwrap();
     assert_eq!((disabled.id(), disabled.acquired_at()), (3, Instant::from_secs(1)));
+}
+
+/// Kills the survivors in `Breaker::validate`'s check of a loaded half-open state (DESIGN §3):
+/// a real half-open state under the rates rule, with a probe answered and two held in slots 0
+/// and 2, loads back; a permit counter with the probe bit, a held lease whose id lacks it (in
+/// a slot past the first), two leases with one id, and more slow probes than answered are
+/// refused.
+#[cfg(feature = "serde")]
+#[test]
+fn k4_a_loaded_half_open_breaker_loads_only_as_its_probes_could_have_made_it() {
+    use serde_json::json;
+    let p = breaker_policy(|b| b.consecutive_failures(1).failure_rate(0.5).half_open_permits(3).half_open_by_rates());
+    let mut b = Breaker::new(&p, 1);
+    breaker_call(&mut b, &p, 0, 0, CallOutcome::Failure);
+    let probes: Vec<Permit> =
+        (1..=3).map(|s| b.try_acquire(&p, Instant::from_secs(s), &mut Fixed(0)).unwrap()).collect();
+    b.record(&p, Instant::from_secs(3), probes[1], CallOutcome::Success, &mut Fixed(0)).unwrap();
+    assert_eq!(b.status(), BreakerStatus::HalfOpen { permits: 2 });
+    let state = serde_json::to_value(b).unwrap();
+    assert_eq!(breaker_loads(&state), Ok(b), "a real half-open state loads back");
+    const PROBES: &str = "/phase/HalfOpen";
+    let id = |i: usize| state["phase"]["HalfOpen"]["ids"][i].as_u64().unwrap();
+    let refused = [
+        (
+            "a counter with the probe bit",
+            edited(&state, &[("/next_id", json!(state["next_id"].as_u64().unwrap() | (1 << 31)))]),
+        ),
+        (
+            "slot 2's id without the probe bit",
+            edited(&state, &[(&format!("{PROBES}/ids/2"), json!(id(2) & !(1 << 31)))]),
+        ),
+        ("slots 0 and 2 with one id", edited(&state, &[(&format!("{PROBES}/ids/2"), json!(id(0)))])),
+        ("more slow probes than answered", edited(&state, &[(&format!("{PROBES}/slow"), json!(2))])),
+    ];
+    for (what, state) in refused {
+        assert!(breaker_loads(&state).is_err(), "{what} loaded");
+    }
+}
+
+/// Under the rates rule an expired lease frees its slot and counts once (kills `!(1 << slot)`
+/// → `>>` in `expire`, under which a lease in slot 1 stays held and is counted again).
+#[test]
+fn k4_under_the_rates_rule_an_expired_lease_in_a_later_slot_is_freed() {
+    let p = breaker_policy(|b| b.consecutive_failures(1).failure_rate(0.5).half_open_permits(3).half_open_by_rates());
+    let mut b = Breaker::new(&p, 1);
+    breaker_call(&mut b, &p, 0, 0, CallOutcome::Failure);
+    let probes: Vec<Permit> =
+        (1..=3).map(|s| b.try_acquire(&p, Instant::from_secs(s), &mut Fixed(0)).unwrap()).collect();
+    b.record(&p, Instant::from_secs(3), probes[0], CallOutcome::Success, &mut Fixed(0)).unwrap();
+    assert_eq!(b.status(), BreakerStatus::HalfOpen { permits: 2 });
+    // The second probe's lease (slot 1) ends first: one success, one failure, one still out.
+    let second = b.poll_timeout().unwrap();
+    b.handle_timeout(&p, second, &mut Fixed(0));
+    assert_eq!(b.status(), BreakerStatus::HalfOpen { permits: 1 });
+    assert_eq!(b.poll_timeout(), Some(second.saturating_add(Duration::from_secs(1))), "the third lease");
 }
