@@ -767,6 +767,7 @@ fn retry_policy(max_attempts: u32) -> RetryPolicy {
 }
 
 /// A retry whose attempt 1 started at the epoch, its start drained.
+#[cfg(feature = "serde")]
 fn started(policy: &RetryPolicy) -> persevere::Retry<u8> {
     let mut retry = persevere::Retry::new();
     retry.handle_start(policy, Instant::ZERO).unwrap();
