@@ -1100,6 +1100,24 @@ fn k4_k5_a_zero_open_period_probes_at_once_and_permit_ids_run_on() {
     assert_eq!((disabled.id(), disabled.acquired_at()), (3, Instant::from_secs(1)));
 }
 
+/// A breaker that half-opens under the rates rule with three permits.
+fn rates_rule_policy() -> BreakerPolicy {
+    breaker_policy(|b| b.consecutive_failures(1).failure_rate(0.5).half_open_permits(3).half_open_by_rates())
+}
+
+/// A breaker under [`rates_rule_policy`], tripped at 0 s, with probes acquired at 1, 2 and 3 s
+/// and probe `answered` recorded as a success at 3 s: half-open with two probes out.
+fn three_probes_one_answered(answered: usize) -> Breaker {
+    let p = rates_rule_policy();
+    let mut b = Breaker::new(&p, 1);
+    breaker_call(&mut b, &p, 0, 0, CallOutcome::Failure);
+    let probes: Vec<Permit> =
+        (1..=3).map(|s| b.try_acquire(&p, Instant::from_secs(s), &mut Fixed(0)).unwrap()).collect();
+    b.record(&p, Instant::from_secs(3), probes[answered], CallOutcome::Success, &mut Fixed(0)).unwrap();
+    assert_eq!(b.status(), BreakerStatus::HalfOpen { permits: 2 });
+    b
+}
+
 /// Kills the survivors in `Breaker::validate`'s check of a loaded half-open state (DESIGN §3):
 /// a real half-open state under the rates rule, with a probe answered and two held in slots 0
 /// and 2, loads back; a permit counter with the probe bit, a held lease whose id lacks it (in
@@ -1109,13 +1127,7 @@ fn k4_k5_a_zero_open_period_probes_at_once_and_permit_ids_run_on() {
 #[test]
 fn k4_a_loaded_half_open_breaker_loads_only_as_its_probes_could_have_made_it() {
     use serde_json::json;
-    let p = breaker_policy(|b| b.consecutive_failures(1).failure_rate(0.5).half_open_permits(3).half_open_by_rates());
-    let mut b = Breaker::new(&p, 1);
-    breaker_call(&mut b, &p, 0, 0, CallOutcome::Failure);
-    let probes: Vec<Permit> =
-        (1..=3).map(|s| b.try_acquire(&p, Instant::from_secs(s), &mut Fixed(0)).unwrap()).collect();
-    b.record(&p, Instant::from_secs(3), probes[1], CallOutcome::Success, &mut Fixed(0)).unwrap();
-    assert_eq!(b.status(), BreakerStatus::HalfOpen { permits: 2 });
+    let b = three_probes_one_answered(1);
     let state = serde_json::to_value(b).unwrap();
     assert_eq!(breaker_loads(&state), Ok(b), "a real half-open state loads back");
     const PROBES: &str = "/phase/HalfOpen";
@@ -1141,13 +1153,8 @@ fn k4_a_loaded_half_open_breaker_loads_only_as_its_probes_could_have_made_it() {
 /// → `>>` in `expire`, under which a lease in slot 1 stays held and is counted again).
 #[test]
 fn k4_under_the_rates_rule_an_expired_lease_in_a_later_slot_is_freed() {
-    let p = breaker_policy(|b| b.consecutive_failures(1).failure_rate(0.5).half_open_permits(3).half_open_by_rates());
-    let mut b = Breaker::new(&p, 1);
-    breaker_call(&mut b, &p, 0, 0, CallOutcome::Failure);
-    let probes: Vec<Permit> =
-        (1..=3).map(|s| b.try_acquire(&p, Instant::from_secs(s), &mut Fixed(0)).unwrap()).collect();
-    b.record(&p, Instant::from_secs(3), probes[0], CallOutcome::Success, &mut Fixed(0)).unwrap();
-    assert_eq!(b.status(), BreakerStatus::HalfOpen { permits: 2 });
+    let p = rates_rule_policy();
+    let mut b = three_probes_one_answered(0);
     // The second probe's lease (slot 1) ends first: one success, one failure, one still out.
     let second = b.poll_timeout().unwrap();
     b.handle_timeout(&p, second, &mut Fixed(0));
