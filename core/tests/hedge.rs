@@ -257,6 +257,7 @@ fn x4_a_refused_hedge_stops_further_hedges_but_not_those_in_flight() {
 fn x5_invalid_policies_and_misuse_are_refused() {
     assert!(matches!(HedgePolicy::builder(0, ms(1)).build(), Err(PolicyError::Zero { .. })));
     assert!(matches!(HedgePolicy::builder(17, ms(1)).build(), Err(PolicyError::LimitTooLarge { max: 16, .. })));
+    assert!(HedgePolicy::builder(16, ms(1)).build().is_ok(), "the limit itself is allowed");
     assert!(matches!(HedgePolicy::builder(2, Duration::MAX).build(), Err(PolicyError::DurationOverflow { .. })));
     let p = policy(2, 10);
     let mut h = Hedge::<()>::new();
