@@ -344,6 +344,58 @@ fn apply(h: &mut Hedge<u8>, now: u64, seen: &mut Seen, max: u32, delay: u64) -> 
     Ok(())
 }
 
+/// A policy reads back its `next_on_failure` (on by default), and a hint of exactly
+/// `max_hint` is waited, not deferred (B6); only one past it ends the operation. Kills the
+/// cargo-mutants survivors `next_on_failure` → `true`, `> max_hint` → `>=` and the hinted
+/// instant's `- now` → `+ now` in `handle_failure`.
+#[test]
+fn x3_b6_a_hint_of_exactly_max_hint_is_waited_and_one_past_it_defers() {
+    assert!(policy(3, 100).next_on_failure());
+    assert!(!HedgePolicy::builder(3, ms(100)).next_on_failure(false).build().unwrap().next_on_failure());
+    let p = HedgePolicy::builder(3, ms(100)).max_hint(ms(500)).build().unwrap();
+    for (hint_ms, deferred) in [(499, false), (500, false), (501, true)] {
+        let mut h = Hedge::<&str>::new();
+        h.handle_start(&p, at(1_000)).unwrap();
+        drain(&mut h);
+        h.handle_timeout(&p, at(1_100));
+        assert_eq!(drain(&mut h), starts(&[2]));
+        let hint = persevere::FailureKind::Hinted(persevere::Hint::After(ms(hint_ms)));
+        h.handle_failure(&p, at(1_100), 1, Failure::new(hint, "busy")).unwrap();
+        assert_eq!(drain(&mut h), starts(&[]), "a hint of {hint_ms} ms");
+        if deferred {
+            // No attempt starts again; the running one decides the outcome.
+            assert_eq!(h.poll_timeout(), None, "a hint of {hint_ms} ms");
+        } else {
+            assert_eq!(h.poll_timeout(), Some(at(1_100 + hint_ms)), "a hint of {hint_ms} ms");
+        }
+    }
+}
+
+/// A canceled attempt ends the operation `Canceled` (kills the deleted `Canceled` arm of
+/// `handle_failure`), a refusal of hedge 2 itself is taken (kills `attempt < 2` → `<= 2` in
+/// `handle_rejected`), and a timeout after the outcome changes nothing (kills `||` → `&&` in
+/// `handle_timeout`'s guard).
+#[test]
+fn x4_x5_a_canceled_attempt_ends_it_hedge_two_can_be_refused_and_a_late_timeout_does_nothing() {
+    let p = policy(3, 100);
+    let mut h = Hedge::<&str>::new();
+    h.handle_start(&p, at(0)).unwrap();
+    drain(&mut h);
+    h.handle_failure(&p, at(10), 1, Failure::new(persevere::FailureKind::Canceled, "stop")).unwrap();
+    assert_eq!(finish(&mut h).0.kind(), OutcomeKind::Canceled);
+    let done = h.clone();
+    h.handle_timeout(&p, at(10_000));
+    assert_eq!(h, done, "a timeout after the outcome");
+
+    let mut r = Hedge::<&str>::new();
+    r.handle_start(&p, at(0)).unwrap();
+    drain(&mut r);
+    r.handle_timeout(&p, at(100));
+    assert_eq!(drain(&mut r), starts(&[2]));
+    assert_eq!(r.handle_rejected(&p, at(100), 2), Ok(()));
+    assert_eq!((r.started(), r.in_flight()), (1, 1));
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
 
