@@ -371,7 +371,8 @@ fn x3_b6_a_hint_of_exactly_max_hint_is_waited_and_one_past_it_defers() {
     }
 }
 
-/// A canceled attempt ends the operation `Canceled` (kills the deleted `Canceled` arm of
+/// A failure is kept as the last one and a canceled attempt ends the operation `Canceled`
+/// (kills `last_failure` and `finished` → `None` and the deleted `Canceled` arm of
 /// `handle_failure`), a refusal of hedge 2 itself is taken (kills `attempt < 2` → `<= 2` in
 /// `handle_rejected`), and a timeout after the outcome changes nothing (kills `||` → `&&` in
 /// `handle_timeout`'s guard).
@@ -381,8 +382,23 @@ fn x4_x5_a_canceled_attempt_ends_it_hedge_two_can_be_refused_and_a_late_timeout_
     let mut h = Hedge::<&str>::new();
     h.handle_start(&p, at(0)).unwrap();
     drain(&mut h);
-    h.handle_failure(&p, at(10), 1, Failure::new(persevere::FailureKind::Canceled, "stop")).unwrap();
-    assert_eq!(finish(&mut h).0.kind(), OutcomeKind::Canceled);
+    h.handle_timeout(&p, at(100));
+    assert_eq!(drain(&mut h), starts(&[2]));
+    h.handle_failure(&p, at(100), 2, Failure::retryable("busy")).unwrap();
+    drain(&mut h);
+    assert_eq!(h.last_failure(), Some(&LastFailure { class: FailureClass::Retryable, error: Some("busy") }));
+    assert_eq!(h.finished(), None);
+    h.handle_failure(&p, at(110), 1, Failure::new(persevere::FailureKind::Canceled, "stop")).unwrap();
+    assert_eq!(h.finished(), Some(OutcomeKind::Canceled));
+    // Attempt 3 started at once on attempt 2's failure (`next_on_failure`); it is canceled.
+    let actions = drain(&mut h);
+    assert!(
+        matches!(
+            actions.as_slice(),
+            [HedgeAction::Cancel { attempt: 3 }, HedgeAction::Finish { outcome: Outcome::Canceled { .. }, .. }]
+        ),
+        "{actions:?}"
+    );
     let done = h.clone();
     h.handle_timeout(&p, at(10_000));
     assert_eq!(h, done, "a timeout after the outcome");
