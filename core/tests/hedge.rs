@@ -412,6 +412,37 @@ fn x4_x5_a_canceled_attempt_ends_it_hedge_two_can_be_refused_and_a_late_timeout_
     assert_eq!((r.started(), r.in_flight()), (1, 1));
 }
 
+/// All sixteen attempts can run and be answered, and an answer for no attempt in flight is
+/// refused (kills `attempt > MAX_HEDGED_ATTEMPTS` → `>=` / `==` in `check`; its first `||` →
+/// `&&` is equivalent, as an attempt out of range has no bit in flight);
+/// a state driven under a policy with fewer attempts starts no more than that policy allows
+/// (kills `started < max` → `<=` in `advance`; its twin on `next_at` is equivalent, since the
+/// end of `advance` clears it whenever the limit is reached).
+#[test]
+fn x1_x5_sixteen_attempts_are_answered_and_a_smaller_policy_starts_no_more() {
+    let all = policy(16, 0);
+    let mut h = Hedge::<&str>::new();
+    h.handle_start(&all, at(0)).unwrap();
+    assert_eq!(drain(&mut h).len(), 16);
+    for attempt in [0, 17] {
+        assert_eq!(h.handle_success(&all, at(1), attempt), Err(HedgeError::NotInFlight { attempt }));
+    }
+    assert_eq!(h.handle_success(&all, at(1), 16), Ok(()));
+
+    let (four, three) = (policy(4, 100), policy(3, 100));
+    let mut h = Hedge::<&str>::new();
+    h.handle_start(&four, at(0)).unwrap();
+    assert_eq!(drain(&mut h), starts(&[1]));
+    for (t, attempt) in [(100, 2), (200, 3)] {
+        h.handle_timeout(&four, at(t));
+        assert_eq!(drain(&mut h), starts(&[attempt]));
+    }
+    assert_eq!(h.poll_timeout(), Some(at(300)), "a fourth attempt is due under four");
+    h.handle_timeout(&three, at(300));
+    assert_eq!(drain(&mut h), starts(&[]), "none under three");
+    assert_eq!(h.started(), 3);
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
 
