@@ -37,6 +37,17 @@ fn starts(attempts: &[u64]) -> Vec<HedgeAction<&'static str>> {
     attempts.iter().map(|&attempt| HedgeAction::Start { attempt }).collect()
 }
 
+/// A hedge under `p` (a delay of 100 ms) with attempts 1 and 2 started, at 0 and 100 ms, and
+/// drained.
+fn two_started(p: &HedgePolicy) -> Hedge<&'static str> {
+    let mut h = Hedge::new();
+    h.handle_start(p, at(0)).unwrap();
+    assert_eq!(drain(&mut h), starts(&[1]));
+    h.handle_timeout(p, at(100));
+    assert_eq!(drain(&mut h), starts(&[2]));
+    h
+}
+
 #[test]
 fn x1_attempts_start_hedging_delay_apart_up_to_max_attempts() {
     let p = policy(3, 100);
@@ -221,11 +232,7 @@ fn x3_a_pushback_holds_off_every_later_start_and_is_the_outcome_it_stops_with() 
 #[test]
 fn x4_only_a_hedge_the_latest_input_started_may_be_refused() {
     let p = policy(3, 100);
-    let mut h = Hedge::<&str>::new();
-    h.handle_start(&p, at(0)).unwrap();
-    drain(&mut h);
-    h.handle_timeout(&p, at(100));
-    assert_eq!(drain(&mut h), starts(&[2]));
+    let mut h = two_started(&p);
     h.handle_timeout(&p, at(150));
     let before = h.clone();
     assert_eq!(h.handle_rejected(&p, at(150), 2), Err(HedgeError::NothingToReject { attempt: 2 }));
@@ -379,11 +386,7 @@ fn x3_b6_a_hint_of_exactly_max_hint_is_waited_and_one_past_it_defers() {
 #[test]
 fn x4_x5_a_canceled_attempt_ends_it_hedge_two_can_be_refused_and_a_late_timeout_does_nothing() {
     let p = policy(3, 100);
-    let mut h = Hedge::<&str>::new();
-    h.handle_start(&p, at(0)).unwrap();
-    drain(&mut h);
-    h.handle_timeout(&p, at(100));
-    assert_eq!(drain(&mut h), starts(&[2]));
+    let mut h = two_started(&p);
     h.handle_failure(&p, at(100), 2, Failure::retryable("busy")).unwrap();
     drain(&mut h);
     assert_eq!(h.last_failure(), Some(&LastFailure { class: FailureClass::Retryable, error: Some("busy") }));
@@ -403,11 +406,7 @@ fn x4_x5_a_canceled_attempt_ends_it_hedge_two_can_be_refused_and_a_late_timeout_
     h.handle_timeout(&p, at(10_000));
     assert_eq!(h, done, "a timeout after the outcome");
 
-    let mut r = Hedge::<&str>::new();
-    r.handle_start(&p, at(0)).unwrap();
-    drain(&mut r);
-    r.handle_timeout(&p, at(100));
-    assert_eq!(drain(&mut r), starts(&[2]));
+    let mut r = two_started(&p);
     assert_eq!(r.handle_rejected(&p, at(100), 2), Ok(()));
     assert_eq!((r.started(), r.in_flight()), (1, 1));
 }
