@@ -5,6 +5,8 @@
 //! - `success/direct_call`: awaiting the operation itself (the floor).
 //! - `success/hand_written_loop`: a hand-written `loop { match op().await { .. } }` retry.
 //! - `success/retry`: `persevere_tokio::retry` when the first attempt succeeds.
+//! - `*/retry_loop`: the same calls in the harness of `tower_retry_held` (every call from one
+//!   loop inside one future, rather than a future per call), so the two compare like for like.
 //! - `*/tower_retry`: a peer in the same run: `tower::retry::Retry` with an attempts policy
 //!   whose "sleep" is a ready future (tower's machinery with a no-op sleep) around a
 //!   `service_fn`, cloned and called with `oneshot` (poll_ready + call) per operation.
@@ -138,6 +140,17 @@ fn bench(c: &mut Criterion) {
             b.to_async(&rt).iter(|| async {
                 LEFT.set(failures);
                 black_box(persevere_tokio::retry(policy, op).await.result)
+            })
+        });
+        g.bench_function("retry_loop", |b| {
+            // The harness of `tower_retry_held`: every call from one loop in one future.
+            b.to_async(&rt).iter_custom(|iters| async move {
+                let start = std::time::Instant::now();
+                for _ in 0..iters {
+                    LEFT.set(failures);
+                    let _ = black_box(persevere_tokio::retry(policy, op).await.result);
+                }
+                start.elapsed()
             })
         });
         g.finish();

@@ -149,6 +149,7 @@ where
         self.inner.poll_ready(cx).map_err(RetryError::not_ready)
     }
 
+    #[inline]
     fn call(&mut self, request: Req) -> Self::Future {
         let mut classifier = self.layer.classifier.clone();
         let (template, sent_once) = match classifier.clone_request(&request) {
@@ -434,10 +435,14 @@ where
                     match catch_unwind(AssertUnwindSafe(|| attempt.poll_judged::<Req, _, _>(cx))) {
                         Ok(Poll::Pending) => return Poll::Pending,
                         Ok(Poll::Ready(Ok(response))) => {
-                            // The call ends here: the gate's request with it.
-                            if let Some(rest) = rest.take() {
+                            // The call ends here: the gate's request with it. What a retry
+                            // would have needed is dropped where it is, not moved out first
+                            // (copying it out read back what `call` had just stored, in wider
+                            // loads: a store-forwarding stall on every successful call).
+                            if let Some(rest) = rest.as_ref() {
                                 rest.gate.on_success(None);
                             }
+                            *rest = None;
                             return Poll::Ready(Ok(response));
                         }
                         Ok(Poll::Ready(Err(failed))) => (Ended::Failed(failed), rest.take()),

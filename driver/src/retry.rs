@@ -504,7 +504,7 @@ where
 {
     type Output = Retried<T, E>;
 
-    #[inline]
+    #[inline(always)]
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         // The slow path is handed the future itself, not this projection: a projection passed
         // by reference is a struct of eight pointers that LLVM builds before the first branch.
