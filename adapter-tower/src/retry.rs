@@ -50,6 +50,9 @@ use crate::policy::SharedPolicy;
 pub struct RetryLayer<Rt, C = RetryErrors, G = ()> {
     runtime: Rt,
     policy: SharedPolicy,
+    /// The policy's [`needs_clock`](RetryPolicy::needs_clock), read once: a call tests this
+    /// byte rather than two fields behind the policy's pointer.
+    needs_clock: bool,
     classifier: C,
     gate: G,
 }
@@ -68,20 +71,34 @@ impl<Rt> RetryLayer<Rt> {
     /// Retries under `policy` on `runtime`'s clock and timers (any executor's
     /// [`Runtime`]), every error retryable.
     pub fn with_runtime(runtime: Rt, policy: impl Into<SharedPolicy>) -> Self {
-        RetryLayer { runtime, policy: policy.into(), classifier: RetryErrors, gate: () }
+        let policy = policy.into();
+        let needs_clock = Borrow::<RetryPolicy>::borrow(&policy).needs_clock();
+        RetryLayer { runtime, policy, needs_clock, classifier: RetryErrors, gate: () }
     }
 }
 
 impl<Rt, C, G> RetryLayer<Rt, C, G> {
     /// Classifies requests and results with `classifier` ([`RetryErrors`] by default).
     pub fn classify<C2>(self, classifier: C2) -> RetryLayer<Rt, C2, G> {
-        RetryLayer { runtime: self.runtime, policy: self.policy, classifier, gate: self.gate }
+        RetryLayer {
+            runtime: self.runtime,
+            policy: self.policy,
+            needs_clock: self.needs_clock,
+            classifier,
+            gate: self.gate,
+        }
     }
 
     /// Asks `gate` before each retry (a `Budget`, a `Breaker`, or a tuple of them in the order
     /// they are asked); a refusal ends the call with `Rejected` (T3).
     pub fn gate<G2: RetryGate>(self, gate: G2) -> RetryLayer<Rt, C, G2> {
-        RetryLayer { runtime: self.runtime, policy: self.policy, classifier: self.classifier, gate }
+        RetryLayer {
+            runtime: self.runtime,
+            policy: self.policy,
+            needs_clock: self.needs_clock,
+            classifier: self.classifier,
+            gate,
+        }
     }
 }
 
@@ -90,6 +107,7 @@ impl<Rt: Clone, C: Clone, G: Clone> Clone for RetryLayer<Rt, C, G> {
         RetryLayer {
             runtime: self.runtime.clone(),
             policy: self.policy.clone(),
+            needs_clock: self.needs_clock,
             classifier: self.classifier.clone(),
             gate: self.gate.clone(),
         }
@@ -171,16 +189,15 @@ where
             policy: self.layer.policy.clone(),
             gate: self.layer.gate.clone(),
             request,
-            sent_once,
         };
-        let state = if Borrow::<RetryPolicy>::borrow(&self.layer.policy).needs_clock() {
+        let state = if self.layer.needs_clock {
             // The first attempt has a deadline (or counts against a total budget): the loop
             // runs it from the start.
-            State::Looping { sent_once, retry: rest.into_loop(Attempt::First { judged: first }) }
+            State::Looping { retry: rest.into_loop(Attempt::First { judged: first }) }
         } else {
             State::First { attempt: first, rest: Some(rest) }
         };
-        ResponseFuture { state }
+        ResponseFuture { state, sent_once }
     }
 }
 
@@ -196,7 +213,6 @@ struct Rest<S, Req, Rt, C, G: RetryGate> {
     gate: G,
     /// What the gate keeps for this call until it ends.
     request: Option<G::Request>,
-    sent_once: Option<SentOnce>,
 }
 
 impl<S, Req, Rt, C, G> Rest<S, Req, Rt, C, G>
@@ -208,13 +224,13 @@ where
 {
     /// The driving loop for this call, whose attempt 1 is `first` (running, or already ended).
     fn into_loop(self, first: Attempt<S, Req, C>) -> Loop<S, Req, Rt, C, G> {
-        let Rest { service, template, classifier, runtime, policy, gate, request, sent_once: _ } = self;
+        let Rest { service, template, classifier, runtime, policy, gate, request } = self;
         let attempts = Attempts { service, first: Some(first), template, classifier };
         let retry = persevere_driver::retry(runtime, policy, attempts).classify_with(ByKind).gate(gate);
-        Box::pin(match request {
+        Loop(Some(Box::pin(match request {
             Some(request) => retry.requested(request),
             None => retry,
-        })
+        })))
     }
 }
 
@@ -355,8 +371,53 @@ type Driven<S, Req, Rt, C, G> = persevere_driver::RetryFuture<
     G,
 >;
 
-/// The driving loop of one call, in its own allocation.
-type Loop<S, Req, Rt, C, G> = Pin<Box<Driven<S, Req, Rt, C, G>>>;
+/// The driver's retry future, pinned in its own allocation.
+type Allocated<S, Req, Rt, C, G> = Pin<Box<Driven<S, Req, Rt, C, G>>>;
+
+/// The driving loop of one call, in its own allocation (`None` only while it is dropped).
+///
+/// Dropped out of line: inlined, the loop's drop made the drop of every [`ResponseFuture`] too
+/// large to inline, and a call that succeeded at once, which never builds a loop, paid a call
+/// for it.
+struct Loop<S, Req, Rt, C, G>(Option<Allocated<S, Req, Rt, C, G>>)
+where
+    S: Service<Req>,
+    Rt: Runtime,
+    G: RetryGate;
+
+impl<S, Req, Rt, C, G> Loop<S, Req, Rt, C, G>
+where
+    S: Service<Req>,
+    Rt: Runtime,
+    G: RetryGate,
+{
+    /// The loop, pinned in its allocation.
+    fn get(&mut self) -> Pin<&mut Driven<S, Req, Rt, C, G>> {
+        let Some(driven) = self.0.as_mut() else { unreachable!("a loop is only emptied by its drop") };
+        driven.as_mut()
+    }
+}
+
+impl<S, Req, Rt, C, G> Drop for Loop<S, Req, Rt, C, G>
+where
+    S: Service<Req>,
+    Rt: Runtime,
+    G: RetryGate,
+{
+    #[inline]
+    fn drop(&mut self) {
+        if let Some(driven) = self.0.take() {
+            drop_out_of_line(driven);
+        }
+    }
+}
+
+/// Drops `value` in a call of its own.
+#[cold]
+#[inline(never)]
+fn drop_out_of_line<T>(value: T) {
+    drop(value);
+}
 
 pin_project! {
     /// Where a call stands: its first attempt, or the driving loop.
@@ -375,7 +436,7 @@ pin_project! {
         },
         /// The driving loop, from attempt 1 (a policy with a deadline or a budget) or from
         /// the first failure.
-        Looping { retry: Loop<S, Req, Rt, C, G>, sent_once: Option<SentOnce> },
+        Looping { retry: Loop<S, Req, Rt, C, G> },
     }
 }
 
@@ -397,6 +458,11 @@ pin_project! {
     {
         #[pin]
         state: State<S, Req, Rt, C, G>,
+        // Why the request could be sent only once, if it could. Beside the state rather than in
+        // its `Looping` variant: there, its byte lay inside the bytes of attempt 1's result,
+        // which `call` then stored in four pieces and the first poll read back whole (a
+        // store-forwarding stall on every successful call).
+        sent_once: Option<SentOnce>,
     }
 }
 
@@ -425,9 +491,9 @@ where
         let mut this = self.project();
         loop {
             let ended = match this.state.as_mut().project() {
-                StateProjection::Looping { retry, sent_once } => {
-                    let Retried { result, stats } = ready!(retry.as_mut().poll(cx));
-                    return Poll::Ready(result.map_err(|gave_up| RetryError::gave_up(gave_up, stats, *sent_once)));
+                StateProjection::Looping { retry } => {
+                    let Retried { result, stats } = ready!(retry.get().poll(cx));
+                    return Poll::Ready(result.map_err(|gave_up| RetryError::gave_up(gave_up, stats, *this.sent_once)));
                 }
                 // As the loop's own first attempt: a panic is caught, a success is told to
                 // the gate (with the request, which the loop tells it of when it takes over).
@@ -451,9 +517,8 @@ where
                 }
             };
             let (ended, Some(rest)) = ended else { panic!("`ResponseFuture` polled after it completed") };
-            let sent_once = rest.sent_once;
             let retry = rest.into_loop(Attempt::Ended { ended: Some(ended) });
-            this.state.set(State::Looping { retry, sent_once });
+            this.state.set(State::Looping { retry });
         }
     }
 }
