@@ -97,6 +97,12 @@ fn u1_the_grpc_preset_reproduces_grpc_retry_throttling() {
     // Three decimals, exact; further decimals are ignored.
     assert_eq!(TokenBucketPolicy::grpc(10, 1.005).unwrap().settings().success_refund_milli, 1_005);
     assert_eq!(TokenBucketPolicy::grpc(10, 0.1239).unwrap().settings().success_refund_milli, 123);
+    // The largest ratio taken is 10^12 itself; one more is refused.
+    assert_eq!(TokenBucketPolicy::grpc(10, 1e12).unwrap().settings().success_refund_milli, 1_000_000_000_000_000);
+    assert!(matches!(
+        TokenBucketPolicy::grpc(10, 1e12 + 1.0),
+        Err(PolicyError::LimitTooLarge { setting: "token_ratio", max: 1_000_000_000_000 })
+    ));
 }
 
 #[test]
