@@ -94,6 +94,8 @@ fn u1_the_grpc_preset_reproduces_grpc_retry_throttling() {
     assert!(matches!(TokenBucketPolicy::grpc(10, f64::NAN), Err(PolicyError::NotFinite { .. })));
     assert!(matches!(TokenBucketPolicy::grpc(10, -1.0), Err(PolicyError::FractionOutOfRange { .. })));
     assert!(matches!(TokenBucketPolicy::grpc(10, 0.0004), Err(PolicyError::Zero { .. })));
+    // Zero is not negative: it is refused as a zero ratio.
+    assert!(matches!(TokenBucketPolicy::grpc(10, 0.0), Err(PolicyError::Zero { setting: "token_ratio", .. })));
     // Three decimals, exact; further decimals are ignored.
     assert_eq!(TokenBucketPolicy::grpc(10, 1.005).unwrap().settings().success_refund_milli, 1_005);
     assert_eq!(TokenBucketPolicy::grpc(10, 0.1239).unwrap().settings().success_refund_milli, 123);
@@ -894,4 +896,32 @@ fn u1_grpc_rescales_a_bucket_when_its_policy_is_replaced() {
     let mut full = TokenBucket::new(&new);
     full.rescale(&old, &old);
     assert_eq!(full.balance_milli(), 10_000);
+}
+
+#[test]
+fn u1_a_retry_may_cost_the_whole_bucket_but_no_more() {
+    let whole = TokenBucketPolicy::builder(3).costs(3, 3, 3).build().unwrap();
+    assert_eq!(TokenBucket::new(&whole).try_acquire(&whole, RetryClass::Timeout).unwrap().cost_milli(), 3_000);
+    assert!(matches!(
+        TokenBucketPolicy::builder(3).costs(1, 4, 1).build(),
+        Err(PolicyError::LimitTooLarge { setting: "transient cost", max: 3_000 })
+    ));
+}
+
+#[test]
+fn o1_a_token_bucket_counts_the_events_it_pushes_out_unseen() {
+    // One token, a retry costs it and a success refunds it: grant, refuse, succeed, three times.
+    let p = TokenBucketPolicy::builder(1).costs(1, 1, 1).success_refund_milli(1_000).build().unwrap();
+    let mut b = TokenBucket::new(&p);
+    for _ in 0..3 {
+        b.try_acquire(&p, RetryClass::Transient).unwrap();
+        assert_eq!(b.try_acquire(&p, RetryClass::Transient), Err(BudgetRefused));
+        b.record_success(&p, None);
+    }
+    // Exhausted, recovered, exhausted, recovered, exhausted: five events, the latest two kept.
+    assert_eq!(b.dropped_events(), 3);
+    assert_eq!(b.poll_event(), Some(BudgetEvent::Recovered { refused: 1 }));
+    assert_eq!(b.poll_event(), Some(BudgetEvent::Exhausted));
+    assert_eq!(b.poll_event(), None);
+    assert_eq!(b.dropped_events(), 3, "the count stays, so the loss stays seen");
 }
