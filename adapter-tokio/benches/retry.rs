@@ -4,9 +4,10 @@
 //!
 //! - `success/direct_call`: awaiting the operation itself (the floor).
 //! - `success/hand_written_loop`: a hand-written `loop { match op().await { .. } }` retry.
-//! - `success/retry`: `persevere_tokio::retry` when the first attempt succeeds.
-//! - `*/retry_loop`: the same calls in the harness of `tower_retry_held` (every call from one
-//!   loop inside one future, rather than a future per call), so the two compare like for like.
+//! - `*/retry`: `persevere_tokio::retry`, awaited in a new `async` block per call through
+//!   criterion's `iter` (the harness of `tower_retry` and `backon_retry`).
+//! - `*/retry_loop`: the same calls awaited directly in the bench's own `iter_custom` loop, the
+//!   harness of `tower_retry_held`, so that each pair compares like for like.
 //! - `*/tower_retry`: a peer in the same run: `tower::retry::Retry` with an attempts policy
 //!   whose "sleep" is a ready future (tower's machinery with a no-op sleep) around a
 //!   `service_fn`, cloned and called with `oneshot` (poll_ready + call) per operation.

@@ -378,7 +378,8 @@ type Allocated<S, Req, Rt, C, G> = Pin<Box<Driven<S, Req, Rt, C, G>>>;
 ///
 /// Dropped out of line: inlined, the loop's drop made the drop of every [`ResponseFuture`] too
 /// large to inline, and a call that succeeded at once, which never builds a loop, paid a call
-/// for it.
+/// for it. (Its `Drop` means a dropped future needs its type parameters still alive: a request
+/// type that borrows must outlive the future, as it must for the loop itself.)
 struct Loop<S, Req, Rt, C, G>(Option<Allocated<S, Req, Rt, C, G>>)
 where
     S: Service<Req>,
@@ -412,8 +413,8 @@ where
     }
 }
 
-/// Drops `value` in a call of its own.
-#[cold]
+/// Drops `value` in a call of its own (not `#[cold]`: a policy with an attempt timeout or a
+/// total budget builds the loop, and so drops it, on every call).
 #[inline(never)]
 fn drop_out_of_line<T>(value: T) {
     drop(value);

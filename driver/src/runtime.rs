@@ -63,13 +63,20 @@ impl<R: Runtime + ?Sized> Runtime for &R {
 /// assert_eq!(epoch.instant(|| later), Instant::from_millis(3));
 /// assert_eq!(epoch.to_std(Instant::from_millis(3)), Some(later));
 /// ```
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct LazyEpoch {
     // Never dropped: an `Epoch` is a plain `std` instant with nothing to free, and dropping a
     // `OnceLock` reads its state atomically, a load the compiler keeps. A runtime is cloned
     // and dropped with every call of a tower retry layer; that load, of a state just stored,
     // was a fifth of the layer's success path.
     epoch: ManuallyDrop<OnceLock<Epoch>>,
+}
+
+// By hand, to show the epoch as before, without the `ManuallyDrop` around it.
+impl std::fmt::Debug for LazyEpoch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LazyEpoch").field("epoch", &*self.epoch).finish()
+    }
 }
 
 // What `LazyEpoch` never drops has nothing to drop.
