@@ -925,3 +925,24 @@ fn o1_a_token_bucket_counts_the_events_it_pushes_out_unseen() {
     assert_eq!(b.poll_event(), None);
     assert_eq!(b.dropped_events(), 3, "the count stays, so the loss stays seen");
 }
+
+#[test]
+fn o1_a_ratio_budget_counts_the_events_it_pushes_out_unseen() {
+    // 20 % of requests plus 1 retry per second over 10 s: 10 retries before any request, then
+    // one more for every 5 requests.
+    let p = RatioBudgetPolicy::builder(0.2).min_retries_per_sec(1).build().unwrap();
+    let mut b = RatioBudget::new();
+    assert_eq!((0..11).filter(|_| b.try_acquire(&p, secs(0)).is_ok()).count(), 10);
+    for _ in 0..2 {
+        for _ in 0..5 {
+            b.record_request(&p, secs(0));
+        }
+        assert_eq!(b.try_acquire(&p, secs(0)), Ok(()));
+        assert_eq!(b.try_acquire(&p, secs(0)), Err(BudgetRefused));
+    }
+    // Exhausted, recovered, exhausted, recovered, exhausted: five events, the latest two kept.
+    assert_eq!(b.dropped_events(), 3);
+    assert_eq!(b.poll_event(), Some(BudgetEvent::Recovered { refused: 1 }));
+    assert_eq!(b.poll_event(), Some(BudgetEvent::Exhausted));
+    assert_eq!(b.poll_event(), None);
+}
