@@ -946,3 +946,18 @@ fn o1_a_ratio_budget_counts_the_events_it_pushes_out_unseen() {
     assert_eq!(b.poll_event(), Some(BudgetEvent::Exhausted));
     assert_eq!(b.poll_event(), None);
 }
+
+#[cfg(feature = "serde")]
+#[test]
+fn u2_a_loaded_ratio_budget_with_no_window_shape_must_be_empty() {
+    // A budget not yet used has no window shape: it loads as it was saved, and one that holds
+    // counts without a shape is refused.
+    let fresh = RatioBudget::new();
+    let json = serde_json::to_string(&fresh).unwrap();
+    assert_eq!(serde_json::from_str::<RatioBudget>(&json).unwrap(), fresh);
+    let mut edited: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(edited["width_ns"], 0, "the budget's JSON shape changed: {json}");
+    edited["requests"] = 1.into();
+    let err = serde_json::from_str::<RatioBudget>(&edited.to_string()).unwrap_err().to_string();
+    assert!(err.contains("a window with no shape holds counts"), "{err}");
+}
