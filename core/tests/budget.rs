@@ -961,3 +961,13 @@ fn u2_a_loaded_ratio_budget_with_no_window_shape_must_be_empty() {
     let err = serde_json::from_str::<RatioBudget>(&edited.to_string()).unwrap_err().to_string();
     assert!(err.contains("a window with no shape holds counts"), "{err}");
 }
+
+#[cfg(feature = "serde")]
+#[test]
+fn u2_a_ratio_budget_of_the_most_buckets_allowed_loads() {
+    let p = RatioBudgetPolicy::builder(0.1).buckets(16).build().unwrap();
+    let mut b = RatioBudget::new();
+    b.record_request(&p, secs(0));
+    let json = serde_json::to_string(&b).unwrap();
+    assert_eq!(serde_json::from_str::<RatioBudget>(&json).unwrap(), b, "16 buckets: {json}");
+}
