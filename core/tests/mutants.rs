@@ -60,8 +60,13 @@
 //! (`o1_a_token_bucket_counts_…`, `o1_a_ratio_budget_counts_…`), and the loads of a budget with
 //! no window shape and of one with 16 buckets (`u2_a_loaded_ratio_budget_with_no_window_…`,
 //! `u2_a_ratio_budget_of_the_most_…`). The 3 timeouts (`*` → `+` in the costs of `costs` and
-//! `aws`, `Throttle::granted` emptied) hang the tests: detected, not survivors. With this file,
-//! every file of `core/src` has been run once.
+//! `aws`, `Throttle::granted` emptied) hang the tests: detected, not survivors.
+//!
+//! `.ci/mutants core/src/failure.rs core/src/outbox.rs core/src/presets.rs` (46 mutants,
+//! 2026-12-03): 23 caught, 0 timeouts, 21 unviable, 2 missed, both equivalent:
+//! `presets::scheduler` → `Default::default()` (its body is `FlowPolicy::default()`) and
+//! `presets::supervisor` → `Default::default()` (`TaskDefaults::default()` is `new()`).
+//! `error.rs` and `lib.rs` have no mutants. With these, every file of `core/src` has been run.
 
 use core::convert::Infallible;
 use core::time::Duration;
