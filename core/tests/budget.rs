@@ -914,7 +914,7 @@ fn o1_a_token_bucket_counts_the_events_it_pushes_out_unseen() {
     let p = TokenBucketPolicy::builder(1).costs(1, 1, 1).success_refund_milli(1_000).build().unwrap();
     let mut b = TokenBucket::new(&p);
     for _ in 0..3 {
-        b.try_acquire(&p, RetryClass::Transient).unwrap();
+        let _ = b.try_acquire(&p, RetryClass::Transient).unwrap();
         assert_eq!(b.try_acquire(&p, RetryClass::Transient), Err(BudgetRefused));
         b.record_success(&p, None);
     }
