@@ -50,9 +50,6 @@ use crate::policy::SharedPolicy;
 pub struct RetryLayer<Rt, C = RetryErrors, G = ()> {
     runtime: Rt,
     policy: SharedPolicy,
-    /// The policy's [`needs_clock`](RetryPolicy::needs_clock), read once: a call tests this
-    /// byte rather than two fields behind the policy's pointer.
-    needs_clock: bool,
     classifier: C,
     gate: G,
 }
@@ -71,34 +68,20 @@ impl<Rt> RetryLayer<Rt> {
     /// Retries under `policy` on `runtime`'s clock and timers (any executor's
     /// [`Runtime`]), every error retryable.
     pub fn with_runtime(runtime: Rt, policy: impl Into<SharedPolicy>) -> Self {
-        let policy = policy.into();
-        let needs_clock = Borrow::<RetryPolicy>::borrow(&policy).needs_clock();
-        RetryLayer { runtime, policy, needs_clock, classifier: RetryErrors, gate: () }
+        RetryLayer { runtime, policy: policy.into(), classifier: RetryErrors, gate: () }
     }
 }
 
 impl<Rt, C, G> RetryLayer<Rt, C, G> {
     /// Classifies requests and results with `classifier` ([`RetryErrors`] by default).
     pub fn classify<C2>(self, classifier: C2) -> RetryLayer<Rt, C2, G> {
-        RetryLayer {
-            runtime: self.runtime,
-            policy: self.policy,
-            needs_clock: self.needs_clock,
-            classifier,
-            gate: self.gate,
-        }
+        RetryLayer { runtime: self.runtime, policy: self.policy, classifier, gate: self.gate }
     }
 
     /// Asks `gate` before each retry (a `Budget`, a `Breaker`, or a tuple of them in the order
     /// they are asked); a refusal ends the call with `Rejected` (T3).
     pub fn gate<G2: RetryGate>(self, gate: G2) -> RetryLayer<Rt, C, G2> {
-        RetryLayer {
-            runtime: self.runtime,
-            policy: self.policy,
-            needs_clock: self.needs_clock,
-            classifier: self.classifier,
-            gate,
-        }
+        RetryLayer { runtime: self.runtime, policy: self.policy, classifier: self.classifier, gate }
     }
 }
 
@@ -107,7 +90,6 @@ impl<Rt: Clone, C: Clone, G: Clone> Clone for RetryLayer<Rt, C, G> {
         RetryLayer {
             runtime: self.runtime.clone(),
             policy: self.policy.clone(),
-            needs_clock: self.needs_clock,
             classifier: self.classifier.clone(),
             gate: self.gate.clone(),
         }
@@ -190,7 +172,7 @@ where
             gate: self.layer.gate.clone(),
             request,
         };
-        let state = if self.layer.needs_clock {
+        let state = if Borrow::<RetryPolicy>::borrow(&self.layer.policy).needs_clock() {
             // The first attempt has a deadline (or counts against a total budget): the loop
             // runs it from the start.
             State::Looping { retry: rest.into_loop(Attempt::First { judged: first }) }
