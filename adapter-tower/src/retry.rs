@@ -488,10 +488,11 @@ where
                             // would have needed is dropped where it is, not moved out first
                             // (copying it out read back what `call` had just stored, in wider
                             // loads: a store-forwarding stall on every successful call).
-                            if let Some(rest) = rest.as_ref() {
+                            // Dropped also if the gate panics: polled again, the call is over.
+                            let rest = ClearOnDrop(rest);
+                            if let Some(rest) = rest.0.as_ref() {
                                 rest.gate.on_success(None);
                             }
-                            *rest = None;
                             return Poll::Ready(Ok(response));
                         }
                         Ok(Poll::Ready(Err(failed))) => (Ended::Failed(failed), rest.take()),
@@ -503,5 +504,15 @@ where
             let retry = rest.into_loop(Attempt::Ended { ended: Some(ended) });
             this.state.set(State::Looping { retry });
         }
+    }
+}
+
+/// Empties its slot when dropped, on return or unwind alike.
+struct ClearOnDrop<'a, T>(&'a mut Option<T>);
+
+impl<T> Drop for ClearOnDrop<'_, T> {
+    #[inline(always)]
+    fn drop(&mut self) {
+        *self.0 = None;
     }
 }

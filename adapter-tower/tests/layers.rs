@@ -148,3 +148,48 @@ async fn u2_an_envoy_budget_counts_a_call_in_flight_from_its_start_until_it_ends
     assert_eq!(call.await.unwrap().unwrap(), 7);
     assert_eq!(budget.in_flight().map(|c| (c.requests(), c.retries())), Some((0, 0)));
 }
+
+/// A gate whose `on_success` panics (a user's bug).
+#[derive(Clone)]
+struct PanicsOnSuccess;
+
+impl RetryGate for PanicsOnSuccess {
+    type Ticket = ();
+    type Request = ();
+    fn allow_retry(&self, _: Option<Instant>, _: FailureClass) -> Option<()> {
+        Some(())
+    }
+    fn on_success(&self, _: Option<()>) {
+        panic!("the gate's on_success panics");
+    }
+}
+
+#[tokio::test]
+async fn t1_a_success_whose_gate_panics_is_over_and_never_sends_the_request_again() {
+    use std::future::Future;
+    use std::task::Context;
+    // Zero delays: every poll runs to the outcome, with no timer to wait for.
+    let policy =
+        RetryPolicy::builder(Backoff::constant(Duration::ZERO).build().unwrap()).max_attempts(4).build().unwrap();
+    // A success of the first attempt (outside the loop) and of a retry (inside it).
+    for fail_first in [0, 1] {
+        let (service, calls) = flaky(fail_first, 0);
+        let mut service = RetryLayer::new(policy).gate(PanicsOnSuccess).layer(service);
+        let mut future = Box::pin(service.ready().await.unwrap().call(1));
+        let waker = std::task::Waker::noop();
+        let mut poll = || {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                future.as_mut().poll(&mut Context::from_waker(waker)).map(|_| ())
+            }))
+            .map_err(|payload| payload.downcast_ref::<&str>().map(|s| s.to_string()).unwrap_or_default())
+        };
+        assert_eq!(poll(), Err("the gate's on_success panics".to_owned()), "fail first {fail_first}");
+        // Polled again, as a caller that caught the panic might: the call is over, and says so.
+        let again = poll();
+        assert!(
+            again.as_ref().is_err_and(|message| message.contains("polled after")),
+            "fail first {fail_first}: {again:?}"
+        );
+        assert_eq!(calls.load(Ordering::Relaxed), fail_first + 1, "the request was not sent again");
+    }
+}

@@ -185,7 +185,8 @@ pub trait RetryGate {
     fn allow_retry(&self, now: Option<Instant>, class: FailureClass) -> Option<Self::Ticket>;
 
     /// An attempt succeeded; `ticket` is the grant of the retry it was (`None` for a first
-    /// attempt).
+    /// attempt). Called once the operation is over: if it panics, the panic reaches the
+    /// caller's poll, and the future, polled again, panics as completed; nothing is retried.
     fn on_success(&self, ticket: Option<Self::Ticket>) {
         drop(ticket);
     }

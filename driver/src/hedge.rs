@@ -198,7 +198,8 @@ where
             // A fresh machine accepts its start.
             let _ = this.machine.handle_start(policy, Instant::ZERO);
         }
-        let mut won: Option<T> = None;
+        // The winner's value and its ticket, which the gate hears of once the hedge is over.
+        let mut won: Option<(T, Option<G::Ticket>)> = None;
         // Attempts whose creation panicked: each is reported failed, one per pass, after the
         // drain (and after a refusal, which must come right after the drain that named it).
         let mut unborn: Vec<u64> = Vec::new();
@@ -246,7 +247,12 @@ where
                         this.hedges.clear();
                         this.timer.set(None);
                         let result = match (outcome, won.take()) {
-                            (Outcome::Succeeded, Some(value)) => Ok(value),
+                            // Told last, when the hedge is over: polled again after a panic
+                            // in the gate, it says it completed rather than hedging on.
+                            (Outcome::Succeeded, Some((value, ticket))) => {
+                                this.gate.on_success(ticket);
+                                Ok(value)
+                            }
                             (outcome, _) => {
                                 if let Some(class) = final_failure(&outcome) {
                                     this.gate.on_final_failure(None, class);
@@ -290,8 +296,7 @@ where
             }
             match answer {
                 Some((attempt, Answer::Value(value), ticket)) => {
-                    this.gate.on_success(ticket);
-                    won = Some(value);
+                    won = Some((value, ticket));
                     // A running attempt that answered is in flight, and the machine is drained.
                     let _ = this.machine.handle_success(policy, now(origin), attempt);
                     continue;

@@ -539,9 +539,11 @@ where
         match catch_unwind(AssertUnwindSafe(|| fut.poll(cx))) {
             Ok(Poll::Ready(Ok(value))) => {
                 this.running.set(None);
+                // Over before the gate hears of it: polled again after a panic in the gate, the
+                // future says it completed rather than starting over.
+                *this.stage = Stage::Done;
                 this.gate.on_success(None);
                 *this.request = G::Request::default();
-                *this.stage = Stage::Done;
                 event!(attempts = 1u64, "operation succeeded");
                 metric!(metrics::counter!("persevere_operations_total", "outcome" => "succeeded").increment(1));
                 Poll::Ready(Retried { result: Ok(value), stats: FIRST_ATTEMPT })
@@ -825,9 +827,10 @@ where
                 Ok(Poll::Ready(Ok(value))) => {
                     running.set(None);
                     timer.set(None);
+                    // Over before the gate hears of it (as on the fast path).
+                    *stage = Stage::Done;
                     gate.on_success(ticket.take());
                     *request = G::Request::default();
-                    *stage = Stage::Done;
                     let attempt = retry.attempt();
                     // The attempt is the running one and the machine is drained.
                     let _ = retry.handle_success(policy, now!(), attempt);

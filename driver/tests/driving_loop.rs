@@ -12,7 +12,7 @@ use persevere::{Backoff, FailureClass, FailureKind, Hint, Instant, OutcomeKind, 
 use persevere_driver::{RetryGate, retry};
 
 mod common;
-use common::Virtual;
+use common::{PanicsOnSuccess, Virtual, poll_once_catching};
 
 fn policy(backoff: Backoff, attempts: u32) -> RetryPolicy {
     RetryPolicy::builder(backoff).max_attempts(attempts).build().unwrap()
@@ -459,4 +459,28 @@ fn u2_an_envoy_budget_counts_operations_and_retries_in_flight_and_each_ends_once
     );
     assert_eq!((done.result, done.stats.attempts), (Ok(()), 3));
     assert_eq!(budget.in_flight().map(|c| (c.requests(), c.retries())), Some((0, 0)));
+}
+
+#[test]
+fn a_success_whose_gate_panics_is_over_and_never_runs_the_operation_again() {
+    let rt = Virtual::default();
+    let p = policy(Backoff::constant(Duration::ZERO).build().unwrap(), 3);
+    // On the fast path (the first attempt succeeds) and in the loop (after one failure).
+    for fail_first in [0, 1] {
+        let calls = Cell::new(0);
+        let mut future = Box::pin(
+            retry(&rt, &p, || {
+                calls.set(calls.get() + 1);
+                let fail = calls.get() <= fail_first;
+                async move { if fail { Err("no") } else { Ok(7) } }
+            })
+            .gate(PanicsOnSuccess),
+        );
+        let mut poll = || poll_once_catching(future.as_mut());
+        assert_eq!(poll(), Err("the gate's on_success panics".to_owned()), "fail first {fail_first}");
+        // Polled again, as a caller that caught the panic might: the operation is over, and
+        // says so, rather than starting an attempt or waiting forever.
+        assert_eq!(poll(), Err("`RetryFuture` polled after it completed".to_owned()), "fail first {fail_first}");
+        assert_eq!(calls.get(), fail_first + 1, "no attempt after the success");
+    }
 }

@@ -8,7 +8,7 @@ use persevere::{FailureClass, HedgePolicy, OutcomeKind};
 use persevere_driver::hedge;
 
 mod common;
-use common::Virtual;
+use common::{PanicsOnSuccess, Virtual, poll_once_catching};
 
 #[test]
 fn x5_a_first_attempt_that_answers_at_once_reads_no_clock_and_makes_no_timer() {
@@ -72,4 +72,31 @@ fn x5_every_attempt_whose_creation_panics_is_reported_and_the_hedge_finishes() {
     let gave_up = done.result.unwrap_err();
     assert_eq!((gave_up.outcome, gave_up.error), (OutcomeKind::Exhausted, Some("no")));
     assert_eq!(done.stats.started, 3);
+}
+
+#[test]
+fn a_win_whose_gate_panics_is_over_and_starts_no_other_hedge() {
+    let rt = Virtual::default();
+    // Hedges at once: attempt 1 never answers, attempt 2 wins, attempt 3 would be next.
+    let policy = HedgePolicy::builder(3, Duration::ZERO).build().unwrap();
+    let calls = std::cell::Cell::new(0);
+    let mut future = Box::pin(
+        hedge(rt, &policy, || {
+            calls.set(calls.get() + 1);
+            let n = calls.get();
+            async move {
+                if n == 1 {
+                    std::future::pending::<()>().await;
+                }
+                Ok::<_, ()>(n)
+            }
+        })
+        .gate(PanicsOnSuccess),
+    );
+    let mut poll = || poll_once_catching(future.as_mut());
+    assert_eq!(poll(), Err("the gate's on_success panics".to_owned()));
+    let started = calls.get();
+    // Polled again, as a caller that caught the panic might: the hedge is over, and says so.
+    assert_eq!(poll(), Err("`HedgeFuture` polled after it completed".to_owned()));
+    assert_eq!(calls.get(), started, "no attempt after the win");
 }

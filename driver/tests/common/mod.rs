@@ -73,3 +73,27 @@ pub(crate) fn breaker_and_budget_scenario(rt: &Virtual) {
     }
     assert!(budget.allow_retry(None, FailureClass::Retryable).is_some());
 }
+
+/// A gate whose `on_success` panics (a user's bug).
+#[allow(dead_code)]
+pub(crate) struct PanicsOnSuccess;
+
+impl persevere_driver::RetryGate for PanicsOnSuccess {
+    type Ticket = ();
+    type Request = ();
+    fn allow_retry(&self, _: Option<Instant>, _: persevere::FailureClass) -> Option<()> {
+        Some(())
+    }
+    fn on_success(&self, _: Option<()>) {
+        panic!("the gate's on_success panics");
+    }
+}
+
+/// Polls `future` once with a no-op waker; a panic comes back as its message.
+#[allow(dead_code)]
+pub(crate) fn poll_once_catching<F: std::future::Future>(future: std::pin::Pin<&mut F>) -> Result<(), String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _ = future.poll(&mut std::task::Context::from_waker(std::task::Waker::noop()));
+    }))
+    .map_err(|payload| payload.downcast_ref::<&str>().map(|s| s.to_string()).unwrap_or_default())
+}
