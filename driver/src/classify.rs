@@ -185,8 +185,8 @@ pub trait RetryGate {
     fn allow_retry(&self, now: Option<Instant>, class: FailureClass) -> Option<Self::Ticket>;
 
     /// An attempt succeeded; `ticket` is the grant of the retry it was (`None` for a first
-    /// attempt). Called once the operation is over: if it panics, the panic reaches the
-    /// caller's poll, and the future, polled again, panics as completed; nothing is retried.
+    /// attempt). Called after the driver has recorded that the operation succeeded: if it
+    /// panics, the panic reaches the caller's poll, and nothing is retried or sent again.
     fn on_success(&self, ticket: Option<Self::Ticket>) {
         drop(ticket);
     }

@@ -242,18 +242,21 @@ where
                     }
                     HedgeAction::Finish { outcome, stats } => {
                         *this.done = true;
-                        *this.request = None;
                         this.first.set(None);
                         this.hedges.clear();
                         this.timer.set(None);
+                        // The gate's request ends with the call, after a success is told and
+                        // before a final failure is (as in `retry`).
                         let result = match (outcome, won.take()) {
-                            // Told last, when the hedge is over: polled again after a panic
-                            // in the gate, it says it completed rather than hedging on.
+                            // Told when the hedge is over: polled again after a panic in the
+                            // gate, it says it completed rather than hedging on.
                             (Outcome::Succeeded, Some((value, ticket))) => {
                                 this.gate.on_success(ticket);
+                                *this.request = None;
                                 Ok(value)
                             }
                             (outcome, _) => {
+                                *this.request = None;
                                 if let Some(class) = final_failure(&outcome) {
                                     this.gate.on_final_failure(None, class);
                                 }
