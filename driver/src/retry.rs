@@ -551,6 +551,9 @@ where
             // No machine and no deadline yet: nothing else can wake this attempt.
             Ok(Poll::Pending) => Poll::Pending,
             Ok(Poll::Ready(Err(error))) => {
+                // The finished attempt goes before the classifier runs: polled again after a
+                // panic in it, the future must not poll that attempt again (and retry it).
+                this.running.set(None);
                 let failed = Ended::Failed(this.classifier.classify(&error), Some(error));
                 self.slow_path(cx, Some(failed))
             }
@@ -849,7 +852,15 @@ where
                 Ok(Poll::Pending) => {}
             }
         }
-        let Some(sleep) = timer.as_mut().as_pin_mut() else { return Poll::Pending };
+        let Some(sleep) = timer.as_mut().as_pin_mut() else {
+            // Drained, with neither an attempt nor a sleep: only a panic in the user's
+            // classifier, notify or gate, caught by the caller, leaves the loop here. Waiting
+            // would be waiting forever.
+            if running.is_none() {
+                panic!("`RetryFuture` polled again after a panic in its classifier, notify or gate");
+            }
+            return Poll::Pending;
+        };
         if sleep.poll(cx).is_pending() {
             return Poll::Pending;
         }

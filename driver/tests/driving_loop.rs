@@ -484,3 +484,26 @@ fn a_success_whose_gate_panics_is_over_and_never_runs_the_operation_again() {
         assert_eq!(calls.get(), fail_first + 1, "no attempt after the success");
     }
 }
+
+#[test]
+fn a_classifier_or_notify_that_panics_leaves_a_future_that_says_so_and_never_retries() {
+    let rt = Virtual::default();
+    let p = policy(Backoff::constant(Duration::ZERO).build().unwrap(), 3);
+    let calls = Cell::new(0);
+    let op = || {
+        calls.set(calls.get() + 1);
+        async { Err::<(), _>("no") }
+    };
+    let again = Err("`RetryFuture` polled again after a panic in its classifier, notify or gate".to_owned());
+    // A classifier that panics on the first attempt's error (the fast path).
+    let mut future = Box::pin(retry(&rt, &p, op).classify(|_| -> FailureKind { panic!("the classifier panics") }));
+    assert_eq!(poll_once_catching(future.as_mut()), Err("the classifier panics".to_owned()));
+    assert_eq!(poll_once_catching(future.as_mut()), again);
+    assert_eq!(calls.get(), 1, "the failed attempt was neither polled again nor retried");
+    // A notify that panics as the first retry is scheduled (in the loop).
+    calls.set(0);
+    let mut future = Box::pin(retry(&rt, &p, op).notify(|_| panic!("the notify panics")));
+    assert_eq!(poll_once_catching(future.as_mut()), Err("the notify panics".to_owned()));
+    assert_eq!(poll_once_catching(future.as_mut()), again);
+    assert_eq!(calls.get(), 1, "the retry never started");
+}
