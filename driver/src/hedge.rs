@@ -155,17 +155,27 @@ enum Answer<T, E> {
     Failed(FailureKind, Option<E>),
 }
 
-/// Polls an attempt, catching a panic.
-fn poll_attempt<F, T, E, C>(fut: Pin<&mut F>, cx: &mut Context<'_>, classifier: &mut C) -> Poll<Answer<T, E>>
+/// Polls an attempt, catching a panic. Its error is classified by the caller, once the attempt
+/// is out of its slot (polled again after a panic in the classifier, the hedge must not poll
+/// the finished attempt again).
+fn poll_attempt<F, T, E>(fut: Pin<&mut F>, cx: &mut Context<'_>) -> Poll<Result<T, Option<E>>>
 where
     F: Future<Output = Result<T, E>>,
-    C: Classifier<E>,
 {
     match catch_unwind(AssertUnwindSafe(|| fut.poll(cx))) {
         Ok(Poll::Pending) => Poll::Pending,
-        Ok(Poll::Ready(Ok(value))) => Poll::Ready(Answer::Value(value)),
-        Ok(Poll::Ready(Err(error))) => Poll::Ready(Answer::Failed(classifier.classify(&error), Some(error))),
-        Err(_panic) => Poll::Ready(Answer::Failed(FailureKind::Panicked, None)),
+        Ok(Poll::Ready(result)) => Poll::Ready(result.map_err(Some)),
+        Err(_panic) => Poll::Ready(Err(None)),
+    }
+}
+
+/// What an attempt's end means: its value, or its failure as `classifier` sees it (`None`: it
+/// panicked).
+fn judge<T, E, C: Classifier<E>>(ended: Result<T, Option<E>>, classifier: &mut C) -> Answer<T, E> {
+    match ended {
+        Ok(value) => Answer::Value(value),
+        Err(Some(error)) => Answer::Failed(classifier.classify(&error), Some(error)),
+        Err(None) => Answer::Failed(FailureKind::Panicked, None),
     }
 }
 
@@ -281,7 +291,7 @@ where
             // Poll every running attempt; the first answer is reported.
             let mut answer = None;
             if let Some(fut) = this.first.as_mut().as_pin_mut()
-                && let Poll::Ready(a) = poll_attempt(fut, cx, &mut *this.classifier)
+                && let Poll::Ready(a) = poll_attempt(fut, cx)
             {
                 this.first.set(None);
                 answer = Some((1, a, None));
@@ -289,7 +299,7 @@ where
             if answer.is_none() {
                 for (index, (slot, ticket)) in this.hedges.iter_mut().enumerate() {
                     if let Some(fut) = slot.as_mut()
-                        && let Poll::Ready(a) = poll_attempt(fut.as_mut(), cx, &mut *this.classifier)
+                        && let Poll::Ready(a) = poll_attempt(fut.as_mut(), cx)
                     {
                         *slot = None;
                         answer = Some((index as u64 + 2, a, ticket.take()));
@@ -297,6 +307,11 @@ where
                     }
                 }
             }
+            // The attempt is out of its slot; while the classifier runs, the hedge counts as
+            // over, so that polled again after a panic in it, it says so rather than hedging on.
+            *this.done = true;
+            let answer = answer.map(|(attempt, ended, ticket)| (attempt, judge(ended, &mut *this.classifier), ticket));
+            *this.done = false;
             match answer {
                 Some((attempt, Answer::Value(value), ticket)) => {
                     won = Some((value, ticket));

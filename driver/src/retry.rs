@@ -853,11 +853,13 @@ where
             }
         }
         let Some(sleep) = timer.as_mut().as_pin_mut() else {
-            // Drained, with neither an attempt nor a sleep: only a panic in the user's
-            // classifier, notify or gate, caught by the caller, leaves the loop here. Waiting
-            // would be waiting forever.
+            // Drained, with neither an attempt nor a sleep: only a panic in code the loop
+            // called (a classifier, notify, gate or runtime), caught by the caller, leaves it
+            // here. Waiting would be waiting forever.
             if running.is_none() {
-                panic!("`RetryFuture` polled again after a panic in its classifier, notify or gate");
+                panic!(
+                    "`RetryFuture` polled again after a panic in code it called (classifier, notify, gate or runtime)"
+                );
             }
             return Poll::Pending;
         };

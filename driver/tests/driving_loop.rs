@@ -494,7 +494,9 @@ fn a_classifier_or_notify_that_panics_leaves_a_future_that_says_so_and_never_ret
         calls.set(calls.get() + 1);
         async { Err::<(), _>("no") }
     };
-    let again = Err("`RetryFuture` polled again after a panic in its classifier, notify or gate".to_owned());
+    let again =
+        Err("`RetryFuture` polled again after a panic in code it called (classifier, notify, gate or runtime)"
+            .to_owned());
     // A classifier that panics on the first attempt's error (the fast path).
     let mut future = Box::pin(retry(&rt, &p, op).classify(|_| -> FailureKind { panic!("the classifier panics") }));
     assert_eq!(poll_once_catching(future.as_mut()), Err("the classifier panics".to_owned()));
@@ -506,4 +508,30 @@ fn a_classifier_or_notify_that_panics_leaves_a_future_that_says_so_and_never_ret
     assert_eq!(poll_once_catching(future.as_mut()), Err("the notify panics".to_owned()));
     assert_eq!(poll_once_catching(future.as_mut()), again);
     assert_eq!(calls.get(), 1, "the retry never started");
+    // A classifier that panics on the second attempt's error (in the loop).
+    calls.set(0);
+    let mut future = Box::pin(retry(&rt, &p, op).classify(|_| -> FailureKind {
+        assert!(calls.get() < 2, "the classifier panics");
+        FailureKind::Retryable
+    }));
+    assert_eq!(poll_once_catching(future.as_mut()), Err("the classifier panics".to_owned()));
+    assert_eq!(poll_once_catching(future.as_mut()), again);
+    assert_eq!(calls.get(), 2, "the second attempt was not retried");
+    // A gate whose `allow_retry` panics.
+    calls.set(0);
+    let mut future = Box::pin(retry(&rt, &p, op).gate(PanicsOnAllow));
+    assert_eq!(poll_once_catching(future.as_mut()), Err("the gate's allow_retry panics".to_owned()));
+    assert_eq!(poll_once_catching(future.as_mut()), again);
+    assert_eq!(calls.get(), 1, "the retry never started");
+}
+
+/// A gate whose `allow_retry` panics (a user's bug).
+struct PanicsOnAllow;
+
+impl RetryGate for PanicsOnAllow {
+    type Ticket = ();
+    type Request = ();
+    fn allow_retry(&self, _: Option<Instant>, _: FailureClass) -> Option<()> {
+        panic!("the gate's allow_retry panics");
+    }
 }

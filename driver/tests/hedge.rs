@@ -77,9 +77,8 @@ fn x5_every_attempt_whose_creation_panics_is_reported_and_the_hedge_finishes() {
 #[test]
 fn a_win_whose_gate_panics_is_over_and_starts_no_other_hedge() {
     let rt = Virtual::default();
-    // A hedge every 10 ms (virtual: a sleep jumps the clock): attempt 1 never answers,
-    // attempt 2 wins at 10 ms, and attempt 3 would start at 20 ms.
-    let policy = HedgePolicy::builder(3, Duration::from_millis(10)).build().unwrap();
+    // Attempt 1 never answers, attempt 2 wins at 10 ms, and attempt 3 would start at 20 ms.
+    let policy = every_10_ms();
     let calls = std::cell::Cell::new(0);
     let mut future = Box::pin(
         hedge(rt, &policy, || {
@@ -100,4 +99,27 @@ fn a_win_whose_gate_panics_is_over_and_starts_no_other_hedge() {
     // Polled again, as a caller that caught the panic might: the hedge is over, and says so.
     assert_eq!(poll(), Err("`HedgeFuture` polled after it completed".to_owned()));
     assert_eq!(calls.get(), 2, "no attempt after the win");
+}
+
+#[test]
+fn a_classifier_that_panics_leaves_a_hedge_that_says_so_and_starts_nothing_more() {
+    let rt = Virtual::default();
+    let policy = every_10_ms();
+    let calls = std::cell::Cell::new(0);
+    let mut future = Box::pin(
+        hedge(rt, &policy, || {
+            calls.set(calls.get() + 1);
+            async { Err::<(), _>("no") }
+        })
+        .classify(|_| -> persevere::FailureKind { panic!("the classifier panics") }),
+    );
+    let mut poll = || poll_once_catching(future.as_mut());
+    assert_eq!(poll(), Err("the classifier panics".to_owned()));
+    assert_eq!(poll(), Err("`HedgeFuture` polled after it completed".to_owned()));
+    assert_eq!(calls.get(), 1, "no hedge after the panic");
+}
+
+/// Three attempts, a hedge every 10 ms (virtual: a sleep jumps the clock).
+fn every_10_ms() -> HedgePolicy {
+    HedgePolicy::builder(3, Duration::from_millis(10)).build().unwrap()
 }
