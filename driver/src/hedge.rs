@@ -192,7 +192,7 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Hedged<T, E>> {
         let mut this = self.project();
-        assert!(!*this.done, "`HedgeFuture` polled after it completed");
+        assert!(!*this.done, "`HedgeFuture` polled after it completed, or after a panic in code it called");
         let policy: &HedgePolicy = (*this.policy).borrow();
         let rt = &*this.rt;
         // The machine's time: zero until the clock is first needed, then the runtime's clock
@@ -309,9 +309,15 @@ where
             }
             // The attempt is out of its slot; while the classifier runs, the hedge counts as
             // over, so that polled again after a panic in it, it says so rather than hedging on.
-            *this.done = true;
-            let answer = answer.map(|(attempt, ended, ticket)| (attempt, judge(ended, &mut *this.classifier), ticket));
-            *this.done = false;
+            let answer = match answer {
+                Some((attempt, ended, ticket)) => {
+                    *this.done = true;
+                    let answer = judge(ended, &mut *this.classifier);
+                    *this.done = false;
+                    Some((attempt, answer, ticket))
+                }
+                None => None,
+            };
             match answer {
                 Some((attempt, Answer::Value(value), ticket)) => {
                     won = Some((value, ticket));
