@@ -7,6 +7,8 @@
 
 use core::time::Duration;
 
+use rand_core::Rng;
+
 use crate::decision::DEFAULT_MAX_HINT;
 use crate::error::Refused;
 use crate::failure::{Failure, FailureKind, Hint, LastFailure};
@@ -264,7 +266,7 @@ enum Stop {
 ///
 /// ```
 /// use core::time::Duration;
-/// use persevere::{Failure, Hedge, HedgeAction, HedgePolicy, Instant, Outcome};
+/// use persevere::{Failure, Hedge, HedgeAction, HedgePolicy, Instant, Outcome, SplitMix64};
 ///
 /// let policy = HedgePolicy::builder(3, Duration::from_millis(100)).build()?;
 /// let mut hedge = Hedge::<&str>::new();
@@ -273,7 +275,7 @@ enum Stop {
 /// assert_eq!(hedge.poll_action(), None);
 /// // Nobody answered within 100 ms: a hedge.
 /// assert_eq!(hedge.poll_timeout(), Some(Instant::from_millis(100)));
-/// hedge.handle_timeout(&policy, Instant::from_millis(100));
+/// hedge.handle_timeout(&policy, Instant::from_millis(100), &mut SplitMix64::new(0));
 /// assert_eq!(hedge.poll_action(), Some(HedgeAction::Start { attempt: 2 }));
 /// assert_eq!(hedge.poll_action(), None);
 /// // The hedge answers first: it wins, and attempt 1 is canceled.
@@ -467,15 +469,19 @@ impl<E> Hedge<E> {
         Ok(())
     }
 
-    /// Wakes the machine at `now`: the next hedge starts if its time has come (X1). Early or
-    /// repeated calls start nothing (they only move the machine's `now` on); undrained ones, or
-    /// ones before the start or after the outcome, change nothing.
-    pub fn handle_timeout(&mut self, policy: &HedgePolicy, now: Instant) {
-        if self.started_at.is_none() || self.finished.is_some() || self.undrained() {
+    /// Wakes the machine at `now`: the next hedge starts if its time has come (X1). Early,
+    /// repeated or spurious calls, undrained ones, and ones before the start or after the
+    /// outcome change nothing (not even the machine's `now`). A hedge draws no jitter: `rng` is
+    /// there so that every machine's `handle_timeout` has one shape, and is not used.
+    pub fn handle_timeout<R: Rng + ?Sized>(&mut self, policy: &HedgePolicy, now: Instant, rng: &mut R) {
+        let _ = rng;
+        let now = self.now.later(now);
+        let due = self.next_at.is_some_and(|at| at <= now);
+        if !due || self.started_at.is_none() || self.finished.is_some() || self.undrained() {
             return;
         }
         self.fresh = 0;
-        self.now = self.now.later(now);
+        self.now = now;
         self.advance(policy);
     }
 

@@ -9,13 +9,13 @@
 //!
 //! Every machine speaks the same language (sans-IO); a reader who knows one knows them all.
 //!
-//! | | [`Retry`] | [`Supervision`] | [`Flow`] | [`Delivery`] | [`Breaker`] |
-//! |---|---|---|---|---|---|
-//! | policy (shared, validated) | [`RetryPolicy`] | [`SupervisionPolicy`] | [`FlowPolicy`] | [`DeliveryPolicy`] | [`BreakerPolicy`] |
-//! | output, drained by `poll_action` | [`RetryAction`] | [`SupervisionAction`] | [`FlowAction`] | [`DeliveryAction`] | (the result of `try_acquire`) |
-//! | transitions (O1) | `Finish` | every `Attempt*`, `BackoffScheduled`, `TaskFinished` | `Tripped`, `Reset` | `Finish` (dead letters too) | [`BreakerEvent`], drained by `poll_event` |
-//! | where it is: `status()` | [`RetryStatus`] | [`SupervisionStatus`] | [`FlowStatus`] | [`DeliveryStatus`] | [`BreakerStatus`] |
-//! | misuse | [`RetryError`] | [`SupervisionError`] | [`FlowError`] | [`DeliveryError`] | [`BreakerError`] |
+//! | | [`Retry`] | [`Supervision`] | [`Flow`] | [`Delivery`] | [`Breaker`] | [`Hedge`] |
+//! |---|---|---|---|---|---|---|
+//! | policy (shared, validated) | [`RetryPolicy`] | [`SupervisionPolicy`] | [`FlowPolicy`] | [`DeliveryPolicy`] | [`BreakerPolicy`] | [`HedgePolicy`] |
+//! | output, drained by `poll_action` | [`RetryAction`] | [`SupervisionAction`] | [`FlowAction`] | [`DeliveryAction`] | (the result of `try_acquire`) | [`HedgeAction`] |
+//! | transitions (O1) | `Finish` | every `Attempt*`, `BackoffScheduled`, `TaskFinished` | `Tripped`, `Reset` | `Finish` (dead letters too) | [`BreakerEvent`], drained by `poll_event` | `Finish` |
+//! | where it is: `status()` | [`RetryStatus`] | [`SupervisionStatus`] | [`FlowStatus`] | [`DeliveryStatus`] | [`BreakerStatus`] | `started()`, `in_flight()`, `stats()` |
+//! | misuse | [`RetryError`] | [`SupervisionError`] | [`FlowError`] | [`DeliveryError`] | [`BreakerError`] | [`HedgeError`] |
 //!
 //! - **Time is an argument.** Every input takes `now:` [`Instant`], a `u64` of nanoseconds from
 //!   an epoch your driver chooses. A `now` earlier than the latest one a machine accepted is
@@ -32,8 +32,8 @@
 //!   unseen: an input that would make outputs of an earlier one stale is refused with the
 //!   machine's `Undrained` error and changes nothing (`handle_timeout` then does nothing). For
 //!   `Retry`, `Supervision`, `Flow` and `Delivery` that is every input while outputs wait
-//!   (only inputs that make none and change none, such as `Flow::reset_flow` or a failover of
-//!   a pending task, are accepted). Drain after every input and this never happens. The
+//!   (only inputs that make none and change none, such as a failover of a pending task, are
+//!   accepted). Drain after every input and this never happens. The
 //!   [`Deliveries`] table drains its tasks into its own queue after every input, so there
 //!   outputs of many inputs accumulate, in order; the [`Flows`] registry hands a flow's action
 //!   back from the input that made it, and dispatches due flows one by one as

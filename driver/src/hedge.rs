@@ -7,7 +7,9 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use persevere::{Failure, FailureClass, FailureKind, Hedge, HedgeAction, HedgePolicy, HedgeStats, Instant, Outcome};
+use persevere::{
+    Failure, FailureClass, FailureKind, Hedge, HedgeAction, HedgePolicy, HedgeStats, Instant, Outcome, SplitMix64,
+};
 use pin_project_lite::pin_project;
 
 use crate::classify::{Classifier, RetryAll, RetryGate};
@@ -345,7 +347,8 @@ where
             }
             this.timer.set(None);
             *this.timer_at = None;
-            this.machine.handle_timeout(policy, now(origin).later(due));
+            // A hedge draws no jitter: any RNG will do, and none is kept.
+            this.machine.handle_timeout(policy, now(origin).later(due), &mut SplitMix64::new(0));
         }
     }
 }

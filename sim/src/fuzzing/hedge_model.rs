@@ -5,7 +5,7 @@
 use core::time::Duration;
 
 use arbitrary::{Arbitrary, Unstructured};
-use persevere::{Failure, FailureClass, Hedge, HedgeAction, HedgePolicy, HedgeStats, Instant, OutcomeKind};
+use persevere::{Failure, FailureClass, Hedge, HedgeAction, HedgePolicy, HedgeStats, Instant, OutcomeKind, SplitMix64};
 
 use super::{Ctx, MAX_OPS, SETUP, ensure};
 
@@ -196,8 +196,9 @@ pub(super) fn run(data: &[u8]) {
             Op::Timeout(by) => {
                 clock = (clock + i64::from(by) * ms as i64).max(0);
                 let now = model.now.max(clock as u64);
-                hedge.handle_timeout(&policy, Instant::from_nanos(clock as u64));
-                if !model.finished {
+                hedge.handle_timeout(&policy, Instant::from_nanos(clock as u64), &mut SplitMix64::new(0));
+                // Only a hedge that is due wakes it; an early call changes nothing.
+                if !model.finished && model.next.is_some_and(|next| next <= now) {
                     model.now = now;
                     model.fresh.clear();
                     model.start_due();
