@@ -455,7 +455,7 @@ mod persist {
     use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
     use super::{Deliveries, Entry};
-    use crate::delivery::{Delivery, DeliveryAction};
+    use crate::delivery::{Delivery, DeliveryAction, Terminal};
 
     #[derive(Serialize)]
     struct SavedEntry<'a, K, T, W, C, E, R> {
@@ -505,8 +505,67 @@ mod persist {
         }
     }
 
-    /// Loaded with every task validated (as [`Delivery`] is) and filed under its own id, and
-    /// holding no undrained action of its own (the table drains every task).
+    /// Whether the undrained actions could have been queued by the tasks they name.
+    ///
+    /// A hand-out is filed under its own task. The actions queued for an id since its newest
+    /// `Ready { attempt: 1 }` (or all of them, if that was drained) are the present task's
+    /// (a task added under the id of a removed one queues that `Ready` first, after the removed
+    /// task's actions): they name no attempt after its current one, and a `Finish` among them is
+    /// the newest, and how the task finished; a finished task's newest queued action is its
+    /// `Finish` (queued actions are drained in order). Older actions of an id belong to removed tasks,
+    /// whose state is gone, and are only checked for the hand-out's id.
+    #[allow(clippy::type_complexity)]
+    fn check_actions<K: Ord, T, W, C, E, R>(
+        tasks: &BTreeMap<K, Entry<K, T, W, C, E, R>>,
+        actions: &VecDeque<(K, DeliveryAction<K, W, C, E, R>)>,
+    ) -> Result<(), &'static str> {
+        // Walked newest first: the ids seen so far, and those whose present task's actions
+        // have all been checked.
+        let mut seen = BTreeSet::new();
+        let mut done = BTreeSet::new();
+        for (key, action) in actions.iter().rev() {
+            if let DeliveryAction::HandOut(handed) = action
+                && handed.key.task != *key
+            {
+                return Err("invalid Deliveries: a queued hand-out names another task");
+            }
+            let newest = seen.insert(key);
+            let Some(entry) = tasks.get(key) else { continue };
+            if done.contains(key) {
+                continue;
+            }
+            let delivery = &entry.delivery;
+            // A finished task queues nothing after its outcome, and its outcome after all its
+            // other actions: its id's newest queued action, if it has any, is that outcome.
+            if newest && delivery.terminal().is_some() && !matches!(action, DeliveryAction::Finish(_)) {
+                return Err("invalid Deliveries: a finished task has actions queued after its outcome");
+            }
+            let attempt = match action {
+                DeliveryAction::Revoke { attempt, .. } | DeliveryAction::Ready { attempt } => *attempt,
+                DeliveryAction::HandOut(handed) => handed.attempt,
+                DeliveryAction::Finish(terminal) => {
+                    if !newest {
+                        return Err("invalid Deliveries: a task's queued actions go on after its outcome");
+                    }
+                    if delivery.terminal().map(Terminal::kind) != Some(terminal.kind()) {
+                        return Err("invalid Deliveries: a queued outcome is not the one its task finished with");
+                    }
+                    continue;
+                }
+            };
+            if attempt > delivery.attempt() {
+                return Err("invalid Deliveries: a queued action names an attempt its task has not reached");
+            }
+            if matches!(action, DeliveryAction::Ready { attempt: 1 }) {
+                done.insert(key);
+            }
+        }
+        Ok(())
+    }
+
+    /// Loaded with every task validated (as [`Delivery`] is) and filed under its own id,
+    /// holding no undrained action of its own (the table drains every task), and with queued
+    /// actions its tasks could have made (`check_actions`).
     impl<'de, K, T, W, C, E, R> Deserialize<'de> for Deliveries<K, T, W, C, E, R>
     where
         K: Ord + Deserialize<'de>,
@@ -530,6 +589,7 @@ mod persist {
                 }
                 tasks.insert(key, Entry { task_type: entry.task_type, delivery: entry.delivery });
             }
+            check_actions(&tasks, &loaded.actions).map_err(serde::de::Error::custom)?;
             Ok(Deliveries { tasks, declined: loaded.declined, actions: loaded.actions })
         }
     }

@@ -218,17 +218,26 @@ fn actions_of_several_inputs_to_several_tasks_come_out_in_the_order_they_were_ma
     assert_eq!(t.poll_action(), None);
 }
 
-/// A table persists its tasks, the declines and the undrained actions, and resumes exactly.
+/// A table of owned types, as one loaded from storage is (a `&'static str` cannot be loaded
+/// from a string that goes away).
 #[cfg(feature = "serde")]
-#[test]
-fn a_table_survives_a_serde_round_trip_with_its_tasks_declines_and_undrained_actions() {
-    // Owned types throughout (a `&'static str` cannot be loaded from a string that goes away).
-    type Owned = Deliveries<u32, u8, u8, u32, u32, u32>;
+type Owned = Deliveries<u32, u8, u8, u32, u32, u32>;
+
+/// The policy of the `Owned` tables: three attempts 100 ms apart, diverted on failure.
+#[cfg(feature = "serde")]
+fn owned_policy() -> DeliveryPolicy<u32> {
     let retry = RetryPolicy::builder(Backoff::constant(Duration::from_millis(100)).build().unwrap())
         .max_attempts(3)
         .build()
         .unwrap();
-    let p = DeliveryPolicy::builder(retry).on_failure(FailurePolicy::Divert(9u32)).build().unwrap();
+    DeliveryPolicy::builder(retry).on_failure(FailurePolicy::Divert(9u32)).build().unwrap()
+}
+
+/// A table persists its tasks, the declines and the undrained actions, and resumes exactly.
+#[cfg(feature = "serde")]
+#[test]
+fn a_table_survives_a_serde_round_trip_with_its_tasks_declines_and_undrained_actions() {
+    let p = owned_policy();
     let mut r = ChaCha8Rng::seed_from_u64(7);
     let mut t = Owned::new();
     for (id, ty) in [(1, 0u8), (2, 0), (3, 1)] {
@@ -256,6 +265,78 @@ fn a_table_survives_a_serde_round_trip_with_its_tasks_declines_and_undrained_act
     assert_eq!(back.hand_out_next(&p, at(200), &1), t.hand_out_next(&p, at(200), &1));
     back.handle_completed(&p, at(201), &1, 1, &2).unwrap();
     t.handle_completed(&p, at(201), &1, 1, &2).unwrap();
+    assert_eq!(back, t);
+}
+
+/// Any state that loads is safe to drive (DESIGN §3): a table whose tasks or queued actions no
+/// inputs could have made is refused when it loads, with a message that says what is wrong; a
+/// table whose task was removed and added again under its old id loads.
+#[cfg(feature = "serde")]
+#[test]
+fn a_loaded_table_whose_tasks_or_queued_actions_no_input_could_make_is_refused() {
+    use persevere::Delivery;
+    use serde_json::{Value, json};
+    let p = owned_policy();
+    // Task 1 handed out, task 2 completed (its `Finish` queued), nothing drained.
+    let mut t = Owned::new();
+    for id in [1, 2] {
+        t.insert(&p, at(0), id, 0, u64::from(id)).unwrap();
+    }
+    assert_eq!(t.hand_out_next(&p, at(1), &7), Some(1));
+    assert_eq!(t.hand_out_next(&p, at(1), &7), Some(2));
+    t.handle_completed(&p, at(2), &2, 1, &7).unwrap();
+    let saved = serde_json::to_value(&t).unwrap();
+    let load = |edit: &dyn Fn(&mut Value)| {
+        let mut value = saved.clone();
+        edit(&mut value);
+        serde_json::from_value::<Owned>(value).map(|_| ()).map_err(|e| e.to_string())
+    };
+    assert_eq!(load(&|_| {}), Ok(()));
+    // The index of a queued action of `task` of the given kind.
+    let find = |task: u32, kind: &str| {
+        saved["actions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .position(|a| a[0] == json!(task) && a[1].get(kind).is_some())
+            .unwrap()
+    };
+
+    type Edit<'a> = &'a dyn Fn(&mut Value);
+    let refusals: [(&str, Edit<'_>); 6] = [
+        ("filed under another id", &|v| {
+            let task = v["tasks"].as_object_mut().unwrap().remove("1").unwrap();
+            v["tasks"]["5"] = task;
+        }),
+        ("holds undrained actions", &|v| {
+            // A fresh task, its `Ready` not drained into the table's queue.
+            v["tasks"]["1"]["delivery"] =
+                serde_json::to_value(Delivery::<u32, u8, u32, u32, u32>::new(&p, at(0), 1, 1)).unwrap();
+        }),
+        ("hand-out names another task", &|v| v["actions"][find(1, "HandOut")][1]["HandOut"]["key"]["task"] = json!(2)),
+        ("an attempt its task has not reached", &|v| v["actions"][find(1, "Ready")][1]["Ready"]["attempt"] = json!(2)),
+        ("actions queued after its outcome", &|v| {
+            let ready = v["actions"][find(2, "Ready")].clone();
+            v["actions"].as_array_mut().unwrap().push(ready);
+        }),
+        ("not the one its task finished with", &|v| {
+            // Task 2 as it was before it completed: handed out, drained.
+            let mut earlier = Owned::new();
+            earlier.insert(&p, at(0), 2, 0, 2).unwrap();
+            assert_eq!(earlier.hand_out_next(&p, at(1), &7), Some(2));
+            v["tasks"]["2"] = serde_json::to_value(&earlier).unwrap()["tasks"]["2"].take();
+        }),
+    ];
+    for (why, edit) in refusals {
+        let refused = load(edit).expect_err(why);
+        assert!(refused.contains(why), "{why}: {refused}");
+    }
+
+    // Task 2 removed, then added again under its id: its old `Finish` is followed by the new
+    // task's `Ready`, and the table loads (and resumes) as it was.
+    t.remove(&2).unwrap();
+    t.insert(&p, at(3), 2, 0, 22).unwrap();
+    let back: Owned = serde_json::from_str(&serde_json::to_string(&t).unwrap()).unwrap();
     assert_eq!(back, t);
 }
 

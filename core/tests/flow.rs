@@ -690,7 +690,14 @@ fn flows_persist_with_serde_and_an_invalid_flow_is_refused_on_load() {
     assert!(error.contains("invalid state of a Flow"), "{error}");
     // Put back, it loads.
     value["flows"]["0"]["next_eligible"] = serde_json::to_value(at(110)).unwrap();
-    assert_eq!(serde_json::from_value::<Flows<u32, u32>>(value).unwrap(), flows);
+    assert_eq!(serde_json::from_value::<Flows<u32, u32>>(value.clone()).unwrap(), flows);
+    // A flow that holds an action (its dispatch never reached the registry's driver).
+    let mut holding = Flow::<u32>::every(at(0), ms(1_000));
+    holding.handle_timeout(&p, at(0), &mut r);
+    assert!(holding.clone().poll_action().is_some(), "the flow this test loads holds its dispatch");
+    value["flows"]["0"] = serde_json::to_value(holding).unwrap();
+    let error = serde_json::from_value::<Flows<u32, u32>>(value).unwrap_err().to_string();
+    assert!(error.contains("a flow holds an action"), "{error}");
 }
 
 // ---------------------------------------------------------------- properties

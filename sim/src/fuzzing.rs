@@ -23,7 +23,7 @@
 //! | [`budget`]        | `TokenBucket`, `RatioBudget`         | U1–U3, G9, against exact models                                  |
 //! | [`delivery`]      | `Delivery`                           | D1–D9, G10–G12, against a model built on the retry model         |
 //! | [`hedge`]         | `Hedge`                              | X1–X5, G12: every output against a reference written from the rules |
-//! | [`retry_state`], [`supervision_state`], [`flow_state`], [`breaker_state`], [`budget_state`], [`delivery_state`], [`backoff_state`] | a *loaded* state of each | DESIGN §3: a state decoded from arbitrary bytes is refused or driven, under an arbitrary policy, without a panic or an overflow; it stays loadable after every operation; refused inputs change nothing (see [`state`]) |
+//! | [`retry_state`], [`supervision_state`], [`flow_state`], [`breaker_state`], [`budget_state`], [`delivery_state`], [`backoff_state`], [`flows_state`], [`deliveries_state`], [`concurrency_state`] | a *loaded* state of each | DESIGN §3: a state decoded from arbitrary bytes is refused or driven, under an arbitrary policy, without a panic or an overflow; it stays loadable after every operation; refused inputs change nothing (see [`state`]) |
 
 use core::fmt::Debug;
 use core::time::Duration;
@@ -122,8 +122,23 @@ pub fn backoff_state(data: &[u8]) {
     state::backoff(data);
 }
 
+/// A loaded [`persevere::Flows`] registry driven under any policy (DESIGN §3).
+pub fn flows_state(data: &[u8]) {
+    state::flows(data);
+}
+
+/// A loaded [`persevere::Deliveries`] table driven under any policy (DESIGN §3).
+pub fn deliveries_state(data: &[u8]) {
+    state::deliveries(data);
+}
+
+/// A loaded [`persevere::ConcurrencyBudget`] driven under any policy (DESIGN §3).
+pub fn concurrency_state(data: &[u8]) {
+    state::concurrency(data);
+}
+
 /// The fuzz targets, by name, in report order.
-pub const TARGETS: [&str; 15] = [
+pub const TARGETS: [&str; 18] = [
     "backoff",
     "retry",
     "supervision",
@@ -139,6 +154,9 @@ pub const TARGETS: [&str; 15] = [
     "breaker_state",
     "budget_state",
     "delivery_state",
+    "flows_state",
+    "deliveries_state",
+    "concurrency_state",
 ];
 
 /// Runs the target `name` on `data`; `false` for an unknown name.
@@ -159,6 +177,9 @@ pub fn run(name: &str, data: &[u8]) -> bool {
         "breaker_state" => breaker_state(data),
         "budget_state" => budget_state(data),
         "delivery_state" => delivery_state(data),
+        "flows_state" => flows_state(data),
+        "deliveries_state" => deliveries_state(data),
+        "concurrency_state" => concurrency_state(data),
         _ => return false,
     }
     true

@@ -21,10 +21,10 @@ use core::fmt::Debug;
 
 use arbitrary::{Arbitrary, Unstructured};
 use persevere::{
-    Backoff, BackoffState, Breaker, BreakerPolicy, BreakerStatus, CallOutcome, Delivery, DeliveryPolicy, Durability,
-    Failure, FailurePolicy, Flow, FlowPolicy, FreeReturn, Instant, Interruption, Permit, RatioBudget,
-    RatioBudgetPolicy, Restart, Retry, RetryClass, Supervision, SupervisionPolicyBuilder, TaskDefaults, TokenBucket,
-    TokenBucketPolicy,
+    Backoff, BackoffState, Breaker, BreakerPolicy, BreakerStatus, CallOutcome, ConcurrencyBudget,
+    ConcurrencyBudgetPolicy, Deliveries, Delivery, DeliveryPolicy, Durability, Failure, FailurePolicy, Flow,
+    FlowPolicy, Flows, FreeReturn, Instant, Interruption, Permit, RatioBudget, RatioBudgetPolicy, Restart, Retry,
+    RetryClass, Supervision, SupervisionPolicyBuilder, TaskDefaults, TokenBucket, TokenBucketPolicy,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -699,6 +699,243 @@ pub fn delivery(data: &[u8]) {
 }
 
 #[derive(Arbitrary, Clone, Copy, Debug)]
+enum FlowsOp {
+    Insert(u8, At, Option<Span>),
+    Remove(u8),
+    Timeout(At),
+    Poll,
+    Tick(u8, At, At),
+    Trigger(u8, At),
+    Success(u8, At),
+    Failure(u8, At, KindIn, u8),
+    Cancel(u8, At),
+    Reset(u8, At),
+}
+
+/// A loaded [`Flows`] registry driven under an arbitrary [`FlowPolicy`]: also `due`, every flow
+/// the registry dispatches is one its own `poll_timeout` said was due by the registry's clock.
+pub fn flows(data: &[u8]) {
+    let Some((mut flows, policy, ops)) = decode::<Flows<u8, u8>, FlowIn, FlowsOp>(data) else { return };
+    let Some(policy) = policy.build() else { return };
+    let mut rng = rng(8);
+    let mut clock = Clock { now: flows.now() };
+    reloads(Ctx { step: 0, op: &"(loaded)" }, &flows);
+    for (step, op) in ops.iter().enumerate() {
+        let ctx = Ctx { step: step + 1, op };
+        let before = flows.clone();
+        let due = flows.poll_timeout();
+        let refused = match *op {
+            FlowsOp::Insert(id, at, interval) => {
+                let now = clock.at(at, due);
+                let flow = match interval {
+                    Some(interval) => Flow::every(now, interval.get()),
+                    None => Flow::cron(now),
+                };
+                flows.insert(id, flow).err().map(|e| format!("{:?}", e.error))
+            }
+            FlowsOp::Remove(id) => {
+                let _ = flows.remove(&id);
+                None
+            }
+            FlowsOp::Timeout(at) => {
+                flows.handle_timeout(&policy, clock.at(at, due), &mut rng);
+                None
+            }
+            FlowsOp::Poll => {
+                if let Some((id, _)) = flows.poll_action() {
+                    let flow = flows.get(&id).map(|flow| flow.status());
+                    ensure!(ctx, flow.is_some(), "due", "dispatched flow {id} is not in the registry");
+                }
+                None
+            }
+            FlowsOp::Tick(id, at, tick) => {
+                let now = clock.at(at, due);
+                let tick = Clock { now }.at(tick, None);
+                flows.handle_tick(&policy, now, &id, tick).err().map(|e| format!("{e:?}"))
+            }
+            FlowsOp::Trigger(id, at) => flows.trigger(clock.at(at, due), &id).err().map(|e| format!("{e:?}")),
+            FlowsOp::Success(id, at) => {
+                flows.handle_success(&policy, clock.at(at, due), &id).err().map(|e| format!("{e:?}"))
+            }
+            FlowsOp::Failure(id, at, kind, error) => {
+                let now = clock.at(at, due);
+                flows
+                    .handle_failure(&policy, now, &id, Failure::new(kind.get(now), error), &mut rng)
+                    .err()
+                    .map(|e| format!("{e:?}"))
+            }
+            FlowsOp::Cancel(id, at) => {
+                flows.handle_cancel(&policy, clock.at(at, due), &id).err().map(|e| format!("{e:?}"))
+            }
+            FlowsOp::Reset(id, at) => flows.reset_flow(clock.at(at, due), &id).err().map(|e| format!("{e:?}")),
+        };
+        if let Some(refused) = refused {
+            unchanged(ctx, &before, &flows, &refused);
+        }
+        let _ = flows.poll_timeout();
+        let mut count = 0;
+        for (_, flow) in flows.iter() {
+            let _ = flow.info();
+            count += 1;
+        }
+        ensure!(ctx, count == flows.len(), "len", "{count} flows iterated, {} counted", flows.len());
+        reloads(ctx, &flows);
+    }
+}
+
+#[derive(Arbitrary, Clone, Copy, Debug)]
+enum DeliveriesOp {
+    Insert(u8, u8, At),
+    Remove(u8),
+    HandOutNext(At, u8),
+    Started(u8, At, Nth, u8),
+    Heartbeat(u8, At, Nth, u8, Option<u16>),
+    Completed(u8, At, Nth, u8),
+    Failed(u8, At, Nth, u8, KindIn, u8),
+    Returned(u8, At, Nth, u8, u8),
+    WorkerLost(At, u8),
+    Failover(At),
+    Timeout(At),
+    Drain(u8),
+}
+
+/// A loaded [`Deliveries`] table driven under an arbitrary [`DeliveryPolicy`]: every queued
+/// action loads back with the table (so the check of queued actions refuses nothing the table
+/// makes), and the table's counts cover each task once (D9).
+pub fn deliveries(data: &[u8]) {
+    type Table = Deliveries<u8, u8, u8, u16, u8, u8>;
+    let Some((mut table, policy, ops)) = decode::<Table, DeliveryIn, DeliveriesOp>(data) else { return };
+    let Some(policy) = policy.build() else { return };
+    let mut rng = rng(9);
+    let mut clock = Clock::default();
+    reloads(Ctx { step: 0, op: &"(loaded)" }, &table);
+    let current = |table: &Table, task: u8| table.get(&task).map_or(1, Delivery::attempt);
+    for (step, op) in ops.iter().enumerate() {
+        let ctx = Ctx { step: step + 1, op };
+        let before = table.clone();
+        let due = table.poll_timeout();
+        let refused = match *op {
+            DeliveriesOp::Insert(task, task_type, at) => table
+                .insert(&policy, clock.at(at, due), task, task_type, u64::from(task))
+                .err()
+                .map(|e| format!("{:?}", e.error)),
+            DeliveriesOp::Remove(task) => {
+                let _ = table.remove(&task);
+                None
+            }
+            DeliveriesOp::HandOutNext(at, worker) => {
+                let _ = table.hand_out_next(&policy, clock.at(at, due), &worker);
+                None
+            }
+            DeliveriesOp::Started(task, at, n, w) => table
+                .handle_started(&policy, clock.at(at, due), &task, n.get(current(&table, task)), &w)
+                .err()
+                .map(|e| format!("{e:?}")),
+            DeliveriesOp::Heartbeat(task, at, n, w, checkpoint) => table
+                .handle_heartbeat(&policy, clock.at(at, due), &task, n.get(current(&table, task)), &w, checkpoint)
+                .err()
+                .map(|e| format!("{e:?}")),
+            DeliveriesOp::Completed(task, at, n, w) => table
+                .handle_completed(&policy, clock.at(at, due), &task, n.get(current(&table, task)), &w)
+                .err()
+                .map(|e| format!("{e:?}")),
+            DeliveriesOp::Failed(task, at, n, w, kind, error) => {
+                let now = clock.at(at, due);
+                let attempt = n.get(current(&table, task));
+                table
+                    .handle_failed(&policy, now, &task, attempt, &w, Failure::new(kind.get(now), error), &mut rng)
+                    .err()
+                    .map(|e| format!("{e:?}"))
+            }
+            DeliveriesOp::Returned(task, at, n, w, why) => {
+                let reason =
+                    [FreeReturn::Declined, FreeReturn::SendFailed, FreeReturn::ClosedBeforeStart][usize::from(why % 3)];
+                table
+                    .handle_returned(&policy, clock.at(at, due), &task, n.get(current(&table, task)), &w, reason)
+                    .err()
+                    .map(|e| format!("{e:?}"))
+            }
+            DeliveriesOp::WorkerLost(at, w) => {
+                let _ = table.handle_worker_lost(&policy, clock.at(at, due), &w, Interruption::WorkerCrashed, &mut rng);
+                None
+            }
+            DeliveriesOp::Failover(at) => {
+                table.handle_failover(&policy, clock.at(at, due), &mut rng);
+                None
+            }
+            DeliveriesOp::Timeout(at) => {
+                table.handle_timeout(&policy, clock.at(at, due), &mut rng);
+                None
+            }
+            DeliveriesOp::Drain(n) => {
+                for _ in 0..n % 8 {
+                    let _ = table.poll_action();
+                }
+                None
+            }
+        };
+        if let Some(refused) = refused {
+            unchanged(ctx, &before, &table, &refused);
+        }
+        let counts = table.counts();
+        ensure!(ctx, counts.total() == table.len(), "D9", "counts {counts:?} for {} tasks", table.len());
+        reloads(ctx, &table);
+    }
+}
+
+#[derive(Arbitrary, Clone, Copy, Debug)]
+enum ConcurrencyOp {
+    Start,
+    End,
+    Acquire,
+    Release,
+}
+
+/// A loaded [`ConcurrencyBudget`] driven under an arbitrary policy: also `G9`, a granted retry
+/// never takes the retries in flight past the policy's limit.
+pub fn concurrency(data: &[u8]) {
+    let Some((mut budget, (percent, min), ops)) = decode::<ConcurrencyBudget, (Fraction, Count), ConcurrencyOp>(data)
+    else {
+        return;
+    };
+    let Ok(policy) = ConcurrencyBudgetPolicy::builder(percent.get() * 100.0).min_retry_concurrency(min.get()).build()
+    else {
+        return;
+    };
+    reloads(Ctx { step: 0, op: &"(loaded)" }, &budget);
+    for (step, op) in ops.iter().enumerate() {
+        let ctx = Ctx { step: step + 1, op };
+        let before = budget;
+        let refused = match op {
+            ConcurrencyOp::Start => {
+                budget.record_request_start();
+                None
+            }
+            ConcurrencyOp::End => budget.record_request_end().err().map(|e| format!("{e:?}")),
+            ConcurrencyOp::Acquire => {
+                if budget.try_acquire(&policy).is_ok() {
+                    let limit = policy.limit(budget.requests());
+                    ensure!(
+                        ctx,
+                        budget.retries() <= limit,
+                        "G9",
+                        "{} retries in flight, limit {limit}",
+                        budget.retries()
+                    );
+                }
+                None
+            }
+            ConcurrencyOp::Release => budget.release_retry().err().map(|e| format!("{e:?}")),
+        };
+        if let Some(refused) = refused {
+            unchanged(ctx, &before, &budget, &refused);
+        }
+        while budget.poll_event().is_some() {}
+        reloads(ctx, &budget);
+    }
+}
+
+#[derive(Arbitrary, Clone, Copy, Debug)]
 enum BackoffOp {
     Next,
     Reset,
@@ -815,6 +1052,39 @@ fn seed_states() -> Vec<(&'static str, Vec<u8>)> {
     let mut state = BackoffState::new();
     let _ = state.next_delay(&backoff, &mut rng);
     seeds.push(("backoff_state", encode(&state)));
+
+    // Appended, so that the seeds above keep their names.
+    let mut flows = Flows::<u8, u8>::new();
+    seeds.push(("flows_state", encode(&flows)));
+    let _ = flows.insert(1, Flow::every(Instant::ZERO, Duration::from_secs(1)));
+    let _ = flows.insert(2, Flow::cron(Instant::ZERO));
+    let _ = flows.insert(3, Flow::every(Instant::from_millis(5), Duration::from_millis(100)));
+    flows.handle_timeout(&flow_policy, Instant::from_millis(5), &mut rng);
+    seeds.push(("flows_state", encode(&flows)));
+    let _ = flows.poll_action();
+    let _ = flows.handle_failure(&flow_policy, Instant::from_millis(6), &1, Failure::retryable(2), &mut rng);
+    let _ = flows.trigger(Instant::from_millis(7), &2);
+    seeds.push(("flows_state", encode(&flows)));
+
+    let mut table = Deliveries::<u8, u8, u8, u16, u8, u8>::new();
+    seeds.push(("deliveries_state", encode(&table)));
+    for task in 1..=3 {
+        let _ = table.insert(&delivery_policy, Instant::ZERO, task, task % 2, u64::from(task));
+    }
+    let _ = table.hand_out_next(&delivery_policy, Instant::from_millis(1), &7);
+    let _ = table.hand_out_next(&delivery_policy, Instant::from_millis(1), &8);
+    let _ = table.handle_completed(&delivery_policy, Instant::from_millis(2), &1, 1, &7);
+    seeds.push(("deliveries_state", encode(&table)));
+    while table.poll_action().is_some() {}
+    let _ = table.handle_failed(&delivery_policy, Instant::from_millis(3), &2, 1, &8, Failure::retryable(4), &mut rng);
+    seeds.push(("deliveries_state", encode(&table)));
+
+    let mut budget = ConcurrencyBudget::new();
+    budget.record_request_start();
+    seeds.push(("concurrency_state", encode(&budget)));
+    budget.record_request_start();
+    let _ = budget.try_acquire(&ConcurrencyBudgetPolicy::envoy());
+    seeds.push(("concurrency_state", encode(&budget)));
     seeds
 }
 
