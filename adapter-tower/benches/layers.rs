@@ -7,7 +7,9 @@
 //! ready `Ok`.
 //!
 //! - `success/service_fn`: the bare service (the floor).
-//! - `success/tower_retry`: `tower::retry::Retry` with an attempts policy (the peer).
+//! - `success/tower_retry`: `tower::retry::Retry` with an attempts policy (the peer), whose
+//!   retries wait on a no-op (ready) future; `success/tower_retry_sleeping` the same with a
+//!   policy whose retries wait on a `tokio::time::Sleep`, as any tower policy with a delay does.
 //! - `success/retry_layer`: `persevere_tower::RetryLayer`, every error retryable, its policy
 //!   behind an `Arc` (the default: two atomic operations per call);
 //!   `success/retry_layer_static_policy` the same with a `&'static RetryPolicy`.
@@ -42,6 +44,30 @@ impl<Req: Clone, Res, E> tower::retry::Policy<Req, Res, E> for Attempts {
             Err(_) if self.0 > 0 => {
                 self.0 -= 1;
                 Some(ready(()))
+            }
+            _ => None,
+        }
+    }
+
+    fn clone_request(&mut self, req: &Req) -> Option<Req> {
+        Some(req.clone())
+    }
+}
+
+/// tower's peer with a real timer: the same, its retry waiting on a `tokio::time::Sleep` as a
+/// tower policy with backoff does (tower's own `ExponentialBackoff` yields one). A success makes
+/// no sleep; its future holds the sleep's slot.
+#[derive(Clone)]
+struct SleepingAttempts(u32);
+
+impl<Req: Clone, Res, E> tower::retry::Policy<Req, Res, E> for SleepingAttempts {
+    type Future = tokio::time::Sleep;
+
+    fn retry(&mut self, _: &mut Req, result: &mut Result<Res, E>) -> Option<Self::Future> {
+        match result {
+            Err(_) if self.0 > 0 => {
+                self.0 -= 1;
+                Some(tokio::time::sleep(Duration::from_millis(100)))
             }
             _ => None,
         }
@@ -124,6 +150,8 @@ fn success(c: &mut Criterion) {
 
     held(&mut group, &rt, "service_fn", &echo, seven);
     held(&mut group, &rt, "tower_retry", &tower::retry::RetryLayer::new(Attempts(4)).layer(echo), seven);
+    let sleeping = tower::retry::RetryLayer::new(SleepingAttempts(4)).layer(echo);
+    held(&mut group, &rt, "tower_retry_sleeping", &sleeping, seven);
     held(&mut group, &rt, "retry_layer", &RetryLayer::new(policy()).layer(echo), seven);
     let shared: &'static RetryPolicy = Box::leak(Box::new(policy()));
     held(&mut group, &rt, "retry_layer_static_policy", &RetryLayer::new(shared).layer(echo), seven);
