@@ -77,8 +77,8 @@ type ActionQueue<K, W, C, E, R> = VecDeque<(K, DeliveryAction<K, W, C, E, R>)>;
 /// size so far.
 ///
 /// **Persistence.** With `serde`, the table saves its tasks, the declines and the undrained
-/// actions; a loaded table validates every task (as [`Delivery`] does) and that each is filed
-/// under its own id.
+/// actions; a loaded table validates every task (as [`Delivery`] does), that each is filed
+/// under its own id, and that the queued actions are ones its tasks could have made.
 ///
 /// **Misuse** (an unknown id, or anything a [`Delivery`] refuses) leaves the table exactly as it was.
 ///
@@ -511,9 +511,10 @@ mod persist {
     /// `Ready { attempt: 1 }` (or all of them, if that was drained) are the present task's
     /// (a task added under the id of a removed one queues that `Ready` first, after the removed
     /// task's actions): they name no attempt after its current one, and a `Finish` among them is
-    /// the newest, and how the task finished; a finished task's newest queued action is its
-    /// `Finish` (queued actions are drained in order). Older actions of an id belong to removed tasks,
-    /// whose state is gone, and are only checked for the hand-out's id.
+    /// the newest, and of the kind the task finished with; a finished task's newest queued
+    /// action is its `Finish` (queued actions are drained in order). Older actions of an id
+    /// belong to removed tasks, or to the present one before a repeated `Ready { attempt: 1 }`
+    /// (a decline, a free return, a rollback), and are only checked for the hand-out's id.
     #[allow(clippy::type_complexity)]
     fn check_actions<K: Ord, T, W, C, E, R>(
         tasks: &BTreeMap<K, Entry<K, T, W, C, E, R>>,
@@ -548,7 +549,7 @@ mod persist {
                         return Err("invalid Deliveries: a task's queued actions go on after its outcome");
                     }
                     if delivery.terminal().map(Terminal::kind) != Some(terminal.kind()) {
-                        return Err("invalid Deliveries: a queued outcome is not the one its task finished with");
+                        return Err("invalid Deliveries: a queued outcome is not of the kind its task finished with");
                     }
                     continue;
                 }

@@ -483,6 +483,9 @@ impl<E> Hedge<E> {
         self.fresh = 0;
         self.now = now;
         self.advance(policy);
+        // Under a policy with fewer attempts than the one the hedge started under, the due
+        // hedge may not start: with none running, the operation is over.
+        self.settle();
     }
 
     /// The driver cancels the operation at `now`: every attempt still running is canceled, and

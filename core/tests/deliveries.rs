@@ -303,7 +303,7 @@ fn a_loaded_table_whose_tasks_or_queued_actions_no_input_could_make_is_refused()
     };
 
     type Edit<'a> = &'a dyn Fn(&mut Value);
-    let refusals: [(&str, Edit<'_>); 6] = [
+    let refusals: [(&str, Edit<'_>); 7] = [
         ("filed under another id", &|v| {
             let task = v["tasks"].as_object_mut().unwrap().remove("1").unwrap();
             v["tasks"]["5"] = task;
@@ -315,11 +315,16 @@ fn a_loaded_table_whose_tasks_or_queued_actions_no_input_could_make_is_refused()
         }),
         ("hand-out names another task", &|v| v["actions"][find(1, "HandOut")][1]["HandOut"]["key"]["task"] = json!(2)),
         ("an attempt its task has not reached", &|v| v["actions"][find(1, "Ready")][1]["Ready"]["attempt"] = json!(2)),
+        ("go on after its outcome", &|v| {
+            // Task 2's outcome queued twice: the older one has an action after it.
+            let finish = v["actions"][find(2, "Finish")].clone();
+            v["actions"].as_array_mut().unwrap().push(finish);
+        }),
         ("actions queued after its outcome", &|v| {
             let ready = v["actions"][find(2, "Ready")].clone();
             v["actions"].as_array_mut().unwrap().push(ready);
         }),
-        ("not the one its task finished with", &|v| {
+        ("not of the kind its task finished with", &|v| {
             // Task 2 as it was before it completed: handed out, drained.
             let mut earlier = Owned::new();
             earlier.insert(&p, at(0), 2, 0, 2).unwrap();

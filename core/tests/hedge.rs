@@ -48,6 +48,15 @@ fn two_started(p: &HedgePolicy) -> Hedge<&'static str> {
     h
 }
 
+/// A hedge under `p` (a delay of 100 ms) with attempts 1, 2 and 3 started, at 0, 100 and
+/// 200 ms, and drained.
+fn three_started(p: &HedgePolicy) -> Hedge<&'static str> {
+    let mut h = two_started(p);
+    h.handle_timeout(p, at(200), &mut SplitMix64::new(0));
+    assert_eq!(drain(&mut h), starts(&[3]));
+    h
+}
+
 /// The crate's vocabulary: an early or repeated `handle_timeout` changes nothing, not even the
 /// machine's `now` (an early call used to move it on, and with it the operation's elapsed time).
 #[test]
@@ -453,17 +462,34 @@ fn x1_x5_sixteen_attempts_are_answered_and_a_smaller_policy_starts_no_more() {
     assert_eq!(h.handle_success(&all, at(1), 16), Ok(()));
 
     let (four, three) = (policy(4, 100), policy(3, 100));
-    let mut h = Hedge::<&str>::new();
-    h.handle_start(&four, at(0)).unwrap();
-    assert_eq!(drain(&mut h), starts(&[1]));
-    for (t, attempt) in [(100, 2), (200, 3)] {
-        h.handle_timeout(&four, at(t), &mut SplitMix64::new(0));
-        assert_eq!(drain(&mut h), starts(&[attempt]));
-    }
+    let mut h = three_started(&four);
     assert_eq!(h.poll_timeout(), Some(at(300)), "a fourth attempt is due under four");
     h.handle_timeout(&three, at(300), &mut SplitMix64::new(0));
     assert_eq!(drain(&mut h), starts(&[]), "none under three");
     assert_eq!(h.started(), 3);
+}
+
+/// Found in review: a hedge whose every attempt had failed, woken for its next hedge under a
+/// policy that allows no more, started nothing and waited for ever (no attempt, no timer, no
+/// outcome). It ends `Exhausted` there.
+#[test]
+fn x5_a_hedge_woken_under_a_policy_that_allows_no_more_attempts_ends() {
+    let four = HedgePolicy::builder(4, ms(100)).next_on_failure(false).build().unwrap();
+    let three = HedgePolicy::builder(3, ms(100)).next_on_failure(false).build().unwrap();
+    let mut h = three_started(&four);
+    for attempt in 1..=3 {
+        h.handle_failure(&four, at(250), attempt, Failure::retryable("down")).unwrap();
+        assert_eq!(drain(&mut h), starts(&[]));
+    }
+    assert_eq!(h.poll_timeout(), Some(at(300)), "attempt 4 is due under four");
+    h.handle_timeout(&three, at(300), &mut SplitMix64::new(0));
+    let (outcome, stats) = finish(&mut h);
+    assert_eq!(
+        outcome,
+        Outcome::Exhausted { last_failure: LastFailure { class: FailureClass::Retryable, error: Some("down") } }
+    );
+    assert_eq!(stats.started, 3);
+    assert_eq!(h.poll_timeout(), None);
 }
 
 proptest! {

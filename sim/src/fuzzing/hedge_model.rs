@@ -202,6 +202,8 @@ pub(super) fn run(data: &[u8]) {
                     model.now = now;
                     model.fresh.clear();
                     model.start_due();
+                } else {
+                    ensure!(ctx, hedge == before, "X1", "a timeout with no hedge due changed the machine: {hedge:?}");
                 }
                 None
             }
