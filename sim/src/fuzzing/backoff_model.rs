@@ -245,7 +245,7 @@ pub(crate) fn check_delay(ctx: Ctx<'_>, backoff: &Backoff, n: u32, previous_ns: 
             ctx,
             delay_ns == envelope,
             "B3",
-            "unjittered delay {delay_ns} ns for failure {n}, envelope {envelope} ns"
+            "unjittered delay {delay_ns} ns for failure {n}, envelope {envelope} ns, under {backoff:?}"
         );
     }
 }

@@ -354,8 +354,11 @@ pub(crate) fn run(data: &[u8]) {
             }
             Op::Acquire2(_) | Op::Record2 { .. } => unreachable!("`meaning` folds the twins"),
         }
+        // An open period that ends at `Instant::MAX` saturated: the draw was at least what
+        // fits, and is not observable (the model adopts what fits, and both end there).
         if let (Phase::Open { until }, Some(drawn_until)) = (&model.phase, open_until(&machine))
             && model.generation != was.generation
+            && drawn_until != Instant::MAX
         {
             // K3: a new opening lasts the open backoff's next delay, as the machine drew it
             // (the model's own is that draw clamped to the bounds): from the instant the model
