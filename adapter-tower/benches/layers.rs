@@ -33,17 +33,25 @@ use tokio::runtime::Runtime;
 use tower::{Layer, Service, ServiceExt, service_fn};
 
 /// tower's retry policy for the peer: retry any error, at most `n` times; copies the request.
+/// Each retry waits on the future `.1` makes: [`no_wait`] (tower's machinery with a no-op sleep)
+/// or [`sleep_100ms`] (a `tokio::time::Sleep`, as any tower policy with a delay waits on; tower's
+/// own `ExponentialBackoff` yields one). A success makes no wait, but its future holds the
+/// wait's slot: 12 bytes with the first, 104 with the second.
 #[derive(Clone)]
-struct Attempts(u32);
+struct Attempts<W>(u32, W);
 
-impl<Req: Clone, Res, E> tower::retry::Policy<Req, Res, E> for Attempts {
-    type Future = Ready<()>;
+impl<Req: Clone, Res, E, W, F> tower::retry::Policy<Req, Res, E> for Attempts<W>
+where
+    W: Fn() -> F + Clone,
+    F: std::future::Future<Output = ()>,
+{
+    type Future = F;
 
     fn retry(&mut self, _: &mut Req, result: &mut Result<Res, E>) -> Option<Self::Future> {
         match result {
             Err(_) if self.0 > 0 => {
                 self.0 -= 1;
-                Some(ready(()))
+                Some((self.1)())
             }
             _ => None,
         }
@@ -54,28 +62,14 @@ impl<Req: Clone, Res, E> tower::retry::Policy<Req, Res, E> for Attempts {
     }
 }
 
-/// tower's peer with a real timer: the same, its retry waiting on a `tokio::time::Sleep` as a
-/// tower policy with backoff does (tower's own `ExponentialBackoff` yields one). A success makes
-/// no sleep; its future holds the sleep's slot.
-#[derive(Clone)]
-struct SleepingAttempts(u32);
+/// No wait at all.
+fn no_wait() -> Ready<()> {
+    ready(())
+}
 
-impl<Req: Clone, Res, E> tower::retry::Policy<Req, Res, E> for SleepingAttempts {
-    type Future = tokio::time::Sleep;
-
-    fn retry(&mut self, _: &mut Req, result: &mut Result<Res, E>) -> Option<Self::Future> {
-        match result {
-            Err(_) if self.0 > 0 => {
-                self.0 -= 1;
-                Some(tokio::time::sleep(Duration::from_millis(100)))
-            }
-            _ => None,
-        }
-    }
-
-    fn clone_request(&mut self, req: &Req) -> Option<Req> {
-        Some(req.clone())
-    }
+/// A real timer of 100 ms.
+fn sleep_100ms() -> tokio::time::Sleep {
+    tokio::time::sleep(Duration::from_millis(100))
 }
 
 /// tower's peer for HTTP: the same, copying an `http::Request<String>` by hand.
@@ -149,8 +143,8 @@ fn success(c: &mut Criterion) {
     let seven = || black_box(7u64);
 
     held(&mut group, &rt, "service_fn", &echo, seven);
-    held(&mut group, &rt, "tower_retry", &tower::retry::RetryLayer::new(Attempts(4)).layer(echo), seven);
-    let sleeping = tower::retry::RetryLayer::new(SleepingAttempts(4)).layer(echo);
+    held(&mut group, &rt, "tower_retry", &tower::retry::RetryLayer::new(Attempts(4, no_wait)).layer(echo), seven);
+    let sleeping = tower::retry::RetryLayer::new(Attempts(4, sleep_100ms)).layer(echo);
     held(&mut group, &rt, "tower_retry_sleeping", &sleeping, seven);
     held(&mut group, &rt, "retry_layer", &RetryLayer::new(policy()).layer(echo), seven);
     let shared: &'static RetryPolicy = Box::leak(Box::new(policy()));

@@ -476,8 +476,9 @@ impl<E> Hedge<E> {
     pub fn handle_timeout<R: Rng + ?Sized>(&mut self, policy: &HedgePolicy, now: Instant, rng: &mut R) {
         let _ = rng;
         let now = self.now.later(now);
+        // Nothing is due before the start or after the outcome (neither has a next hedge).
         let due = self.next_at.is_some_and(|at| at <= now);
-        if !due || self.started_at.is_none() || self.finished.is_some() || self.undrained() {
+        if !due || self.undrained() {
             return;
         }
         self.fresh = 0;

@@ -33,6 +33,11 @@ fn finish<E: core::fmt::Debug>(h: &mut Hedge<E>) -> (Outcome<E>, HedgeStats) {
     }
 }
 
+/// `handle_timeout` at `ms` (a hedge draws no jitter: any RNG will do).
+fn wake<E>(h: &mut Hedge<E>, p: &HedgePolicy, ms: u64) {
+    h.handle_timeout(p, at(ms), &mut SplitMix64::new(0));
+}
+
 fn starts(attempts: &[u64]) -> Vec<HedgeAction<&'static str>> {
     attempts.iter().map(|&attempt| HedgeAction::Start { attempt }).collect()
 }
@@ -43,7 +48,7 @@ fn two_started(p: &HedgePolicy) -> Hedge<&'static str> {
     let mut h = Hedge::new();
     h.handle_start(p, at(0)).unwrap();
     assert_eq!(drain(&mut h), starts(&[1]));
-    h.handle_timeout(p, at(100), &mut SplitMix64::new(0));
+    wake(&mut h, p, 100);
     assert_eq!(drain(&mut h), starts(&[2]));
     h
 }
@@ -52,7 +57,7 @@ fn two_started(p: &HedgePolicy) -> Hedge<&'static str> {
 /// 200 ms, and drained.
 fn three_started(p: &HedgePolicy) -> Hedge<&'static str> {
     let mut h = two_started(p);
-    h.handle_timeout(p, at(200), &mut SplitMix64::new(0));
+    wake(&mut h, p, 200);
     assert_eq!(drain(&mut h), starts(&[3]));
     h
 }
@@ -66,14 +71,14 @@ fn an_early_or_repeated_hedge_timeout_changes_nothing() {
     h.handle_start(&p, at(0)).unwrap();
     assert_eq!(drain(&mut h), starts(&[1]));
     let waiting = h.clone();
-    h.handle_timeout(&p, at(99), &mut SplitMix64::new(0));
+    wake(&mut h, &p, 99);
     assert_eq!(h, waiting, "early for attempt 2");
-    h.handle_timeout(&p, at(100), &mut SplitMix64::new(0));
+    wake(&mut h, &p, 100);
     assert_eq!(drain(&mut h), starts(&[2]));
     let started = h.clone();
-    h.handle_timeout(&p, at(100), &mut SplitMix64::new(0));
+    wake(&mut h, &p, 100);
     assert_eq!(h, started, "repeated");
-    h.handle_timeout(&p, at(199), &mut SplitMix64::new(0));
+    wake(&mut h, &p, 199);
     assert_eq!(h, started, "early for attempt 3");
     assert_eq!(h.stats().elapsed, ms(100));
 }
@@ -85,15 +90,15 @@ fn x1_attempts_start_hedging_delay_apart_up_to_max_attempts() {
     h.handle_start(&p, at(0)).unwrap();
     assert_eq!(drain(&mut h), starts(&[1]));
     assert_eq!(h.poll_timeout(), Some(at(100)));
-    h.handle_timeout(&p, at(99), &mut SplitMix64::new(0));
+    wake(&mut h, &p, 99);
     assert_eq!(drain(&mut h), starts(&[]), "early: nothing");
-    h.handle_timeout(&p, at(100), &mut SplitMix64::new(0));
+    wake(&mut h, &p, 100);
     assert_eq!(drain(&mut h), starts(&[2]));
     // Told late: the third starts when told, not at its time, and none follows it.
-    h.handle_timeout(&p, at(450), &mut SplitMix64::new(0));
+    wake(&mut h, &p, 450);
     assert_eq!(drain(&mut h), starts(&[3]));
     assert_eq!(h.poll_timeout(), None, "max_attempts reached");
-    h.handle_timeout(&p, at(10_000), &mut SplitMix64::new(0));
+    wake(&mut h, &p, 10_000);
     assert_eq!(drain(&mut h), starts(&[]));
     assert_eq!((h.started(), h.in_flight()), (3, 3));
 
@@ -109,12 +114,12 @@ fn x2_the_first_success_wins_and_every_other_attempt_in_flight_is_cancelled() {
     let mut h = Hedge::<&str>::new();
     h.handle_start(&p, at(0)).unwrap();
     assert_eq!(drain(&mut h), starts(&[1]));
-    h.handle_timeout(&p, at(100), &mut SplitMix64::new(0));
+    wake(&mut h, &p, 100);
     // Inputs wait for the drain (and a timeout does nothing meanwhile).
     assert_eq!(h.handle_success(&p, at(100), 1), Err(HedgeError::Undrained));
-    h.handle_timeout(&p, at(200), &mut SplitMix64::new(0));
+    wake(&mut h, &p, 200);
     assert_eq!(drain(&mut h), starts(&[2]));
-    h.handle_timeout(&p, at(200), &mut SplitMix64::new(0));
+    wake(&mut h, &p, 200);
     assert_eq!(drain(&mut h), starts(&[3]));
     h.handle_success(&p, at(250), 2).unwrap();
     assert_eq!(
@@ -142,7 +147,7 @@ fn x3_a_fatal_failure_ends_hedging_at_once_and_cancels_the_rest() {
     let mut h = Hedge::<&str>::new();
     h.handle_start(&p, at(0)).unwrap();
     assert_eq!(drain(&mut h), starts(&[1]));
-    h.handle_timeout(&p, at(100), &mut SplitMix64::new(0));
+    wake(&mut h, &p, 100);
     assert_eq!(drain(&mut h), starts(&[2]));
     h.handle_failure(&p, at(120), 2, Failure::fatal("invalid")).unwrap();
     let actions = drain(&mut h);
@@ -173,11 +178,11 @@ fn x3_a_non_fatal_failure_starts_the_next_hedge_at_once_or_at_its_time() {
     drain(&mut h);
     h.handle_failure(&waits, at(30), 1, Failure::retryable("busy")).unwrap();
     assert_eq!(drain(&mut h), starts(&[]), "nothing runs, and the next waits for its time");
-    h.handle_timeout(&waits, at(100), &mut SplitMix64::new(0));
+    wake(&mut h, &waits, 100);
     assert_eq!(drain(&mut h), starts(&[2]));
     // Every attempt failing ends the operation exhausted, with the last failure.
     h.handle_failure(&waits, at(150), 2, Failure::retryable("busy")).unwrap();
-    h.handle_timeout(&waits, at(200), &mut SplitMix64::new(0));
+    wake(&mut h, &waits, 200);
     assert_eq!(drain(&mut h), starts(&[3]));
     h.handle_failure(&waits, at(210), 3, Failure::timeout("slow")).unwrap();
     let (outcome, stats) = finish(&mut h);
@@ -198,7 +203,7 @@ fn x3_pushback_delays_the_next_hedge_never_shortening_it_and_stops_it_past_max_h
     h.handle_failure(&p, at(50), 1, Failure::retry_after(ms(400), "later")).unwrap();
     assert_eq!(drain(&mut h), starts(&[]));
     assert_eq!(h.poll_timeout(), Some(at(450)));
-    h.handle_timeout(&p, at(450), &mut SplitMix64::new(0));
+    wake(&mut h, &p, 450);
     assert_eq!(drain(&mut h), starts(&[2]));
     // A pushback past max_hint stops further hedges; the operation ends Deferred once nothing runs.
     h.handle_failure(&p, at(500), 2, Failure::retry_after(ms(5_000), "much later")).unwrap();
@@ -211,7 +216,7 @@ fn x3_pushback_delays_the_next_hedge_never_shortening_it_and_stops_it_past_max_h
     let mut h = Hedge::<&str>::new();
     h.handle_start(&p, at(0)).unwrap();
     assert_eq!(drain(&mut h), starts(&[1]));
-    h.handle_timeout(&p, at(100), &mut SplitMix64::new(0));
+    wake(&mut h, &p, 100);
     assert_eq!(drain(&mut h), starts(&[2]));
     h.handle_failure(&p, at(120), 1, Failure::do_not_retry("stop")).unwrap();
     assert_eq!(drain(&mut h), starts(&[]));
@@ -229,7 +234,7 @@ fn x3_a_pushback_holds_off_every_later_start_and_is_the_outcome_it_stops_with() 
     let mut h = Hedge::<&str>::new();
     h.handle_start(&p, at(0)).unwrap();
     assert_eq!(drain(&mut h), starts(&[1]));
-    h.handle_timeout(&p, at(100), &mut SplitMix64::new(0));
+    wake(&mut h, &p, 100);
     assert_eq!(drain(&mut h), starts(&[2]));
     h.handle_failure(&p, at(120), 1, Failure::retry_after(ms(400), "later")).unwrap();
     assert_eq!(drain(&mut h), starts(&[]));
@@ -237,7 +242,7 @@ fn x3_a_pushback_holds_off_every_later_start_and_is_the_outcome_it_stops_with() 
     h.handle_failure(&p, at(130), 2, Failure::retryable("reset")).unwrap();
     assert_eq!(drain(&mut h), starts(&[]));
     assert_eq!(h.poll_timeout(), Some(at(520)));
-    h.handle_timeout(&p, at(520), &mut SplitMix64::new(0));
+    wake(&mut h, &p, 520);
     assert_eq!(drain(&mut h), starts(&[3]));
 
     // Told not to retry by attempt 1, then attempt 2 fails plainly: the outcome is the
@@ -245,7 +250,7 @@ fn x3_a_pushback_holds_off_every_later_start_and_is_the_outcome_it_stops_with() 
     let mut h = Hedge::<&str>::new();
     h.handle_start(&p, at(0)).unwrap();
     drain(&mut h);
-    h.handle_timeout(&p, at(100), &mut SplitMix64::new(0));
+    wake(&mut h, &p, 100);
     drain(&mut h);
     h.handle_failure(&p, at(110), 1, Failure::do_not_retry("stop")).unwrap();
     assert_eq!(drain(&mut h), starts(&[]));
@@ -397,7 +402,7 @@ fn x3_b6_a_hint_of_exactly_max_hint_is_waited_and_one_past_it_defers() {
         let mut h = Hedge::<&str>::new();
         h.handle_start(&p, at(1_000)).unwrap();
         drain(&mut h);
-        h.handle_timeout(&p, at(1_100), &mut SplitMix64::new(0));
+        wake(&mut h, &p, 1_100);
         assert_eq!(drain(&mut h), starts(&[2]));
         let hint = persevere::FailureKind::Hinted(persevere::Hint::After(ms(hint_ms)));
         h.handle_failure(&p, at(1_100), 1, Failure::new(hint, "busy")).unwrap();
@@ -436,7 +441,7 @@ fn x4_x5_a_canceled_attempt_ends_it_hedge_two_can_be_refused_and_a_late_timeout_
         "{actions:?}"
     );
     let done = h.clone();
-    h.handle_timeout(&p, at(10_000), &mut SplitMix64::new(0));
+    wake(&mut h, &p, 10_000);
     assert_eq!(h, done, "a timeout after the outcome");
 
     let mut r = two_started(&p);
@@ -464,7 +469,7 @@ fn x1_x5_sixteen_attempts_are_answered_and_a_smaller_policy_starts_no_more() {
     let (four, three) = (policy(4, 100), policy(3, 100));
     let mut h = three_started(&four);
     assert_eq!(h.poll_timeout(), Some(at(300)), "a fourth attempt is due under four");
-    h.handle_timeout(&three, at(300), &mut SplitMix64::new(0));
+    wake(&mut h, &three, 300);
     assert_eq!(drain(&mut h), starts(&[]), "none under three");
     assert_eq!(h.started(), 3);
 }
@@ -482,7 +487,7 @@ fn x5_a_hedge_woken_under_a_policy_that_allows_no_more_attempts_ends() {
         assert_eq!(drain(&mut h), starts(&[]));
     }
     assert_eq!(h.poll_timeout(), Some(at(300)), "attempt 4 is due under four");
-    h.handle_timeout(&three, at(300), &mut SplitMix64::new(0));
+    wake(&mut h, &three, 300);
     let (outcome, stats) = finish(&mut h);
     assert_eq!(
         outcome,
@@ -522,7 +527,7 @@ proptest! {
             let accepted = match op {
                 Op::Timeout(d) => {
                     now += d;
-                    h.handle_timeout(&p, at(now), &mut SplitMix64::new(0));
+                    wake(&mut h, &p, now);
                     true
                 }
                 Op::Success(pick) => {
@@ -581,7 +586,7 @@ proptest! {
             } else {
                 let due = h.poll_timeout().expect("nothing runs and nothing is due: a wedge");
                 now = now.max(due.as_nanos().div_ceil(1_000_000));
-                h.handle_timeout(&p, at(now), &mut SplitMix64::new(0));
+                wake(&mut h, &p, now);
             }
             apply(&mut h, now, &mut seen, max, delay)?;
         }

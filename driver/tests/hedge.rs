@@ -97,7 +97,7 @@ fn a_win_whose_gate_panics_is_over_and_starts_no_other_hedge() {
     assert_eq!(poll(), Err("the gate's on_success panics".to_owned()));
     assert_eq!(calls.get(), 2, "attempt 2 won before attempt 3 was due");
     // Polled again, as a caller that caught the panic might: the hedge is over, and says so.
-    assert_eq!(poll(), Err("`HedgeFuture` polled after it completed, or after a panic in code it called".to_owned()));
+    assert_eq!(poll(), Err(OVER.to_owned()));
     assert_eq!(calls.get(), 2, "no attempt after the win");
 }
 
@@ -115,9 +115,12 @@ fn a_classifier_that_panics_leaves_a_hedge_that_says_so_and_starts_nothing_more(
     );
     let mut poll = || poll_once_catching(future.as_mut());
     assert_eq!(poll(), Err("the classifier panics".to_owned()));
-    assert_eq!(poll(), Err("`HedgeFuture` polled after it completed, or after a panic in code it called".to_owned()));
+    assert_eq!(poll(), Err(OVER.to_owned()));
     assert_eq!(calls.get(), 1, "no hedge after the panic");
 }
+
+/// What a hedge polled again after it ended, or after a panic in code it called, panics with.
+const OVER: &str = "`HedgeFuture` polled after it completed, or after a panic in code it called";
 
 /// Three attempts, a hedge every 10 ms (virtual: a sleep jumps the clock).
 fn every_10_ms() -> HedgePolicy {
