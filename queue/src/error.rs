@@ -54,7 +54,7 @@ pub enum QueueError {
     Sqlite(#[from] rusqlite::Error),
     /// The PostgreSQL store failed.
     #[cfg(feature = "postgres")]
-    #[error("postgres: {0}")]
+    #[error("postgres: {}", postgres_message(.0))]
     Postgres(#[from] tokio_postgres::Error),
     /// The PostgreSQL store could not start its I/O runtime.
     #[cfg(feature = "postgres")]
@@ -63,4 +63,26 @@ pub enum QueueError {
     /// The database's clock reads before 1970 or after 2262.
     #[error("the database clock reads {0} ns since 1970, outside what an `Instant` holds")]
     Clock(i64),
+}
+
+/// The server's own message (with its detail and hint) when the server sent one; otherwise the
+/// client's error and its causes, so that "db error" never stands alone.
+#[cfg(feature = "postgres")]
+fn postgres_message(error: &tokio_postgres::Error) -> String {
+    if let Some(db) = error.as_db_error() {
+        let mut message = format!("{}: {} (SQLSTATE {})", db.severity(), db.message(), db.code().code());
+        for (label, text) in [("detail", db.detail()), ("hint", db.hint())] {
+            if let Some(text) = text {
+                message.push_str(&format!("; {label}: {text}"));
+            }
+        }
+        return message;
+    }
+    let mut message = error.to_string();
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        message.push_str(&format!(": {cause}"));
+        source = cause.source();
+    }
+    message
 }

@@ -89,6 +89,6 @@ pub use postgres::Postgres;
 pub use queue::Queue;
 #[cfg(feature = "sqlite")]
 pub use sqlite::Sqlite;
-pub use store::{Candidates, ClaimVisit, Insert, Row, Store, UpdateVisit, Visit, Write};
+pub use store::{Candidates, ClaimVisit, GuardedWrite, Insert, Row, Store, UpdateVisit, Visit, Write};
 pub use task::{CorruptTask, Enqueued, IntoTaskPolicy, Job, NewTask, Status, TaskId, TaskInfo, TaskPolicy, TaskState};
 pub use worker::{Handled, Heartbeat, Worked, Worker};

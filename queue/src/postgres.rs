@@ -9,7 +9,7 @@ use tokio_postgres::{Client, NoTls, Statement};
 
 use crate::crash;
 use crate::shared::{ClockReading, ReadWithClock, compare_and_set, skewed, visit_rows};
-use crate::store::{Candidates, ClaimVisit, Insert, Row, Store, UpdateVisit, Write, instant_of};
+use crate::store::{Candidates, ClaimVisit, GuardedWrite, Insert, Row, Store, UpdateVisit, Write, instant_of};
 use crate::{QueueError, Status};
 
 const SCHEMA: &str = "
@@ -62,6 +62,50 @@ static WRITE_IF_LEASED: std::sync::LazyLock<String> = std::sync::LazyLock::new(|
          updated_at = {CLOCK} WHERE id = $6 AND version = $7 AND due_at > {CLOCK}"
     )
 });
+
+/// Writes many rows in one statement, each guarded by its version: `$2..$7` are arrays of ids,
+/// versions, states, statuses, due instants and attempts; `extra` adds to the guard. Returns
+/// the ids written.
+fn write_many(extra: &str) -> String {
+    format!(
+        "UPDATE persevere_tasks AS t SET state = v.state, status = v.status, due_at = v.due_at, attempt = v.attempt,
+         version = t.version + 1, updated_at = {CLOCK}
+         FROM unnest($2::bigint[], $3::bigint[], $4::text[], $5::text[], $6::bigint[], $7::bigint[])
+              AS v(id, version, state, status, due_at, attempt)
+         WHERE t.id = v.id AND t.version = v.version {extra} RETURNING t.id"
+    )
+}
+
+/// The columns of many writes, as the arrays [`write_many`] binds.
+#[derive(Default)]
+struct Columns {
+    ids: Vec<i64>,
+    versions: Vec<i64>,
+    states: Vec<String>,
+    statuses: Vec<&'static str>,
+    due: Vec<Option<i64>>,
+    attempts: Vec<i64>,
+}
+
+impl Columns {
+    /// The parameters of [`write_many`], after the skew.
+    fn params<'a>(&'a self, skew: &'a i64) -> [&'a (dyn tokio_postgres::types::ToSql + Sync); 7] {
+        [skew, &self.ids, &self.versions, &self.states, &self.statuses, &self.due, &self.attempts]
+    }
+
+    fn of<'w>(writes: impl Iterator<Item = (i64, i64, &'w Write)>) -> Self {
+        let mut columns = Columns::default();
+        for (id, version, w) in writes {
+            columns.ids.push(id);
+            columns.versions.push(version);
+            columns.states.push(w.state.clone());
+            columns.statuses.push(w.status.as_str());
+            columns.due.push(w.due_at);
+            columns.attempts.push(w.attempt);
+        }
+        columns
+    }
+}
 
 /// The PostgreSQL store: one connection (no TLS), on `tokio-postgres` driven by a private
 /// single-threaded runtime, so the API stays blocking. Open one per worker thread or process.
@@ -167,6 +211,44 @@ impl Postgres {
         Ok(changed == 1)
     }
 
+    /// Each insert's id and whether it was created, given the rows a batch insert created (in
+    /// id order, with their keys): keyless rows take the keyless ids in order, a key its
+    /// created row or, if none, the existing task's id (read here).
+    fn match_inserted(
+        &mut self,
+        inserts: &[Insert],
+        created: &[(i64, Option<String>)],
+    ) -> Result<Vec<(i64, bool)>, QueueError> {
+        let mut keyless = created.iter().filter(|(_, key)| key.is_none()).map(|(id, _)| *id);
+        let mut by_key: HashMap<&str, i64> =
+            created.iter().filter_map(|(id, key)| key.as_deref().map(|key| (key, *id))).collect();
+        let missing: Vec<&str> =
+            inserts.iter().filter_map(|i| i.key.as_deref()).filter(|key| !by_key.contains_key(key)).collect();
+        let mut existing = HashMap::new();
+        if !missing.is_empty() {
+            let select =
+                self.prepared("SELECT idempotency_key, id FROM persevere_tasks WHERE idempotency_key = ANY($1)")?;
+            for row in self.block_on(self.client.query(&select, &[&missing]))? {
+                existing.insert(row.try_get::<_, String>(0)?, row.try_get::<_, i64>(1)?);
+            }
+            crash::statement();
+        }
+        inserts
+            .iter()
+            .map(|insert| match insert.key.as_deref() {
+                None => keyless.next().map(|id| (id, true)).ok_or(QueueError::Conflict(crate::TaskId(0))),
+                // The first insert of a key created it; a repeat in the batch names the same task.
+                Some(key) => match by_key.remove(key) {
+                    Some(id) => {
+                        existing.insert(key.to_owned(), id);
+                        Ok((id, true))
+                    }
+                    None => existing.get(key).map(|id| (*id, false)).ok_or(QueueError::Conflict(crate::TaskId(0))),
+                },
+            })
+            .collect()
+    }
+
     /// Ends the open transaction after an error (its own error, if any, is secondary).
     fn roll_back(&self) {
         let _ = self.block_on(self.client.batch_execute("ROLLBACK"));
@@ -261,7 +343,7 @@ impl Store for Postgres {
             ),
         };
         let select = self.prepared(&select)?;
-        let write = self.prepared(WRITE)?;
+        let write = self.prepared(&write_many(""))?;
         let skew = self.skew_ns();
         // BEGIN and the select in one round trip.
         let client = &self.client;
@@ -280,6 +362,7 @@ impl Store for Postgres {
             tokio::join!(client.batch_execute("BEGIN"), rows)
         });
         crash::statement();
+        let skew_ns = skew;
         let skew = self.skew;
         let clock = &mut self.clock;
         let decided = begun.map_err(QueueError::from).and_then(|()| {
@@ -293,7 +376,7 @@ impl Store for Postgres {
             let decoded = rows.iter().map(|pg_row| Ok((instant_of(pg_row.try_get(CLOCK_COLUMN)?)?, row_of(pg_row)?)));
             Ok((now, visit_rows(decoded, visit)?))
         });
-        let (now, writes) = match decided {
+        let (_, writes) = match decided {
             Ok(decided) => decided,
             Err(error) => {
                 self.roll_back();
@@ -313,25 +396,23 @@ impl Store for Postgres {
             }
             return Ok(writes.len());
         }
-        // The writes and COMMIT in one round trip. The rows are locked: no version can have
-        // moved, and a write that failed makes the COMMIT a rollback.
+        // The writes (one statement) and COMMIT in one round trip. The rows are locked: no
+        // version can have moved, and a write that failed makes the COMMIT a rollback.
+        if writes.is_empty() {
+            let committed = self.block_on(self.client.batch_execute("COMMIT"));
+            crash::statement();
+            committed?;
+            return Ok(0);
+        }
+        let columns = Columns::of(writes.iter().map(|(id, version, w)| (*id, *version, w)));
         let client = &self.client;
-        let (written, committed) = self.block_on(async {
-            let writes = async {
-                let mut changed = 0;
-                for (id, version, w) in &writes {
-                    changed += client
-                        .execute(&write, &[&w.state, &w.status.as_str(), &w.due_at, &w.attempt, &now, id, version])
-                        .await?;
-                }
-                Ok::<u64, tokio_postgres::Error>(changed)
-            };
-            tokio::join!(writes, client.batch_execute("COMMIT"))
-        });
+        let params = columns.params(&skew_ns);
+        let (written, committed) =
+            self.block_on(async { tokio::join!(client.query(&write, &params), client.batch_execute("COMMIT")) });
         crash::statement();
         let written = written?;
         committed?;
-        if written != writes.len() as u64 {
+        if written.len() != writes.len() {
             return Err(QueueError::Conflict(crate::TaskId(writes.first().map_or(0, |w| w.0))));
         }
         Ok(writes.len())
@@ -369,6 +450,57 @@ impl Store for Postgres {
         )?;
         crash::statement();
         Ok(changed == 1)
+    }
+
+    fn write_batch_if_leased(&mut self, writes: &[GuardedWrite]) -> Result<Vec<bool>, QueueError> {
+        crash::begin("update");
+        let statement = self.prepared(&write_many(&format!("AND t.due_at > {CLOCK}")))?;
+        let columns = Columns::of(writes.iter().map(|w| (w.id, w.version, &w.write)));
+        let skew = self.skew_ns();
+        let written = self.block_on(self.client.query(&statement, &columns.params(&skew)))?;
+        crash::statement();
+        let written: std::collections::HashSet<i64> =
+            written.iter().map(|row| row.try_get(0)).collect::<Result<_, _>>()?;
+        Ok(writes.iter().map(|w| written.contains(&w.id)).collect())
+    }
+
+    fn insert_batch(&mut self, inserts: &[Insert]) -> Result<Vec<(i64, bool)>, QueueError> {
+        crash::begin("insert");
+        let statement = self.prepared(&format!(
+            "INSERT INTO persevere_tasks (task_type, payload, policy, state, version, status, due_at, attempt,
+             idempotency_key, created_at, updated_at)
+             SELECT t.task_type, t.payload, t.policy, '', 0, t.status,
+                    GREATEST(CASE WHEN clock.now > {MAX} - t.delay_ns THEN {MAX} ELSE clock.now + t.delay_ns END,
+                             t.not_before),
+                    t.attempt, t.key, clock.now, clock.now
+             FROM (SELECT {CLOCK} AS now) AS clock,
+                  unnest($2::text[], $3::bytea[], $4::text[], $5::text[], $6::bigint[], $7::bigint[], $8::text[],
+                         $9::bigint[]) WITH ORDINALITY
+                  AS t(task_type, payload, policy, status, delay_ns, attempt, key, not_before, ord)
+             ORDER BY t.ord
+             ON CONFLICT (idempotency_key) DO NOTHING RETURNING id, idempotency_key",
+            MAX = i64::MAX
+        ))?;
+        let types: Vec<&str> = inserts.iter().map(|i| i.task_type.as_str()).collect();
+        let payloads: Vec<&[u8]> = inserts.iter().map(|i| i.payload.as_slice()).collect();
+        let policies: Vec<&str> = inserts.iter().map(|i| i.policy.as_str()).collect();
+        let statuses: Vec<&str> = inserts.iter().map(|i| i.status.as_str()).collect();
+        let delays: Vec<i64> = inserts.iter().map(|i| i.delay_ns).collect();
+        let attempts: Vec<i64> = inserts.iter().map(|i| i.attempt).collect();
+        let keys: Vec<Option<&str>> = inserts.iter().map(|i| i.key.as_deref()).collect();
+        let not_before: Vec<i64> = inserts.iter().map(|i| i.not_before).collect();
+        let skew = self.skew_ns();
+        // One statement: the rows appear together or not at all.
+        let rows = self.block_on(self.client.query(
+            &statement,
+            &[&skew, &types, &payloads, &policies, &statuses, &delays, &attempts, &keys, &not_before],
+        ))?;
+        crash::statement();
+        let mut created: Vec<(i64, Option<String>)> =
+            rows.iter().map(|row| Ok((row.try_get(0)?, row.try_get(1)?))).collect::<Result<_, QueueError>>()?;
+        // Ids are drawn in the order the rows were inserted, which is the batch's.
+        created.sort_unstable_by_key(|(id, _)| *id);
+        self.match_inserted(inserts, &created)
     }
 
     #[cfg(feature = "test-clock")]

@@ -3,10 +3,12 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use persevere::{DeliveryAction, DeliveryStatus, Failure, FreeReturn, Instant, SplitMix64};
+use persevere::{DeliveryAction, DeliveryStatus, Failure, FreeReturn, Instant, Interruption, SplitMix64};
 
-use crate::store::{Candidates, Insert, Row, Store, Visit, Write, instant_of, nanos_of};
-use crate::{CorruptTask, Enqueued, Job, NewTask, QueueError, Status, TaskId, TaskInfo, TaskPolicy, TaskState};
+use crate::store::{Candidates, GuardedWrite, Insert, Row, Store, Visit, Write, instant_of, nanos_of};
+use crate::{
+    CorruptTask, Enqueued, Handled, Job, NewTask, QueueError, Status, TaskId, TaskInfo, TaskPolicy, TaskState,
+};
 
 /// How many due tasks one claim looks at when the oldest one cannot go to this worker.
 const CLAIM_WINDOW: u32 = 16;
@@ -231,6 +233,15 @@ fn decide(
         Report::Decline => {
             state.handle_returned(policy, now, attempt, &job.worker, FreeReturn::Declined).map_err(refused)
         }
+        Report::HandBack => {
+            state.handle_returned(policy, now, attempt, &job.worker, FreeReturn::ClosedBeforeStart).map_err(refused)
+        }
+        Report::Interrupt => {
+            let mut rng = rng_for(id, attempt, now);
+            state
+                .handle_interrupted(policy, now, attempt, &job.worker, Interruption::Disconnected, &mut rng)
+                .map_err(refused)
+        }
     });
     drain(state, id, finished);
     let deadline = match state.status() {
@@ -247,6 +258,39 @@ enum Report {
     Complete,
     Fail(Failure<String>),
     Decline,
+    HandBack,
+    Interrupt,
+}
+
+impl Report {
+    fn of(handled: &Handled) -> Report {
+        match handled {
+            Handled::Completed => Report::Complete,
+            Handled::Failed(failure) => Report::Fail(failure.clone()),
+            Handled::Declined => Report::Decline,
+        }
+    }
+}
+
+/// The row of a new task. Its state is built from the row's `created_at` when a claim first
+/// loads it, so the insert is one statement that reads the clock itself (no round trip before it).
+fn insert_of(task: NewTask) -> Result<Insert, QueueError> {
+    let policy_json = serde_json::to_string(&task.policy).map_err(QueueError::Encode)?;
+    let NewTask { task_type, payload, policy, delay, run_at, key } = task;
+    let fresh = fresh_state(&policy, Instant::ZERO);
+    Ok(Insert {
+        task_type,
+        payload,
+        policy: policy_json,
+        key,
+        status: Status::of(fresh.status()),
+        attempt: i64::try_from(fresh.attempt()).unwrap_or(i64::MAX),
+        delay_ns: i64::try_from(delay.as_nanos()).unwrap_or(i64::MAX),
+        // Before 1970: no bound; past 2262: the end of the clock.
+        not_before: run_at.map_or(0, |at| {
+            at.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+        }),
+    })
 }
 
 impl<S: Store> Queue<S> {
@@ -266,27 +310,20 @@ impl<S: Store> Queue<S> {
     /// # Errors
     /// When the store fails.
     pub fn enqueue(&mut self, task: NewTask) -> Result<Enqueued, QueueError> {
-        let policy_json = serde_json::to_string(&task.policy).map_err(QueueError::Encode)?;
-        let NewTask { task_type, payload, policy, delay, run_at, key } = task;
-        // The row's columns as a fresh task's state has them; the state itself is built from
-        // the row's `created_at` when a claim first loads it, so the insert is one statement
-        // that reads the clock itself (no round trip before it).
-        let fresh = fresh_state(&policy, Instant::ZERO);
-        let insert = Insert {
-            task_type,
-            payload,
-            policy: policy_json,
-            key,
-            status: Status::of(fresh.status()),
-            attempt: i64::try_from(fresh.attempt()).unwrap_or(i64::MAX),
-            delay_ns: i64::try_from(delay.as_nanos()).unwrap_or(i64::MAX),
-            // Before 1970: no bound; past 2262: the end of the clock.
-            not_before: run_at.map_or(0, |at| {
-                at.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
-            }),
-        };
-        let (id, created) = self.store.insert(&insert)?;
+        let (id, created) = self.store.insert(&insert_of(task)?)?;
         Ok(Enqueued { id: TaskId(id), created })
+    }
+
+    /// Adds many tasks in one transaction (Q7): all of them or, on an error, none. Returns
+    /// what [`enqueue`](Self::enqueue) would for each, in order; a key given twice in one batch
+    /// names one task.
+    ///
+    /// # Errors
+    /// When the store fails; then nothing was added.
+    pub fn enqueue_batch(&mut self, tasks: Vec<NewTask>) -> Result<Vec<Enqueued>, QueueError> {
+        let inserts = tasks.into_iter().map(insert_of).collect::<Result<Vec<_>, _>>()?;
+        let ids = self.store.insert_batch(&inserts)?;
+        Ok(ids.into_iter().map(|(id, created)| Enqueued { id: TaskId(id), created }).collect())
     }
 
     /// Leases one due attempt of one of `types` to `worker`: a pending task past its retry
@@ -298,24 +335,44 @@ impl<S: Store> Queue<S> {
     /// # Errors
     /// When the store fails.
     pub fn claim(&mut self, worker: &str, types: &[&str]) -> Result<Option<Job>, QueueError> {
-        let declined = self.declined.get(worker);
-        let wanted: Vec<&str> = types.iter().copied().filter(|t| declined.is_none_or(|d| !d.contains(*t))).collect();
-        if wanted.is_empty() {
-            return Ok(None);
-        }
-        // The oldest due task first, alone (on PostgreSQL every candidate is locked); a wider
-        // window only if that one could not go to this worker.
-        let (job, passed_over) = self.claim_within(worker, &wanted, 1)?;
-        if job.is_none() && passed_over {
-            return Ok(self.claim_within(worker, &wanted, CLAIM_WINDOW)?.0);
-        }
-        Ok(job)
+        Ok(self.claim_batch(worker, types, 1)?.pop())
     }
 
-    /// A claim among the `window` oldest due tasks; also says whether one was passed over.
-    fn claim_within(&mut self, worker: &str, types: &[&str], window: u32) -> Result<(Option<Job>, bool), QueueError> {
-        let mut job = None;
-        let mut held = None;
+    /// Leases up to `max` due attempts of `types` to `worker` in one transaction (Q7), oldest
+    /// first: each task is decided exactly as [`claim`](Self::claim) decides one, and every row
+    /// is written back before the commit. Empty when nothing is due for this worker. Each job's
+    /// start lease runs from the claim: run it, heartbeat it or hand it back before
+    /// [`Job::deadline`].
+    ///
+    /// # Errors
+    /// When the store fails; then no job was handed out.
+    pub fn claim_batch(&mut self, worker: &str, types: &[&str], max: u32) -> Result<Vec<Job>, QueueError> {
+        let declined = self.declined.get(worker);
+        let wanted: Vec<&str> = types.iter().copied().filter(|t| declined.is_none_or(|d| !d.contains(*t))).collect();
+        if wanted.is_empty() || max == 0 {
+            return Ok(Vec::new());
+        }
+        // The oldest due tasks first (on PostgreSQL every candidate is locked); a wider window
+        // only if some could not go to this worker.
+        let (mut jobs, passed_over) = self.claim_within(worker, &wanted, max, max)?;
+        if passed_over && jobs.len() < max as usize {
+            let rest = max - jobs.len() as u32;
+            jobs.extend(self.claim_within(worker, &wanted, rest, rest.saturating_add(CLAIM_WINDOW))?.0);
+        }
+        Ok(jobs)
+    }
+
+    /// Claims up to `max` jobs among the `window` oldest due tasks; also says whether one was
+    /// passed over.
+    fn claim_within(
+        &mut self,
+        worker: &str,
+        types: &[&str],
+        max: u32,
+        window: u32,
+    ) -> Result<(Vec<Job>, bool), QueueError> {
+        let mut jobs = Vec::new();
+        let mut held = Vec::new();
         let mut passed_over = false;
         let mut finished = Finished::default();
         let policies = &mut self.policies;
@@ -338,7 +395,7 @@ impl<S: Store> Queue<S> {
             let (_, Some(out)) = drain(&mut state, row.id, &mut finished) else {
                 return Ok(Visit::Skip);
             };
-            job = Some(Job {
+            jobs.push(Job {
                 id: TaskId(row.id),
                 task_type: row.task_type.clone(),
                 payload: row.payload.clone(),
@@ -349,14 +406,14 @@ impl<S: Store> Queue<S> {
                 worker: out.worker,
             });
             let write = write_of(&state, now)?;
-            held = Some(Held { version: row.version.saturating_add(1), policy, state });
-            Ok(Visit::WriteAndStop(write))
+            held.push(Held { version: row.version.saturating_add(1), policy, state });
+            Ok(if jobs.len() >= max as usize { Visit::WriteAndStop(write) } else { Visit::Write(write) })
         })?;
         finished.tell();
-        if let (Some(job), Some(held)) = (&job, held) {
+        for (job, held) in jobs.iter().zip(held) {
             self.hold(job.id, held);
         }
-        Ok((job, passed_over))
+        Ok((jobs, passed_over))
     }
 
     /// Extends `job`'s lease to `heartbeat_timeout` from now on the database's clock and
@@ -379,29 +436,95 @@ impl<S: Store> Queue<S> {
     /// the store's [`clock_estimate`](Store::clock_estimate) from the state this queue wrote,
     /// and written only if the row still has the version that write left and the lease is
     /// still ahead of the database's clock (Q1, Q2). Otherwise it reads the row and decides
-    /// on the database's clock, as every other report does.
+    /// on the database's clock, as every other report does. [`fail`](Self::fail) does the same
+    /// when the failure ends the task.
     pub fn complete(&mut self, job: &Job) -> Result<Status, QueueError> {
-        if let Some(status) = self.complete_held(job)? {
-            return Ok(status);
-        }
-        self.report(job, Report::Complete).map(|(status, _)| status)
+        self.report_one(job, Report::Complete)
     }
 
-    /// [`complete`](Self::complete) without a read, for a job this queue holds; `None` when it
-    /// does not hold it, the estimate refuses the completion, or the guarded write finds the
-    /// row moved or the lease run out on the database's clock (nothing was written).
-    fn complete_held(&mut self, job: &Job) -> Result<Option<Status>, QueueError> {
+    /// Reports the ends of many jobs at once (Q7): the reports that end a task this queue holds
+    /// (completions, last failures) are decided on the clock estimate and written in one
+    /// guarded statement (see [`complete`](Self::complete)); the others (a retry to schedule,
+    /// a decline), and any whose guard failed, are reported one by one on a fresh read. Returns each job's result in order: where its task now is, or why
+    /// its report was refused (most often a lost lease).
+    ///
+    /// # Errors
+    /// When the store fails. Reports written before the failure stay written; the others were
+    /// not, and their attempts are interrupted when their leases run out (D2).
+    pub fn report_batch(&mut self, reports: &[(Job, Handled)]) -> Result<Vec<Result<Status, QueueError>>, QueueError> {
+        let mut decided = Vec::new();
+        let mut guarded = Vec::new();
+        for (index, (job, handled)) in reports.iter().enumerate() {
+            if matches!(handled, Handled::Declined) {
+                continue;
+            }
+            if let Some((write, version, status, finished)) = self.decide_held(job, &Report::of(handled))? {
+                guarded.push(GuardedWrite { id: job.id.0, version, write });
+                decided.push((index, status, finished));
+            }
+        }
+        let applied = if guarded.is_empty() { Vec::new() } else { self.store.write_batch_if_leased(&guarded)? };
+        let mut results: Vec<Option<Result<Status, QueueError>>> = reports.iter().map(|_| None).collect();
+        for ((index, status, finished), applied) in decided.into_iter().zip(applied) {
+            if applied {
+                finished.tell();
+                results[index] = Some(Ok(status));
+            }
+        }
+        for ((job, handled), result) in reports.iter().zip(&mut results) {
+            if result.is_none() {
+                *result = Some(self.report_handled(job, handled));
+            }
+        }
+        Ok(results.into_iter().flatten().collect())
+    }
+
+    /// Reports `handled` on `job` on its own: what [`Worker::work_one`](crate::Worker::work_one)
+    /// does with a handler's result. A store failure and a refusal are both `Err`.
+    fn report_handled(&mut self, job: &Job, handled: &Handled) -> Result<Status, QueueError> {
+        match handled {
+            Handled::Declined => self.decline(job),
+            handled => self.report_one(job, Report::of(handled)),
+        }
+    }
+
+    /// A report decided on the clock estimate and written with one guarded statement when this
+    /// queue holds the job; on a fresh read otherwise.
+    fn report_one(&mut self, job: &Job, report: Report) -> Result<Status, QueueError> {
+        if let Some((write, version, status, finished)) = self.decide_held(job, &report)?
+            && self.store.write_if_leased(job.id.0, version, &write)?
+        {
+            finished.tell();
+            return Ok(status);
+        }
+        self.report(job, report).map(|(status, _)| status)
+    }
+
+    /// Decides `report` on a job this queue holds, on the store's clock estimate: the write,
+    /// the version it must find, where the task goes and what finished. `None` when the queue
+    /// does not hold the job, the estimate refuses the report, or the task would not end (a
+    /// heartbeat's lease, a retry's due time: those instants are read from the database's
+    /// clock, Q2); the queue forgets the job either way.
+    fn decide_held(
+        &mut self,
+        job: &Job,
+        report: &Report,
+    ) -> Result<Option<(Write, i64, Status, Finished)>, QueueError> {
         let Some(Held { version, policy, mut state }) = self.held.remove(&job.id.0) else { return Ok(None) };
-        let Some(now) = self.store.clock_estimate() else { return Ok(None) };
-        let mut finished = Finished::default();
-        let (Ok((status, _)), true) = decide(&policy, &mut state, now, job, &Report::Complete, &mut finished) else {
-            return Ok(None);
-        };
-        if !self.store.write_if_leased(job.id.0, version, &write_of(&state, now)?)? {
+        if matches!(report, Report::Heartbeat(_)) {
             return Ok(None);
         }
-        finished.tell();
-        Ok(Some(status))
+        let Some(now) = self.store.clock_estimate() else { return Ok(None) };
+        let mut finished = Finished::default();
+        let (Ok((status, _)), true) = decide(&policy, &mut state, now, job, report, &mut finished) else {
+            return Ok(None);
+        };
+        // Only a report that ends the task is written on the estimate: an instant it would set
+        // (a retry's due time) is read from the database's clock (Q2).
+        if !status.is_terminal() {
+            return Ok(None);
+        }
+        Ok(Some((write_of(&state, now)?, version, status, finished)))
     }
 
     /// Keeps `held` as job `id`'s row while its attempt is out.
@@ -421,7 +544,30 @@ impl<S: Store> Queue<S> {
     /// # Errors
     /// [`QueueError::Refused`] when the lease was lost.
     pub fn fail(&mut self, job: &Job, failure: Failure<String>) -> Result<Status, QueueError> {
-        self.report(job, Report::Fail(failure)).map(|(status, _)| status)
+        self.report_one(job, Report::Fail(failure))
+    }
+
+    /// Gives back a job this worker claimed but never started (it is shutting down, or kept the
+    /// job in a local buffer too long): a free return that uses no retry and keeps the attempt
+    /// number (D3, `FreeReturn::ClosedBeforeStart`); past `max_redeliveries` free returns the
+    /// task is dead-lettered (D4).
+    ///
+    /// # Errors
+    /// [`QueueError::Refused`] when the lease was lost, or
+    /// [`AlreadyStarted`](persevere::DeliveryError::AlreadyStarted) once the job heartbeated:
+    /// use [`interrupt`](Self::interrupt).
+    pub fn hand_back(&mut self, job: &Job) -> Result<Status, QueueError> {
+        self.report_one(job, Report::HandBack)
+    }
+
+    /// Gives back a job whose handler may have run but did not finish (a shutdown whose
+    /// deadline passed): an interruption that uses a retry, as a lost lease would (D2), without
+    /// waiting for the lease to run out.
+    ///
+    /// # Errors
+    /// [`QueueError::Refused`] when the lease was lost.
+    pub fn interrupt(&mut self, job: &Job) -> Result<Status, QueueError> {
+        self.report_one(job, Report::Interrupt)
     }
 
     /// The worker does not run `job`'s task type and did not start it (D3): the task goes back

@@ -8,7 +8,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::crash;
 use crate::shared::{ClockReading, ReadWithClock, compare_and_set, skewed, visit_rows};
-use crate::store::{Candidates, ClaimVisit, Insert, Row, Store, UpdateVisit, Write, instant_of};
+use crate::store::{Candidates, ClaimVisit, GuardedWrite, Insert, Row, Store, UpdateVisit, Write, instant_of};
 use crate::{QueueError, Status};
 
 const SCHEMA: &str = "
@@ -185,6 +185,72 @@ fn row_of(row: &rusqlite::Row<'_>) -> rusqlite::Result<Row> {
     })
 }
 
+/// Inserts one task with a statement that reads the clock itself (`skew` is the test-only
+/// skew); returns its id and `true`, or the id of the task that has its key and `false`.
+fn insert_row(conn: &Connection, insert: &Insert, skew: Duration) -> Result<(i64, bool), QueueError> {
+    let inserted = conn
+        .prepare_cached(&format!(
+            "INSERT INTO persevere_tasks (task_type, payload, policy, state, version, status, due_at, attempt,
+             idempotency_key, created_at, updated_at)
+             VALUES (?1, ?2, ?3, '', 0, ?4,
+                     MAX(CASE WHEN {now} + ?8 > {MAX} - ?5 THEN {MAX} ELSE {now} + ?8 + ?5 END, ?9),
+                     ?6, ?7, {now} + ?8, {now} + ?8)
+             ON CONFLICT (idempotency_key) DO NOTHING",
+            now = clock!(),
+            MAX = i64::MAX
+        ))?
+        .execute(params![
+            insert.task_type,
+            insert.payload,
+            insert.policy,
+            insert.status.as_str(),
+            insert.delay_ns,
+            insert.attempt,
+            insert.key,
+            skewed(0, skew),
+            insert.not_before
+        ])?;
+    crash::statement();
+    if inserted == 1 {
+        return Ok((conn.last_insert_rowid(), true));
+    }
+    // The key exists (SQLite runs one writer at a time, so it is committed, or it is this
+    // transaction's own).
+    let id = conn
+        .prepare_cached("SELECT id FROM persevere_tasks WHERE idempotency_key = ?1")?
+        .query_row([&insert.key], |row| row.get(0))?;
+    crash::statement();
+    Ok((id, false))
+}
+
+/// Writes `write` over row `id` if its version is still `version` and its lease or heartbeat
+/// deadline is ahead of the database's clock (`skew` is the test-only skew).
+fn write_row_if_leased(
+    conn: &Connection,
+    id: i64,
+    version: i64,
+    write: &Write,
+    skew: Duration,
+) -> Result<bool, QueueError> {
+    let changed = conn
+        .prepare_cached(&format!(
+            "UPDATE persevere_tasks SET state = ?1, status = ?2, due_at = ?3, attempt = ?4, version = version + 1,
+             updated_at = {now} + ?5 WHERE id = ?6 AND version = ?7 AND due_at > {now} + ?5",
+            now = clock!()
+        ))?
+        .execute(params![
+            write.state,
+            write.status.as_str(),
+            write.due_at,
+            write.attempt,
+            skewed(0, skew),
+            id,
+            version
+        ])?;
+    crash::statement();
+    Ok(changed == 1)
+}
+
 /// Writes `write` over row `id` if its version is still `version`; `false` if it moved.
 fn write_row(conn: &Connection, id: i64, version: i64, write: &Write, now: i64) -> Result<bool, QueueError> {
     let changed = conn
@@ -205,42 +271,16 @@ impl Store for Sqlite {
     fn insert(&mut self, insert: &Insert) -> Result<(i64, bool), QueueError> {
         crash::begin("insert");
         end_stray_transaction(&self.conn)?;
-        // One statement, which reads the clock itself (`?8` is the test-only skew); its own
-        // transaction, so the row appears whole or not at all.
-        let inserted = self
-            .conn
-            .prepare_cached(&format!(
-                "INSERT INTO persevere_tasks (task_type, payload, policy, state, version, status, due_at, attempt,
-                 idempotency_key, created_at, updated_at)
-                 VALUES (?1, ?2, ?3, '', 0, ?4,
-                         MAX(CASE WHEN {now} + ?8 > {MAX} - ?5 THEN {MAX} ELSE {now} + ?8 + ?5 END, ?9),
-                         ?6, ?7, {now} + ?8, {now} + ?8)
-                 ON CONFLICT (idempotency_key) DO NOTHING",
-                now = clock!(),
-                MAX = i64::MAX
-            ))?
-            .execute(params![
-                insert.task_type,
-                insert.payload,
-                insert.policy,
-                insert.status.as_str(),
-                insert.delay_ns,
-                insert.attempt,
-                insert.key,
-                skewed(0, self.skew),
-                insert.not_before
-            ])?;
-        crash::statement();
-        if inserted == 1 {
-            return Ok((self.conn.last_insert_rowid(), true));
-        }
-        // The key exists (SQLite runs one writer at a time, so it is committed).
-        let id = self
-            .conn
-            .prepare_cached("SELECT id FROM persevere_tasks WHERE idempotency_key = ?1")?
-            .query_row([&insert.key], |row| row.get(0))?;
-        crash::statement();
-        Ok((id, false))
+        // One statement, its own transaction: the row appears whole or not at all.
+        insert_row(&self.conn, insert, self.skew)
+    }
+
+    fn insert_batch(&mut self, inserts: &[Insert]) -> Result<Vec<(i64, bool)>, QueueError> {
+        crash::begin("insert");
+        let tx = Tx::immediate(&self.conn)?;
+        let ids = inserts.iter().map(|insert| insert_row(&tx, insert, self.skew)).collect::<Result<Vec<_>, _>>()?;
+        tx.commit()?;
+        Ok(ids)
     }
 
     fn claim(
@@ -320,24 +360,19 @@ impl Store for Sqlite {
     fn write_if_leased(&mut self, id: i64, version: i64, write: &Write) -> Result<bool, QueueError> {
         crash::begin("update");
         end_stray_transaction(&self.conn)?;
-        let changed = self
-            .conn
-            .prepare_cached(&format!(
-                "UPDATE persevere_tasks SET state = ?1, status = ?2, due_at = ?3, attempt = ?4, version = version + 1,
-                 updated_at = {now} + ?5 WHERE id = ?6 AND version = ?7 AND due_at > {now} + ?5",
-                now = clock!()
-            ))?
-            .execute(params![
-                write.state,
-                write.status.as_str(),
-                write.due_at,
-                write.attempt,
-                skewed(0, self.skew),
-                id,
-                version
-            ])?;
-        crash::statement();
-        Ok(changed == 1)
+        write_row_if_leased(&self.conn, id, version, write, self.skew)
+    }
+
+    fn write_batch_if_leased(&mut self, writes: &[GuardedWrite]) -> Result<Vec<bool>, QueueError> {
+        crash::begin("update");
+        // One transaction: one commit (and one sync to disk) for the whole batch.
+        let tx = Tx::immediate(&self.conn)?;
+        let applied = writes
+            .iter()
+            .map(|w| write_row_if_leased(&tx, w.id, w.version, &w.write, self.skew))
+            .collect::<Result<Vec<_>, _>>()?;
+        tx.commit()?;
+        Ok(applied)
     }
 
     fn update(&mut self, id: i64, visit: &mut UpdateVisit<'_>) -> Result<bool, QueueError> {

@@ -82,6 +82,18 @@ pub struct Insert {
     pub not_before: i64,
 }
 
+/// A write guarded by the version the writer last left and by the lease on the database's
+/// clock: one row of [`Store::write_batch_if_leased`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GuardedWrite {
+    /// The task id.
+    pub id: i64,
+    /// The version the row must still have.
+    pub version: i64,
+    /// What to write.
+    pub write: Write,
+}
+
 /// Which rows a claim visits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Candidates<'a> {
@@ -171,6 +183,19 @@ pub trait Store {
         Ok(false)
     }
 
+    /// Inserts `inserts` in one transaction, all or none, each as [`insert`](Self::insert)
+    /// would; returns each one's id and whether it was created, in order (a key given twice
+    /// names the first). The default inserts them one by one (not atomically).
+    fn insert_batch(&mut self, inserts: &[Insert]) -> Result<Vec<(i64, bool)>, QueueError> {
+        inserts.iter().map(|insert| self.insert(insert)).collect()
+    }
+
+    /// [`write_if_leased`](Self::write_if_leased) for many rows, in one statement or
+    /// transaction; returns whether each applied, in order. The default writes them one by one.
+    fn write_batch_if_leased(&mut self, writes: &[GuardedWrite]) -> Result<Vec<bool>, QueueError> {
+        writes.iter().map(|w| self.write_if_leased(w.id, w.version, &w.write)).collect()
+    }
+
     /// Moves this connection's reading of the database clock forward by `by`: for tests and
     /// simulations that must not sleep through leases and retry delays (feature
     /// `test-clock`). Every connection of one test must be moved alike; never in production.
@@ -209,6 +234,12 @@ impl<S: Store + ?Sized> Store for Box<S> {
     }
     fn write_if_leased(&mut self, id: i64, version: i64, write: &Write) -> Result<bool, QueueError> {
         (**self).write_if_leased(id, version, write)
+    }
+    fn insert_batch(&mut self, inserts: &[Insert]) -> Result<Vec<(i64, bool)>, QueueError> {
+        (**self).insert_batch(inserts)
+    }
+    fn write_batch_if_leased(&mut self, writes: &[GuardedWrite]) -> Result<Vec<bool>, QueueError> {
+        (**self).write_batch_if_leased(writes)
     }
     #[cfg(feature = "test-clock")]
     fn advance_clock(&mut self, by: core::time::Duration) {
