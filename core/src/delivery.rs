@@ -1221,6 +1221,13 @@ impl<K, W, C, E, R> Delivery<K, W, C, E, R> {
         self.declined.iter().any(|d| d.as_ref() == Some(worker))
     }
 
+    /// The workers that declined this task and are not offered it again (the last
+    /// [`DECLINED_CAPACITY`]), in no particular order: what a store indexes to skip the task
+    /// for them.
+    pub fn declined_workers(&self) -> impl Iterator<Item = &W> {
+        self.declined.iter().flatten()
+    }
+
     /// Attempts, time between attempts, and time since creation, as counted by the embedded retry.
     pub fn stats(&self) -> Stats {
         self.retry.stats()

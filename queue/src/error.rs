@@ -48,6 +48,29 @@ pub enum QueueError {
         /// The decoder's error.
         source: serde_json::Error,
     },
+    /// A row that cannot be driven (Q10): its cells do not decode, or its state names what no
+    /// claim could have written (an emptied state on a claimed row, an instant far from the
+    /// database's clock, an attempt number past what the queue stores). Claims and sweeps set
+    /// it aside as `Status::Corrupt` with this reason; see `Queue::corrupt_tasks`.
+    #[error("task {task} cannot be driven: {reason}")]
+    BadRow {
+        /// The task.
+        task: TaskId,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A queue name that is empty, longer than 63 characters, or has characters other than
+    /// letters, digits, `_`, `-`, `.` and `:`.
+    #[error("{0:?} is not a queue name: use 1 to 63 letters, digits, '_', '-', '.' or ':'")]
+    QueueName(String),
+    /// `Sqlite::open` was given a file it will not use as a queue, and changed nothing in it.
+    #[error("{path}: {reason}")]
+    NotAQueue {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why, and what to do instead.
+        reason: String,
+    },
     /// The SQLite store failed.
     #[cfg(feature = "sqlite")]
     #[error("sqlite: {0}")]

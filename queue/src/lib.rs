@@ -79,6 +79,8 @@ mod queue;
 mod shared;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+#[cfg(feature = "sqlite")]
+mod sqlite_file;
 mod store;
 mod task;
 mod worker;
@@ -88,7 +90,9 @@ pub use error::QueueError;
 pub use postgres::Postgres;
 pub use queue::Queue;
 #[cfg(feature = "sqlite")]
-pub use sqlite::Sqlite;
-pub use store::{Candidates, ClaimVisit, GuardedWrite, Insert, Row, Store, UpdateVisit, Visit, Write};
+pub use sqlite::{Sqlite, SqliteOptions};
+pub use store::{
+    Candidates, ClaimVisit, GuardedWrite, Insert, Row, SetAsideRow, Store, UpdateVisit, Visit, Write, declined_marker,
+};
 pub use task::{CorruptTask, Enqueued, IntoTaskPolicy, Job, NewTask, Status, TaskId, TaskInfo, TaskPolicy, TaskState};
 pub use worker::{Handled, Heartbeat, Worked, Worker};

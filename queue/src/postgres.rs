@@ -8,13 +8,17 @@ use persevere::Instant;
 use tokio_postgres::{Client, NoTls, Statement};
 
 use crate::crash;
-use crate::shared::{ClockReading, ReadWithClock, compare_and_set, skewed, visit_rows};
-use crate::store::{Candidates, ClaimVisit, GuardedWrite, Insert, Row, Store, UpdateVisit, Write, instant_of};
+use crate::shared::{ClockReading, Decided, ReadWithClock, check_queue_name, compare_and_set, skewed, visit_rows};
+use crate::store::{
+    Candidates, ClaimVisit, GuardedWrite, Insert, Row, SetAsideRow, Store, UpdateVisit, Write, declined_marker,
+    instant_of,
+};
 use crate::{QueueError, Status};
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS persevere_tasks (
     id BIGSERIAL PRIMARY KEY,
+    queue TEXT NOT NULL,
     task_type TEXT NOT NULL,
     payload BYTEA NOT NULL,
     policy TEXT NOT NULL,
@@ -23,18 +27,21 @@ CREATE TABLE IF NOT EXISTS persevere_tasks (
     status TEXT NOT NULL,
     due_at BIGINT,
     attempt BIGINT NOT NULL,
-    idempotency_key TEXT UNIQUE,
+    idempotency_key TEXT,
+    declined_by TEXT NOT NULL DEFAULT '',
+    corrupt_reason TEXT,
     created_at BIGINT NOT NULL,
-    updated_at BIGINT NOT NULL
+    updated_at BIGINT NOT NULL,
+    UNIQUE (queue, idempotency_key)
 );
-CREATE INDEX IF NOT EXISTS persevere_tasks_due_order ON persevere_tasks (task_type, due_at, id);
-CREATE INDEX IF NOT EXISTS persevere_tasks_status_order ON persevere_tasks (status, due_at, id);
-DROP INDEX IF EXISTS persevere_tasks_due;
-DROP INDEX IF EXISTS persevere_tasks_status;
+CREATE INDEX IF NOT EXISTS persevere_tasks_due_order ON persevere_tasks (queue, task_type, due_at, id);
+CREATE INDEX IF NOT EXISTS persevere_tasks_status_order ON persevere_tasks (queue, status, due_at, id);
 ";
 // The indexes end with the id: tasks due at the same microsecond (the clock's precision) are
-// claimed in the order they were enqueued, by an ordered index scan with no sort. (The two
-// dropped are an earlier build's, without the id.)
+// claimed in the order they were enqueued, by an ordered index scan with no sort.
+
+/// The columns a queue's table must have: a table made by an earlier version lacks some.
+const REQUIRED_COLUMNS: &str = "ARRAY['queue', 'declined_by', 'corrupt_reason']";
 
 /// The clock in nanoseconds since 1970 (at microsecond precision): the server's
 /// `statement_timestamp()` (Q2), which is stable within a statement, so a bound written with it
@@ -50,16 +57,15 @@ const CLOCK_COLUMN: usize = 9;
 /// would otherwise accumulate them).
 const MAX_STATEMENTS: usize = 64;
 
-const WRITE: &str =
-    "UPDATE persevere_tasks SET state = $1, status = $2, due_at = $3, attempt = $4, version = version + 1,
-     updated_at = $5 WHERE id = $6 AND version = $7";
+const WRITE: &str = "UPDATE persevere_tasks SET state = $1, status = $2, due_at = $3, attempt = $4, declined_by = $8,
+     version = version + 1, updated_at = $5 WHERE id = $6 AND version = $7";
 
 /// [`WRITE`] for a report decided on the clock estimate: only while the lease or heartbeat
 /// deadline is ahead of the database's clock (`$1` is the skew).
 static WRITE_IF_LEASED: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!(
-        "UPDATE persevere_tasks SET state = $2, status = $3, due_at = $4, attempt = $5, version = version + 1,
-         updated_at = {CLOCK} WHERE id = $6 AND version = $7 AND due_at > {CLOCK}"
+        "UPDATE persevere_tasks SET state = $2, status = $3, due_at = $4, attempt = $5, declined_by = $8,
+         version = version + 1, updated_at = {CLOCK} WHERE id = $6 AND version = $7 AND due_at > {CLOCK}"
     )
 });
 
@@ -69,9 +75,9 @@ static WRITE_IF_LEASED: std::sync::LazyLock<String> = std::sync::LazyLock::new(|
 fn write_many(extra: &str) -> String {
     format!(
         "UPDATE persevere_tasks AS t SET state = v.state, status = v.status, due_at = v.due_at, attempt = v.attempt,
-         version = t.version + 1, updated_at = {CLOCK}
-         FROM unnest($2::bigint[], $3::bigint[], $4::text[], $5::text[], $6::bigint[], $7::bigint[])
-              AS v(id, version, state, status, due_at, attempt)
+         declined_by = v.declined_by, version = t.version + 1, updated_at = {CLOCK}
+         FROM unnest($2::bigint[], $3::bigint[], $4::text[], $5::text[], $6::bigint[], $7::bigint[], $8::text[])
+              AS v(id, version, state, status, due_at, attempt, declined_by)
          WHERE t.id = v.id AND t.version = v.version {extra} RETURNING t.id"
     )
 }
@@ -85,12 +91,13 @@ struct Columns {
     statuses: Vec<&'static str>,
     due: Vec<Option<i64>>,
     attempts: Vec<i64>,
+    declined_by: Vec<String>,
 }
 
 impl Columns {
     /// The parameters of [`write_many`], after the skew.
-    fn params<'a>(&'a self, skew: &'a i64) -> [&'a (dyn tokio_postgres::types::ToSql + Sync); 7] {
-        [skew, &self.ids, &self.versions, &self.states, &self.statuses, &self.due, &self.attempts]
+    fn params<'a>(&'a self, skew: &'a i64) -> [&'a (dyn tokio_postgres::types::ToSql + Sync); 8] {
+        [skew, &self.ids, &self.versions, &self.states, &self.statuses, &self.due, &self.attempts, &self.declined_by]
     }
 
     fn of<'w>(writes: impl Iterator<Item = (i64, i64, &'w Write)>) -> Self {
@@ -102,6 +109,7 @@ impl Columns {
             columns.statuses.push(w.status.as_str());
             columns.due.push(w.due_at);
             columns.attempts.push(w.attempt);
+            columns.declined_by.push(w.declined_by.clone());
         }
         columns
     }
@@ -125,6 +133,9 @@ impl Columns {
 pub struct Postgres {
     runtime: tokio::runtime::Runtime,
     client: Client,
+    /// The queue's name (Q11), checked to need no quoting: every statement reads and writes
+    /// its rows only.
+    queue: String,
     skew: Duration,
     statements: HashMap<String, Statement>,
     /// The latest clock reading of a claim or a report's read.
@@ -144,18 +155,54 @@ impl Postgres {
     /// # Errors
     /// When the server cannot be reached or the schema cannot be created.
     pub fn connect(params: &str) -> Result<Self, QueueError> {
+        Self::connect_queue(params, "default")
+    }
+
+    /// [`connect`](Self::connect) to the queue named `queue` (Q11): queues of different names
+    /// in one database never exchange tasks, and idempotency keys are unique within a queue.
+    ///
+    /// # Errors
+    /// [`QueueError::QueueName`] for a bad name; [`QueueError::NotAQueue`] when the database's
+    /// `persevere_tasks` table was made by an earlier version; as [`connect`](Self::connect).
+    pub fn connect_queue(params: &str, queue: &str) -> Result<Self, QueueError> {
+        check_queue_name(queue)?;
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(QueueError::Io)?;
         let (client, connection) = runtime.block_on(tokio_postgres::connect(params, NoTls))?;
         // The connection runs whenever this store blocks on the runtime.
         runtime.spawn(async move {
             let _ = connection.await;
         });
-        let store = Postgres { runtime, client, skew: Duration::ZERO, statements: HashMap::new(), clock: None };
+        let store = Postgres {
+            runtime,
+            client,
+            queue: queue.to_owned(),
+            skew: Duration::ZERO,
+            statements: HashMap::new(),
+            clock: None,
+        };
         // Two workers creating the schema at once race on `CREATE ... IF NOT EXISTS`; a
         // transaction-level advisory lock makes it one at a time.
         store.block_on(
             store.client.batch_execute(&format!("BEGIN; SELECT pg_advisory_xact_lock(7202611); {SCHEMA} COMMIT;")),
         )?;
+        let missing: i64 = store
+            .block_on(store.client.query_one(
+                &format!(
+                    "SELECT count(*) FROM unnest({REQUIRED_COLUMNS}) AS required(name) WHERE NOT EXISTS
+                     (SELECT 1 FROM information_schema.columns WHERE table_name = 'persevere_tasks'
+                      AND table_schema = current_schema() AND column_name = required.name)"
+                ),
+                &[],
+            ))?
+            .try_get(0)?;
+        if missing > 0 {
+            return Err(QueueError::NotAQueue {
+                path: params.into(),
+                reason: "its persevere_tasks table was made by an earlier version of persevere-queue (it lacks \
+                         the queue, declined_by and corrupt_reason columns): drain that queue and drop the table"
+                    .to_owned(),
+            });
+        }
         // A claim must be on disk before its worker runs (D6 `Sync`): never commit
         // asynchronously on this connection.
         let setting: String = store.block_on(store.client.query_one("SHOW synchronous_commit", &[]))?.try_get(0)?;
@@ -188,7 +235,10 @@ impl Postgres {
 
     /// Task `id` and the clock, read in one statement (a report's read).
     fn read_row(&mut self, id: i64) -> ReadWithClock {
-        let select = self.prepared(&format!("SELECT {COLUMNS}, {CLOCK} FROM persevere_tasks WHERE id = $2"))?;
+        let select = self.prepared(&format!(
+            "SELECT {COLUMNS}, {CLOCK} FROM persevere_tasks WHERE id = $2 AND queue = '{}'",
+            self.queue
+        ))?;
         let skew = self.skew_ns();
         let row = self.block_on(self.client.query_opt(&select, &[&skew, &id]))?;
         crash::statement();
@@ -205,7 +255,7 @@ impl Postgres {
         let statement = self.prepared(WRITE)?;
         let changed = self.block_on(self.client.execute(
             &statement,
-            &[&w.state, &w.status.as_str(), &w.due_at, &w.attempt, &now, &row.id, &row.version],
+            &[&w.state, &w.status.as_str(), &w.due_at, &w.attempt, &now, &row.id, &row.version, &w.declined_by],
         ))?;
         crash::statement();
         Ok(changed == 1)
@@ -226,8 +276,10 @@ impl Postgres {
             inserts.iter().filter_map(|i| i.key.as_deref()).filter(|key| !by_key.contains_key(key)).collect();
         let mut existing = HashMap::new();
         if !missing.is_empty() {
-            let select =
-                self.prepared("SELECT idempotency_key, id FROM persevere_tasks WHERE idempotency_key = ANY($1)")?;
+            let select = self.prepared(&format!(
+                "SELECT idempotency_key, id FROM persevere_tasks WHERE queue = '{}' AND idempotency_key = ANY($1)",
+                self.queue
+            ))?;
             for row in self.block_on(self.client.query(&select, &[&missing]))? {
                 existing.insert(row.try_get::<_, String>(0)?, row.try_get::<_, i64>(1)?);
             }
@@ -247,6 +299,117 @@ impl Postgres {
                 },
             })
             .collect()
+    }
+
+    /// Begins a claim's transaction and locks its candidates (`BEGIN` and the select in one
+    /// round trip): the outer error is the store's, the inner the select's (the transaction is
+    /// then open, to be rolled back).
+    fn lock_candidates(
+        &mut self,
+        candidates: Candidates<'_>,
+        limit: u32,
+    ) -> Result<Result<Vec<tokio_postgres::Row>, QueueError>, QueueError> {
+        let queue = &self.queue;
+        let select = match candidates {
+            // One type: an ordered scan of the (queue, task_type, due_at) index that stops at
+            // `limit`; `= ANY` would sort every due row first.
+            Candidates::Due { types: [_], .. } => format!(
+                "SELECT {COLUMNS}, {CLOCK} FROM persevere_tasks WHERE queue = '{queue}' AND due_at <= {CLOCK}
+                 AND task_type = $2 AND strpos(declined_by, $3) = 0
+                 ORDER BY due_at, id LIMIT {limit} FOR UPDATE SKIP LOCKED"
+            ),
+            Candidates::Due { .. } => format!(
+                "SELECT {COLUMNS}, {CLOCK} FROM persevere_tasks WHERE queue = '{queue}' AND due_at <= {CLOCK}
+                 AND task_type = ANY($2) AND strpos(declined_by, $3) = 0
+                 ORDER BY due_at, id LIMIT {limit} FOR UPDATE SKIP LOCKED"
+            ),
+            Candidates::Expired => format!(
+                "SELECT {COLUMNS}, {CLOCK} FROM persevere_tasks WHERE queue = '{queue}'
+                 AND status IN ('pending', 'handed_out', 'running')
+                 AND (due_at IS NULL OR (due_at <= {CLOCK} AND status != 'pending'))
+                 ORDER BY due_at, id LIMIT {limit} FOR UPDATE SKIP LOCKED"
+            ),
+        };
+        let select = self.prepared(&select)?;
+        let skew = self.skew_ns();
+        let client = &self.client;
+        let (begun, rows) = self.block_on(async {
+            let rows = async {
+                match candidates {
+                    Candidates::Due { types: [single], worker } => {
+                        client.query(&select, &[&skew, single, &declined_marker(worker)]).await
+                    }
+                    Candidates::Due { types, worker } => {
+                        client.query(&select, &[&skew, &types, &declined_marker(worker)]).await
+                    }
+                    Candidates::Expired => client.query(&select, &[&skew]).await,
+                }
+            };
+            tokio::join!(client.batch_execute("BEGIN"), rows)
+        });
+        crash::statement();
+        Ok(begun.map_err(QueueError::from).and_then(|()| Ok(rows?)))
+    }
+
+    /// Writes what a claim decided (one statement for the writes, one for the rows set aside)
+    /// and commits, in one round trip. The rows are locked: no version can have moved, and a
+    /// write that failed makes the COMMIT a rollback.
+    fn commit_decided(&mut self, decided: &[Decided]) -> Result<usize, QueueError> {
+        let write = self.prepared(&write_many(""))?;
+        let set_aside = self.prepared(&format!(
+            "UPDATE persevere_tasks AS t SET status = 'corrupt', due_at = NULL, corrupt_reason = v.reason,
+             version = t.version + 1, updated_at = {CLOCK}
+             FROM unnest($2::bigint[], $3::text[]) AS v(id, reason) WHERE t.id = v.id"
+        ))?;
+        let writes = Columns::of(decided.iter().filter_map(|d| match d {
+            Decided::Write { id, version, write } => Some((*id, *version, write)),
+            Decided::SetAside { .. } => None,
+        }));
+        let (aside_ids, reasons): (Vec<i64>, Vec<&str>) = decided
+            .iter()
+            .filter_map(|d| match d {
+                Decided::SetAside { id, reason } => Some((*id, reason.as_str())),
+                Decided::Write { .. } => None,
+            })
+            .unzip();
+        let skew = self.skew_ns();
+        let client = &self.client;
+        let params = writes.params(&skew);
+        let (written, aside, committed) = self.block_on(async {
+            let written =
+                async { if writes.ids.is_empty() { Ok(Vec::new()) } else { client.query(&write, &params).await } };
+            let aside = async {
+                if aside_ids.is_empty() {
+                    Ok(0)
+                } else {
+                    client.execute(&set_aside, &[&skew, &aside_ids, &reasons]).await
+                }
+            };
+            tokio::join!(written, aside, client.batch_execute("COMMIT"))
+        });
+        crash::statement();
+        let (written, _) = (written?, aside?);
+        committed?;
+        if written.len() != writes.ids.len() {
+            return Err(QueueError::Conflict(crate::TaskId(writes.ids.first().copied().unwrap_or(0))));
+        }
+        Ok(decided.len())
+    }
+
+    /// Deliberately broken (crash tests only): the claim commits, then writes the state outside
+    /// its transaction, unguarded.
+    fn split_claim(&mut self, decided: &[Decided]) -> Result<usize, QueueError> {
+        self.block_on(self.client.batch_execute("COMMIT"))?;
+        std::thread::sleep(Duration::from_millis(2));
+        for decided in decided {
+            if let Decided::Write { id, write: w, .. } = decided {
+                self.block_on(self.client.execute(
+                    "UPDATE persevere_tasks SET state = $1, status = $2, due_at = $3, attempt = $4, version = version + 1 WHERE id = $5",
+                    &[&w.state, &w.status.as_str(), &w.due_at, &w.attempt, id],
+                ))?;
+            }
+        }
+        Ok(decided.len())
     }
 
     /// Ends the open transaction after an error (its own error, if any, is secondary).
@@ -282,15 +445,16 @@ impl Store for Postgres {
         // One statement and one round trip: the clock is read by the insert itself (a fresh
         // task's state is built from `created_at` when it is first loaded).
         let insert_statement = self.prepared(&format!(
-            "INSERT INTO persevere_tasks (task_type, payload, policy, state, version, status, due_at, attempt,
+            "INSERT INTO persevere_tasks (queue, task_type, payload, policy, state, version, status, due_at, attempt,
              idempotency_key, created_at, updated_at)
-             SELECT $2::text, $3::bytea, $4::text, '', 0, $5::text,
+             SELECT '{queue}', $2::text, $3::bytea, $4::text, '', 0, $5::text,
                     GREATEST(CASE WHEN clock.now > {MAX} - $6::bigint THEN {MAX} ELSE clock.now + $6::bigint END,
                              $9::bigint),
                     $7::bigint, $8::text, clock.now, clock.now
              FROM (SELECT {CLOCK} AS now) AS clock
-             ON CONFLICT (idempotency_key) DO NOTHING RETURNING id",
-            MAX = i64::MAX
+             ON CONFLICT (queue, idempotency_key) DO NOTHING RETURNING id",
+            MAX = i64::MAX,
+            queue = self.queue
         ))?;
         let skew = self.skew_ns();
         // One statement, so no transaction: the row appears whole or not at all.
@@ -313,7 +477,10 @@ impl Store for Postgres {
             return Ok((row.try_get(0)?, true));
         }
         // The key exists, committed (ON CONFLICT waited for a concurrent insert to finish).
-        let existing = self.prepared("SELECT id FROM persevere_tasks WHERE idempotency_key = $1")?;
+        let existing = self.prepared(&format!(
+            "SELECT id FROM persevere_tasks WHERE queue = '{}' AND idempotency_key = $1",
+            self.queue
+        ))?;
         let row = self.block_on(self.client.query_one(&existing, &[&insert.key]))?;
         crash::statement();
         Ok((row.try_get(0)?, false))
@@ -326,57 +493,21 @@ impl Store for Postgres {
         visit: &mut ClaimVisit<'_>,
     ) -> Result<usize, QueueError> {
         crash::begin("claim");
-        let select = match candidates {
-            // One type: an ordered scan of the (task_type, due_at) index that stops at `limit`;
-            // `= ANY` would sort every due row first.
-            Candidates::Due([_]) => format!(
-                "SELECT {COLUMNS}, {CLOCK} FROM persevere_tasks WHERE due_at <= {CLOCK} AND task_type = $2
-                 ORDER BY due_at, id LIMIT {limit} FOR UPDATE SKIP LOCKED"
-            ),
-            Candidates::Due(_) => format!(
-                "SELECT {COLUMNS}, {CLOCK} FROM persevere_tasks WHERE due_at <= {CLOCK} AND task_type = ANY($2)
-                 ORDER BY due_at, id LIMIT {limit} FOR UPDATE SKIP LOCKED"
-            ),
-            Candidates::Expired => format!(
-                "SELECT {COLUMNS}, {CLOCK} FROM persevere_tasks WHERE status IN ('handed_out', 'running')
-                 AND due_at <= {CLOCK} ORDER BY due_at, id LIMIT {limit} FOR UPDATE SKIP LOCKED"
-            ),
-        };
-        let select = self.prepared(&select)?;
-        let write = self.prepared(&write_many(""))?;
-        let skew = self.skew_ns();
-        // BEGIN and the select in one round trip.
-        let client = &self.client;
-        let (begun, rows) = self.block_on(async {
-            let types: Vec<&str> = match candidates {
-                Candidates::Due(types) => types.to_vec(),
-                Candidates::Expired => Vec::new(),
-            };
-            let rows = async {
-                match candidates {
-                    Candidates::Due([single]) => client.query(&select, &[&skew, single]).await,
-                    Candidates::Due(_) => client.query(&select, &[&skew, &types]).await,
-                    Candidates::Expired => client.query(&select, &[&skew]).await,
-                }
-            };
-            tokio::join!(client.batch_execute("BEGIN"), rows)
-        });
-        crash::statement();
-        let skew_ns = skew;
+        let rows = self.lock_candidates(candidates, limit)?;
         let skew = self.skew;
         let clock = &mut self.clock;
-        let decided = begun.map_err(QueueError::from).and_then(|()| {
-            let rows = rows?;
+        let decided = rows.and_then(|rows| {
             // Every row carries the same clock reading (the statement's).
-            let now: Option<i64> = rows.first().map(|row| row.try_get(CLOCK_COLUMN)).transpose()?;
-            if let Some(now) = now {
+            if let Some(now) = rows.first().map(|row| row.try_get(CLOCK_COLUMN)).transpose()? {
                 *clock = Some(ClockReading::new(now, skew));
             }
-            let now = now.unwrap_or(0);
-            let decoded = rows.iter().map(|pg_row| Ok((instant_of(pg_row.try_get(CLOCK_COLUMN)?)?, row_of(pg_row)?)));
-            Ok((now, visit_rows(decoded, visit)?))
+            let decoded = rows.iter().map(|pg_row| {
+                let now = instant_of(pg_row.try_get(CLOCK_COLUMN)?)?;
+                Ok(row_of(pg_row).map(|row| (now, row)).map_err(|e| (pg_row.get::<_, i64>(0), e.to_string())))
+            });
+            visit_rows(decoded, visit)
         });
-        let (_, writes) = match decided {
+        let decided = match decided {
             Ok(decided) => decided,
             Err(error) => {
                 self.roll_back();
@@ -384,38 +515,9 @@ impl Store for Postgres {
             }
         };
         if crash::split_claim() {
-            // Deliberately broken (crash tests only): the state is written outside the claim's
-            // transaction, unguarded.
-            self.block_on(self.client.batch_execute("COMMIT"))?;
-            std::thread::sleep(Duration::from_millis(2));
-            for (id, _, w) in &writes {
-                self.block_on(self.client.execute(
-                    "UPDATE persevere_tasks SET state = $1, status = $2, due_at = $3, attempt = $4, version = version + 1 WHERE id = $5",
-                    &[&w.state, &w.status.as_str(), &w.due_at, &w.attempt, id],
-                ))?;
-            }
-            return Ok(writes.len());
+            return self.split_claim(&decided);
         }
-        // The writes (one statement) and COMMIT in one round trip. The rows are locked: no
-        // version can have moved, and a write that failed makes the COMMIT a rollback.
-        if writes.is_empty() {
-            let committed = self.block_on(self.client.batch_execute("COMMIT"));
-            crash::statement();
-            committed?;
-            return Ok(0);
-        }
-        let columns = Columns::of(writes.iter().map(|(id, version, w)| (*id, *version, w)));
-        let client = &self.client;
-        let params = columns.params(&skew_ns);
-        let (written, committed) =
-            self.block_on(async { tokio::join!(client.query(&write, &params), client.batch_execute("COMMIT")) });
-        crash::statement();
-        let written = written?;
-        committed?;
-        if written.len() != writes.len() {
-            return Err(QueueError::Conflict(crate::TaskId(writes.first().map_or(0, |w| w.0))));
-        }
-        Ok(writes.len())
+        self.commit_decided(&decided)
     }
 
     fn update(&mut self, id: i64, visit: &mut UpdateVisit<'_>) -> Result<bool, QueueError> {
@@ -424,14 +526,17 @@ impl Store for Postgres {
     }
 
     fn get(&mut self, id: i64) -> Result<Option<Row>, QueueError> {
-        let statement = self.prepared(&format!("SELECT {COLUMNS} FROM persevere_tasks WHERE id = $1"))?;
+        let statement = self
+            .prepared(&format!("SELECT {COLUMNS} FROM persevere_tasks WHERE id = $1 AND queue = '{}'", self.queue))?;
         let row = self.block_on(self.client.query_opt(&statement, &[&id]))?;
         row.as_ref().map(row_of).transpose()
     }
 
     fn list(&mut self, status: Status, limit: u32) -> Result<Vec<Row>, QueueError> {
-        let statement =
-            self.prepared(&format!("SELECT {COLUMNS} FROM persevere_tasks WHERE status = $1 ORDER BY id LIMIT $2"))?;
+        let statement = self.prepared(&format!(
+            "SELECT {COLUMNS} FROM persevere_tasks WHERE queue = '{}' AND status = $1 ORDER BY id LIMIT $2",
+            self.queue
+        ))?;
         let rows = self.block_on(self.client.query(&statement, &[&status.as_str(), &i64::from(limit)]))?;
         rows.iter().map(row_of).collect()
     }
@@ -444,10 +549,10 @@ impl Store for Postgres {
         crash::begin("update");
         let statement = self.prepared(&WRITE_IF_LEASED)?;
         let skew = self.skew_ns();
-        let changed = self.block_on(
-            self.client
-                .execute(&statement, &[&skew, &w.state, &w.status.as_str(), &w.due_at, &w.attempt, &id, &version]),
-        )?;
+        let changed = self.block_on(self.client.execute(
+            &statement,
+            &[&skew, &w.state, &w.status.as_str(), &w.due_at, &w.attempt, &id, &version, &w.declined_by],
+        ))?;
         crash::statement();
         Ok(changed == 1)
     }
@@ -467,9 +572,9 @@ impl Store for Postgres {
     fn insert_batch(&mut self, inserts: &[Insert]) -> Result<Vec<(i64, bool)>, QueueError> {
         crash::begin("insert");
         let statement = self.prepared(&format!(
-            "INSERT INTO persevere_tasks (task_type, payload, policy, state, version, status, due_at, attempt,
+            "INSERT INTO persevere_tasks (queue, task_type, payload, policy, state, version, status, due_at, attempt,
              idempotency_key, created_at, updated_at)
-             SELECT t.task_type, t.payload, t.policy, '', 0, t.status,
+             SELECT '{queue}', t.task_type, t.payload, t.policy, '', 0, t.status,
                     GREATEST(CASE WHEN clock.now > {MAX} - t.delay_ns THEN {MAX} ELSE clock.now + t.delay_ns END,
                              t.not_before),
                     t.attempt, t.key, clock.now, clock.now
@@ -478,8 +583,9 @@ impl Store for Postgres {
                          $9::bigint[]) WITH ORDINALITY
                   AS t(task_type, payload, policy, status, delay_ns, attempt, key, not_before, ord)
              ORDER BY t.ord
-             ON CONFLICT (idempotency_key) DO NOTHING RETURNING id, idempotency_key",
-            MAX = i64::MAX
+             ON CONFLICT (queue, idempotency_key) DO NOTHING RETURNING id, idempotency_key",
+            MAX = i64::MAX,
+            queue = self.queue
         ))?;
         let types: Vec<&str> = inserts.iter().map(|i| i.task_type.as_str()).collect();
         let payloads: Vec<&[u8]> = inserts.iter().map(|i| i.payload.as_slice()).collect();
@@ -501,6 +607,35 @@ impl Store for Postgres {
         // Ids are drawn in the order the rows were inserted, which is the batch's.
         created.sort_unstable_by_key(|(id, _)| *id);
         self.match_inserted(inserts, &created)
+    }
+
+    fn set_aside_rows(&mut self, limit: u32) -> Result<Vec<SetAsideRow>, QueueError> {
+        let statement = self.prepared(&format!(
+            "SELECT id, task_type, state, coalesce(corrupt_reason, '') FROM persevere_tasks
+             WHERE queue = '{}' AND status = 'corrupt' ORDER BY id LIMIT $1",
+            self.queue
+        ))?;
+        let rows = self.block_on(self.client.query(&statement, &[&i64::from(limit)]))?;
+        rows.iter()
+            .map(|row| {
+                Ok(SetAsideRow {
+                    id: row.try_get(0)?,
+                    task_type: row.try_get(1)?,
+                    state: row.try_get(2)?,
+                    reason: row.try_get(3)?,
+                })
+            })
+            .collect()
+    }
+
+    fn prune(&mut self, finished_before_ns: i64, limit: u32) -> Result<usize, QueueError> {
+        let statement = self.prepared(&format!(
+            "DELETE FROM persevere_tasks WHERE id IN (SELECT id FROM persevere_tasks WHERE queue = '{}'
+             AND status IN ('completed', 'proceeded', 'diverted') AND updated_at <= $1 ORDER BY id LIMIT $2)",
+            self.queue
+        ))?;
+        let deleted = self.block_on(self.client.execute(&statement, &[&finished_before_ns, &i64::from(limit)]))?;
+        Ok(usize::try_from(deleted).unwrap_or(usize::MAX))
     }
 
     #[cfg(feature = "test-clock")]

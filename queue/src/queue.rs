@@ -2,10 +2,11 @@
 //! transaction (Q1).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::Duration;
 
 use persevere::{DeliveryAction, DeliveryStatus, Failure, FreeReturn, Instant, Interruption, SplitMix64};
 
-use crate::store::{Candidates, GuardedWrite, Insert, Row, Store, Visit, Write, instant_of, nanos_of};
+use crate::store::{Candidates, GuardedWrite, Insert, Row, Store, Visit, Write, declined_marker, instant_of, nanos_of};
 use crate::{
     CorruptTask, Enqueued, Handled, Job, NewTask, QueueError, Status, TaskId, TaskInfo, TaskPolicy, TaskState,
 };
@@ -73,6 +74,7 @@ struct Policies {
 }
 
 impl Policies {
+    /// The row's policy and state, or why they do not load.
     fn load(&mut self, row: &Row) -> Result<(TaskPolicy, TaskState), QueueError> {
         let task = TaskId(row.id);
         let policy =
@@ -92,8 +94,16 @@ impl Policies {
 
 /// A task's state as the row holds it, or the fresh one of a row no claim has visited.
 fn state_of(row: &Row, policy: &TaskPolicy) -> Result<TaskState, QueueError> {
+    let bad = |reason: String| QueueError::BadRow { task: TaskId(row.id), reason };
     if row.state.is_empty() {
-        return Ok(fresh_state(policy, instant_of(row.created_at)?));
+        // Only a row no claim has written (version 0) has no state: an emptied state of a
+        // claimed row must not read as a fresh task, or attempt 1 would run again (D2).
+        if row.version != 0 {
+            return Err(bad(format!("its state is empty, but the row was written {} times", row.version)));
+        }
+        let created = instant_of(row.created_at)
+            .map_err(|_| bad(format!("its created_at is {} ns since 1970, before 1970", row.created_at)))?;
+        return Ok(fresh_state(policy, created));
     }
     serde_json::from_str(&row.state).map_err(|source| QueueError::Corrupt {
         task: TaskId(row.id),
@@ -122,12 +132,47 @@ fn write_of(state: &TaskState, now: Instant) -> Result<Write, QueueError> {
         status: Status::of(state.status()),
         due_at: due.map(nanos_of),
         attempt: i64::try_from(state.attempt()).unwrap_or(i64::MAX),
+        declined_by: state.declined_workers().map(|w| declined_marker(w)).collect(),
     })
 }
 
-/// The write that sets a row that does not load aside: its text is kept for a person to read.
-fn set_aside(row: &Row) -> Visit {
-    Visit::Write(Write { state: row.state.clone(), status: Status::Corrupt, due_at: None, attempt: 0 })
+/// How far ahead of the database's clock a loaded state's instants may be, beyond what its
+/// policy allows: further, and the row was edited (or written under a clock that jumped), so
+/// it is set aside rather than parked until then (Q10).
+const MAX_AHEAD: Duration = Duration::from_secs(3600);
+
+/// Why a loaded row cannot be driven at `now` although it decoded (Q10): an instant further
+/// ahead of the database's clock than its policy allows, or an attempt number past what the
+/// queue stores.
+fn implausible(policy: &TaskPolicy, state: &TaskState, now: Instant) -> Option<String> {
+    let ahead = |limit: Duration| now.checked_add(limit.saturating_add(MAX_AHEAD)).unwrap_or(Instant::MAX);
+    let (what, at, limit) = match state.status() {
+        DeliveryStatus::HandedOut { deadline, .. } => ("start lease", *deadline, ahead(policy.start_timeout())),
+        DeliveryStatus::Running { heartbeat_deadline, .. } => {
+            ("heartbeat deadline", *heartbeat_deadline, ahead(policy.heartbeat_timeout()))
+        }
+        _ => ("last input", state.now(), ahead(Duration::ZERO)),
+    };
+    if at > limit {
+        return Some(format!(
+            "its {what} is at {} ns, past {} ns (the database clock reads {} ns): the row was edited or written \
+             under another clock",
+            at.as_nanos(),
+            limit.as_nanos(),
+            now.as_nanos()
+        ));
+    }
+    if i64::try_from(state.attempt()).is_err() {
+        return Some(format!("its attempt number {} is past the largest the queue stores", state.attempt()));
+    }
+    None
+}
+
+/// Where a row's columns disagree with its state (edited by hand: a due row that can never be
+/// handed out, or a row with no due instant): the write that repairs them (Q10).
+fn repair(row: &Row, state: &TaskState, now: Instant) -> Result<Option<Write>, QueueError> {
+    let write = write_of(state, now)?;
+    Ok((write.due_at != row.due_at).then_some(write))
 }
 
 /// The jitter source of one decision: seeded by the task, attempt and clock, so a decision
@@ -376,18 +421,24 @@ impl<S: Store> Queue<S> {
         let mut passed_over = false;
         let mut finished = Finished::default();
         let policies = &mut self.policies;
-        self.store.claim(Candidates::Due(types), window, &mut |now, row| {
+        self.store.claim(Candidates::Due { types, worker }, window, &mut |now, row| {
             finished.forget(row.id);
-            let Ok((policy, mut state)) = policies.load(row) else {
-                passed_over = true;
-                return Ok(set_aside(row));
+            let (policy, mut state) = match load_plausible(policies, row, now) {
+                Ok(loaded) => loaded,
+                Err(error) => {
+                    passed_over = true;
+                    return Ok(Visit::SetAside(error.to_string()));
+                }
             };
             state.handle_timeout(&policy, now, &mut rng_for(row.id, state.attempt(), now));
             let (changed, _) = drain(&mut state, row.id, &mut finished);
             let worker = worker.to_owned();
             if !state.can_hand_out(now, &worker) {
                 passed_over = true;
-                return Ok(if changed > 0 { Visit::Write(write_of(&state, now)?) } else { Visit::Skip });
+                if changed > 0 {
+                    return Ok(Visit::Write(write_of(&state, now)?));
+                }
+                return Ok(repair(row, &state, now)?.map_or(Visit::Skip, Visit::Write));
             }
             if let Err(refused) = state.handle_hand_out(&policy, now, worker) {
                 return Err(QueueError::Refused { task: TaskId(row.id), error: refused.error });
@@ -621,9 +672,10 @@ impl<S: Store> Queue<S> {
     }
 
     /// Interrupts every attempt whose lease or heartbeat deadline has passed (D2: each uses a
-    /// retry, or ends retries), looking at up to `limit` of them; returns how many rows it
-    /// wrote (a row that does not load is set aside as [`Status::Corrupt`]). Claims do this for
-    /// the types they ask for; a sweep does it for every type.
+    /// retry, or ends retries), and repairs unfinished rows with no due instant (edited by
+    /// hand: Q10), looking at up to `limit` of them; returns how many rows it wrote (a row that
+    /// does not load is set aside as [`Status::Corrupt`]). Claims do this for the types they
+    /// ask for; a sweep does it for every type.
     ///
     /// # Errors
     /// When the store fails or a row does not load.
@@ -632,10 +684,16 @@ impl<S: Store> Queue<S> {
         let policies = &mut self.policies;
         let written = self.store.claim(Candidates::Expired, limit, &mut |now, row| {
             finished.forget(row.id);
-            let Ok((policy, mut state)) = policies.load(row) else { return Ok(set_aside(row)) };
+            let (policy, mut state) = match load_plausible(policies, row, now) {
+                Ok(loaded) => loaded,
+                Err(error) => return Ok(Visit::SetAside(error.to_string())),
+            };
             state.handle_timeout(&policy, now, &mut rng_for(row.id, state.attempt(), now));
             let (changed, _) = drain(&mut state, row.id, &mut finished);
-            Ok(if changed > 0 { Visit::Write(write_of(&state, now)?) } else { Visit::Skip })
+            if changed > 0 {
+                return Ok(Visit::Write(write_of(&state, now)?));
+            }
+            Ok(repair(row, &state, now)?.map_or(Visit::Skip, Visit::Write))
         })?;
         finished.tell();
         Ok(written)
@@ -668,14 +726,29 @@ impl<S: Store> Queue<S> {
     /// # Errors
     /// When the store fails.
     pub fn corrupt_tasks(&mut self, limit: u32) -> Result<Vec<CorruptTask>, QueueError> {
-        let rows = self.store.list(Status::Corrupt, limit)?;
+        let rows = self.store.set_aside_rows(limit)?;
         Ok(rows
             .into_iter()
-            .map(|row| {
-                let error = Policies::default().load(&row).err().map(|e| e.to_string()).unwrap_or_default();
-                CorruptTask { id: TaskId(row.id), task_type: row.task_type, state: row.state, error }
+            .map(|row| CorruptTask {
+                id: TaskId(row.id),
+                task_type: row.task_type,
+                state: row.state,
+                error: row.reason,
             })
             .collect())
+    }
+
+    /// Deletes up to `limit` tasks that completed, proceeded or were diverted more than `age`
+    /// ago on the database's clock (as River's job cleaner does), so the table and its vacuum
+    /// work stay bounded; returns how many. Failed and dead-lettered tasks are kept until a
+    /// person re-drives or deletes them (Q6). A pruned task's idempotency key is free again.
+    ///
+    /// # Errors
+    /// When the store fails.
+    pub fn prune(&mut self, age: Duration, limit: u32) -> Result<usize, QueueError> {
+        let now = self.store.now()?;
+        let before = now.as_nanos().saturating_sub(u64::try_from(age.as_nanos()).unwrap_or(u64::MAX));
+        self.store.prune(i64::try_from(before).unwrap_or(i64::MAX), limit)
     }
 
     /// Runs a failed or dead-lettered task again (Q6): a new execution of it, pending at once,
@@ -707,6 +780,15 @@ impl<S: Store> Queue<S> {
     #[cfg(feature = "test-clock")]
     pub fn advance_clock(&mut self, by: core::time::Duration) {
         self.store.advance_clock(by);
+    }
+}
+
+/// The row's policy and state, refused when they do not load or are implausible at `now`.
+fn load_plausible(policies: &mut Policies, row: &Row, now: Instant) -> Result<(TaskPolicy, TaskState), QueueError> {
+    let (policy, state) = policies.load(row)?;
+    match implausible(&policy, &state, now) {
+        Some(reason) => Err(QueueError::BadRow { task: TaskId(row.id), reason }),
+        None => Ok((policy, state)),
     }
 }
 

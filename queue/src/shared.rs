@@ -65,26 +65,52 @@ pub(crate) fn compare_and_set<S>(
     Err(QueueError::Conflict(crate::TaskId(id)))
 }
 
-/// A write a claim decided on: the row, the version it read, and what to write.
-pub(crate) type Decided = (i64, i64, Write);
+/// What a claim decided for one row it visited.
+#[derive(Debug)]
+pub(crate) enum Decided {
+    /// Write this over row `id` if it still has `version`.
+    Write { id: i64, version: i64, write: Write },
+    /// Set row `id` aside as corrupt, with why (Q10).
+    SetAside { id: i64, reason: String },
+}
 
-/// Passes `rows` (each with the clock reading of its statement) to `visit` in order until it
-/// claims one; returns the writes it asked for.
+/// A row read with the clock of its statement, or the id of a row whose cells do not decode
+/// and why.
+pub(crate) type Decoded = Result<(Instant, Row), (i64, String)>;
+
+/// Passes `rows` to `visit` in order until it claims the last job it wants; returns what to
+/// write. A row whose cells do not decode is set aside without a visit (Q10).
 pub(crate) fn visit_rows(
-    rows: impl Iterator<Item = Result<(Instant, Row), QueueError>>,
+    rows: impl Iterator<Item = Result<Decoded, QueueError>>,
     visit: &mut ClaimVisit<'_>,
 ) -> Result<Vec<Decided>, QueueError> {
-    let mut writes = Vec::new();
+    let mut decided = Vec::new();
     for row in rows {
-        let (now, row) = row?;
+        let (now, row) = match row? {
+            Ok(read) => read,
+            Err((id, reason)) => {
+                decided.push(Decided::SetAside { id, reason });
+                continue;
+            }
+        };
+        let (id, version) = (row.id, row.version);
         match visit(now, &row)? {
             Visit::Skip => {}
-            Visit::Write(write) => writes.push((row.id, row.version, write)),
+            Visit::Write(write) => decided.push(Decided::Write { id, version, write }),
+            Visit::SetAside(reason) => decided.push(Decided::SetAside { id, reason }),
             Visit::WriteAndStop(write) => {
-                writes.push((row.id, row.version, write));
+                decided.push(Decided::Write { id, version, write });
                 break;
             }
         }
     }
-    Ok(writes)
+    Ok(decided)
+}
+
+/// Checks a queue name (Q11): 1 to 63 characters, letters, digits, `_`, `-`, `.` and `:`.
+pub(crate) fn check_queue_name(name: &str) -> Result<(), QueueError> {
+    let valid = !name.is_empty()
+        && name.len() <= 63
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':'));
+    if valid { Ok(()) } else { Err(QueueError::QueueName(name.to_owned())) }
 }

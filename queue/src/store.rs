@@ -57,6 +57,16 @@ pub struct Write {
     pub due_at: Option<i64>,
     /// The attempt number it is on.
     pub attempt: i64,
+    /// The workers that declined the task, as the claim query matches them (see
+    /// [`declined_marker`]): a claim for one of them skips the row in the query itself (Q10).
+    pub declined_by: String,
+}
+
+/// How `worker` appears in a row's `declined_by` column: its name as a JSON string (quotes
+/// included). The column concatenates the markers of the workers that declined the task, so
+/// a claim skips the row when the column contains its worker's marker.
+pub fn declined_marker(worker: &str) -> String {
+    serde_json::to_string(worker).unwrap_or_default()
 }
 
 /// A new row. Its state is empty (see [`Row::state`]); the store sets `created_at` to the
@@ -94,13 +104,33 @@ pub struct GuardedWrite {
     pub write: Write,
 }
 
-/// Which rows a claim visits.
+/// A row set aside as corrupt, read as text whatever its cells hold.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SetAsideRow {
+    /// The task id.
+    pub id: i64,
+    /// Its type.
+    pub task_type: String,
+    /// Its state as stored.
+    pub state: String,
+    /// Why it was set aside.
+    pub reason: String,
+}
+
+/// Which rows a claim visits: always of the store's own queue (Q11).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Candidates<'a> {
-    /// Tasks of these types that are due: pending past their retry delay, or out past their
-    /// lease or heartbeat deadline (an expired lease found by any worker, Q3).
-    Due(&'a [&'a str]),
-    /// Tasks of any type that are out past their lease or heartbeat deadline (a sweep).
+    /// Tasks of `types` that are due, and that `worker` did not decline (Q10): pending past
+    /// their retry delay, or out past their lease or heartbeat deadline (an expired lease found
+    /// by any worker, Q3).
+    Due {
+        /// The task types.
+        types: &'a [&'a str],
+        /// The claiming worker.
+        worker: &'a str,
+    },
+    /// Tasks of any type that are out past their lease or heartbeat deadline, or unfinished
+    /// with no due instant at all (a row edited by hand, repaired from its state: Q10). A sweep.
     Expired,
 }
 
@@ -113,6 +143,9 @@ pub enum Visit {
     Write(Write),
     /// Write this and stop: the claim got its job.
     WriteAndStop(Write),
+    /// Set the row aside as [`Status::Corrupt`] with this reason, leaving its cells as they are
+    /// for a person to read, and visit the next one (Q10).
+    SetAside(String),
 }
 
 /// A database the queue keeps its tasks in: [`Sqlite`](crate::Sqlite) and
@@ -183,6 +216,14 @@ pub trait Store {
         Ok(false)
     }
 
+    /// Up to `limit` rows of this queue set aside as corrupt, by id (Q10).
+    fn set_aside_rows(&mut self, limit: u32) -> Result<Vec<SetAsideRow>, QueueError>;
+
+    /// Deletes up to `limit` of this queue's completed, proceeded and diverted tasks last
+    /// written before `finished_before_ns` (ns since 1970 on the database's clock); returns
+    /// how many. Failed and dead-lettered tasks are kept for a person (Q6).
+    fn prune(&mut self, finished_before_ns: i64, limit: u32) -> Result<usize, QueueError>;
+
     /// Inserts `inserts` in one transaction, all or none, each as [`insert`](Self::insert)
     /// would; returns each one's id and whether it was created, in order (a key given twice
     /// names the first). The default inserts them one by one (not atomically).
@@ -237,6 +278,12 @@ impl<S: Store + ?Sized> Store for Box<S> {
     }
     fn insert_batch(&mut self, inserts: &[Insert]) -> Result<Vec<(i64, bool)>, QueueError> {
         (**self).insert_batch(inserts)
+    }
+    fn set_aside_rows(&mut self, limit: u32) -> Result<Vec<SetAsideRow>, QueueError> {
+        (**self).set_aside_rows(limit)
+    }
+    fn prune(&mut self, finished_before_ns: i64, limit: u32) -> Result<usize, QueueError> {
+        (**self).prune(finished_before_ns, limit)
     }
     fn write_batch_if_leased(&mut self, writes: &[GuardedWrite]) -> Result<Vec<bool>, QueueError> {
         (**self).write_batch_if_leased(writes)

@@ -13,8 +13,8 @@ use persevere::{
     FailurePolicy, Interruption, OutcomeKind, RetryPolicy, Terminal,
 };
 use persevere_queue::{
-    Candidates, ClaimVisit, Handled, Insert, NewTask, Queue, QueueError, Row, Status, Store, TaskId, UpdateVisit,
-    Worker, Write,
+    Candidates, ClaimVisit, Handled, Insert, NewTask, Queue, QueueError, Row, SetAsideRow, Status, Store, TaskId,
+    UpdateVisit, Worker, Write,
 };
 
 fn refused(result: Result<impl std::fmt::Debug, QueueError>) -> DeliveryError {
@@ -158,13 +158,14 @@ fn d6_async_a_lost_claim_runs_the_same_attempt_again_without_a_retry<D: Db>(db: 
     let before = queue.store().get(id.0).unwrap().unwrap();
     let first = queue.claim("a", &["t"]).unwrap().unwrap();
     // The database loses the claim's commit (an asynchronous commit before a crash): the row
-    // is as it was before the claim.
-    queue
-        .store()
-        .update(id.0, &mut |_, _| {
-            Ok(Some(Write { state: before.state.clone(), status: Status::Pending, due_at: Some(0), attempt: 1 }))
-        })
-        .unwrap();
+    // is as it was before the claim, version included.
+    db.execute(&format!(
+        "UPDATE persevere_tasks SET state = '{}', status = 'pending', due_at = {}, attempt = 1, version = {} WHERE id = {}",
+        before.state,
+        before.due_at.unwrap(),
+        before.version,
+        id.0
+    ));
     let again = queue.claim("b", &["t"]).unwrap().unwrap();
     assert_eq!((first.attempt, again.attempt), (1, 1), "the same attempt number runs again");
     let info = queue.task(id).unwrap();
@@ -469,6 +470,7 @@ fn a_corrupt_row_is_set_aside_and_does_not_block_the_tasks_behind_it<D: Db>(db: 
                 status: Status::Pending,
                 due_at: Some(0),
                 attempt: 1,
+                declined_by: String::new(),
             }))
         })
         .unwrap();
@@ -588,6 +590,12 @@ impl<S: Store> Store for Interloper<S> {
     fn list(&mut self, status: Status, limit: u32) -> Result<Vec<Row>, QueueError> {
         self.inner.list(status, limit)
     }
+    fn set_aside_rows(&mut self, limit: u32) -> Result<Vec<SetAsideRow>, QueueError> {
+        self.inner.set_aside_rows(limit)
+    }
+    fn prune(&mut self, before: i64, limit: u32) -> Result<usize, QueueError> {
+        self.inner.prune(before, limit)
+    }
     fn advance_clock(&mut self, by: Duration) {
         self.inner.advance_clock(by);
     }
@@ -676,6 +684,12 @@ impl<S: Store> Store for Watched<S> {
         self.applied += usize::from(applied);
         Ok(applied)
     }
+    fn set_aside_rows(&mut self, limit: u32) -> Result<Vec<SetAsideRow>, QueueError> {
+        self.inner.set_aside_rows(limit)
+    }
+    fn prune(&mut self, before: i64, limit: u32) -> Result<usize, QueueError> {
+        self.inner.prune(before, limit)
+    }
     fn advance_clock(&mut self, by: Duration) {
         self.inner.advance_clock(by);
     }
@@ -730,7 +744,13 @@ fn q2_the_guarded_write_checks_the_lease_on_the_database_clock<D: Db>(db: &D) {
     let id = queue.enqueue(NewTask::new("t", "p", policy(3))).unwrap().id;
     queue.claim("w", &["t"]).unwrap().unwrap();
     let row = queue.store().get(id.0).unwrap().unwrap();
-    let write = Write { state: row.state.clone(), status: Status::Completed, due_at: None, attempt: 1 };
+    let write = Write {
+        state: row.state.clone(),
+        status: Status::Completed,
+        due_at: None,
+        attempt: 1,
+        declined_by: String::new(),
+    };
     let store = queue.store();
     assert!(!store.write_if_leased(id.0, row.version - 1, &write).unwrap(), "another version");
     // The 10 s start lease runs out on the database's clock.
