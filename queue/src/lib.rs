@@ -92,7 +92,8 @@ pub use queue::Queue;
 #[cfg(feature = "sqlite")]
 pub use sqlite::{Sqlite, SqliteOptions};
 pub use store::{
-    Candidates, ClaimVisit, GuardedWrite, Insert, Row, SetAsideRow, Store, UpdateVisit, Visit, Write, declined_marker,
+    Candidates, ClaimVisit, FAR_AHEAD_NS, GuardedWrite, Insert, Row, SetAsideRow, Store, UpdateVisit, Visit, Write,
+    declined_marker,
 };
 pub use task::{CorruptTask, Enqueued, IntoTaskPolicy, Job, NewTask, Status, TaskId, TaskInfo, TaskPolicy, TaskState};
 pub use worker::{Handled, Heartbeat, Worked, Worker};

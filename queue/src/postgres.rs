@@ -326,8 +326,9 @@ impl Postgres {
             Candidates::Expired => format!(
                 "SELECT {COLUMNS}, {CLOCK} FROM persevere_tasks WHERE queue = '{queue}'
                  AND status IN ('pending', 'handed_out', 'running')
-                 AND (due_at IS NULL OR (due_at <= {CLOCK} AND status != 'pending'))
-                 ORDER BY due_at, id LIMIT {limit} FOR UPDATE SKIP LOCKED"
+                 AND (due_at IS NULL OR (status != 'pending' AND (due_at <= {CLOCK} OR due_at > {CLOCK} + {AHEAD})))
+                 ORDER BY due_at, id LIMIT {limit} FOR UPDATE SKIP LOCKED",
+                AHEAD = crate::store::FAR_AHEAD_NS
             ),
         };
         let select = self.prepared(&select)?;

@@ -11,8 +11,13 @@ use crate::{
     CorruptTask, Enqueued, Handled, Job, NewTask, QueueError, Status, TaskId, TaskInfo, TaskPolicy, TaskState,
 };
 
-/// How many due tasks one claim looks at when the oldest one cannot go to this worker.
+/// How many due tasks past the ones it wants a claim looks at when some could not go to its
+/// worker.
 const CLAIM_WINDOW: u32 = 16;
+
+/// How many transactions one claim takes at most to get past rows it cannot hand out: up to
+/// about a hundred such rows before a job (Q10); past that, the next claim goes on.
+const CLAIM_PASSES: u32 = 8;
 
 /// A durable work queue on a [`Store`]: enqueue tasks, claim due attempts, report their ends,
 /// sweep expired leases, query and re-drive. One `Queue` is one database connection; each
@@ -139,7 +144,7 @@ fn write_of(state: &TaskState, now: Instant) -> Result<Write, QueueError> {
 /// How far ahead of the database's clock a loaded state's instants may be, beyond what its
 /// policy allows: further, and the row was edited (or written under a clock that jumped), so
 /// it is set aside rather than parked until then (Q10).
-const MAX_AHEAD: Duration = Duration::from_secs(3600);
+const MAX_AHEAD: Duration = Duration::from_nanos(crate::store::FAR_AHEAD_NS as u64);
 
 /// Why a loaded row cannot be driven at `now` although it decoded (Q10): an instant further
 /// ahead of the database's clock than its policy allows, or an attempt number past what the
@@ -373,9 +378,10 @@ impl<S: Store> Queue<S> {
 
     /// Leases one due attempt of one of `types` to `worker`: a pending task past its retry
     /// delay, or a task whose lease expired (which is interrupted first, consuming a retry:
-    /// D2). `None` when nothing is due for this worker: types it declined through this queue
-    /// are not claimed for it, and of the due tasks it looks at the 16 oldest. Expired leases
-    /// met on the way are interrupted and written even if no job is claimed.
+    /// D2). `None` when nothing is due for this worker: tasks it declined are not claimed for
+    /// it (Q10). Expired leases met on the way are interrupted, and rows that cannot be driven
+    /// are set aside (see [`corrupt_tasks`](Self::corrupt_tasks)), even if no job is claimed;
+    /// a claim looks past up to about a hundred such rows.
     ///
     /// # Errors
     /// When the store fails.
@@ -397,12 +403,19 @@ impl<S: Store> Queue<S> {
         if wanted.is_empty() || max == 0 {
             return Ok(Vec::new());
         }
-        // The oldest due tasks first (on PostgreSQL every candidate is locked); a wider window
-        // only if some could not go to this worker.
-        let (mut jobs, passed_over) = self.claim_within(worker, &wanted, max, max)?;
-        if passed_over && jobs.len() < max as usize {
+        // The oldest due tasks first (on PostgreSQL every candidate is locked). While rows are
+        // passed over (set aside, repaired, or not for this worker), look again with a window
+        // wide enough to reach past them, a bounded number of times.
+        let mut jobs = Vec::new();
+        let mut window = max;
+        for _ in 0..CLAIM_PASSES {
             let rest = max - jobs.len() as u32;
-            jobs.extend(self.claim_within(worker, &wanted, rest, rest.saturating_add(CLAIM_WINDOW))?.0);
+            let (claimed, passed_over) = self.claim_within(worker, &wanted, rest, window)?;
+            jobs.extend(claimed);
+            if jobs.len() >= max as usize || !passed_over {
+                break;
+            }
+            window = (max - jobs.len() as u32).saturating_add(CLAIM_WINDOW);
         }
         Ok(jobs)
     }
@@ -421,7 +434,7 @@ impl<S: Store> Queue<S> {
         let mut passed_over = false;
         let mut finished = Finished::default();
         let policies = &mut self.policies;
-        self.store.claim(Candidates::Due { types, worker }, window, &mut |now, row| {
+        let written = self.store.claim(Candidates::Due { types, worker }, window, &mut |now, row| {
             finished.forget(row.id);
             let (policy, mut state) = match load_plausible(policies, row, now) {
                 Ok(loaded) => loaded,
@@ -464,6 +477,8 @@ impl<S: Store> Queue<S> {
         for (job, held) in jobs.iter().zip(held) {
             self.hold(job.id, held);
         }
+        // A row the store set aside without a visit (its cells do not decode) was passed over too.
+        let passed_over = passed_over || written > jobs.len();
         Ok((jobs, passed_over))
     }
 

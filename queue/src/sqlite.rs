@@ -414,7 +414,9 @@ fn visit_candidates(
         Candidates::Expired => {
             statement = tx.prepare_cached(&format!(
                 "SELECT {COLUMNS} FROM persevere_tasks WHERE queue = ?2 AND status IN ('pending', 'handed_out', 'running')
-                 AND (due_at IS NULL OR (due_at <= ?1 AND status != 'pending')) ORDER BY due_at, id LIMIT {limit}"
+                 AND (due_at IS NULL OR (status != 'pending' AND (due_at <= ?1 OR due_at > ?1 + {AHEAD})))
+                 ORDER BY due_at, id LIMIT {limit}",
+                AHEAD = crate::store::FAR_AHEAD_NS
             ))?;
             statement.query(params![now, queue])?
         }

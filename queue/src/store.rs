@@ -129,8 +129,10 @@ pub enum Candidates<'a> {
         /// The claiming worker.
         worker: &'a str,
     },
-    /// Tasks of any type that are out past their lease or heartbeat deadline, or unfinished
-    /// with no due instant at all (a row edited by hand, repaired from its state: Q10). A sweep.
+    /// Tasks of any type that are out past their lease or heartbeat deadline, or out with a
+    /// deadline more than an hour ahead ([`FAR_AHEAD_NS`]: the queue sets it aside if its policy
+    /// allows no such lease), or unfinished with no due instant at all (repaired from its
+    /// state). Rows edited by hand are found this way (Q10). A sweep.
     Expired,
 }
 
@@ -293,6 +295,10 @@ impl<S: Store + ?Sized> Store for Box<S> {
         (**self).advance_clock(by);
     }
 }
+
+/// How far ahead of the database's clock (in ns: an hour) a lease deadline may be before a
+/// sweep looks at its row, to set it aside unless its policy allows so long a lease (Q10).
+pub const FAR_AHEAD_NS: i64 = 3_600_000_000_000;
 
 /// Nanoseconds since 1970 as an `Instant`.
 pub(crate) fn instant_of(nanos: i64) -> Result<Instant, QueueError> {

@@ -2,7 +2,7 @@
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use persevere::Failure;
+use persevere::{DeliveryError, Failure};
 
 use crate::{Job, Queue, QueueError, Status, Store, TaskId};
 
@@ -50,6 +50,12 @@ pub struct Worked {
     pub handled: Handled,
     /// Where the task is after the report.
     pub status: Status,
+    /// Why the report was refused, when it was: most often the lease was lost while the
+    /// handler ran (its deadline passed, another attempt owns the task, and this result was
+    /// dropped). Not an error: the worker goes on, and the loss is counted (Q10; the metric
+    /// `persevere_queue_leases_lost_total` and a `lease lost` warning with the `metrics` and
+    /// `tracing` features). `status` is then where the task is now.
+    pub refused: Option<DeliveryError>,
 }
 
 /// A worker: an id, the task types it runs, and a queue connection of its own.
@@ -101,8 +107,8 @@ impl<S: Store> Worker<S> {
     /// heartbeat by itself.
     ///
     /// # Errors
-    /// When the store fails, or [`QueueError::Refused`] when the job's lease was lost while the
-    /// handler ran (its result is then dropped: another attempt owns the task).
+    /// When the store fails. A refused report (the lease was lost while the handler ran) is
+    /// not an error: see [`Worked::refused`].
     pub fn work_one<F>(&mut self, handler: F) -> Result<Option<Worked>, QueueError>
     where
         F: FnOnce(&Job, &mut Heartbeat<'_, S>) -> Handled,
@@ -120,11 +126,29 @@ impl<S: Store> Worker<S> {
                 Handled::Failed(Failure::panicked(message))
             })
         };
-        let status = match &handled {
-            Handled::Completed => self.queue.complete(&job)?,
-            Handled::Failed(failure) => self.queue.fail(&job, failure.clone())?,
-            Handled::Declined => self.queue.decline(&job)?,
+        let reported = match &handled {
+            Handled::Completed => self.queue.complete(&job),
+            Handled::Failed(failure) => self.queue.fail(&job, failure.clone()),
+            Handled::Declined => self.queue.decline(&job),
         };
-        Ok(Some(Worked { id: job.id, attempt: job.attempt, handled, status }))
+        let (status, refused) = match reported {
+            Ok(status) => (status, None),
+            Err(QueueError::Refused { error, .. }) => {
+                lease_lost(&job, &error);
+                (self.queue.task(job.id)?.status, Some(error))
+            }
+            Err(error) => return Err(error),
+        };
+        Ok(Some(Worked { id: job.id, attempt: job.attempt, handled, status, refused }))
     }
+}
+
+/// Tells that `job`'s report was refused (its lease lost, most often): a warning (target
+/// `persevere::queue`, `lease lost`) and the counter `persevere_queue_leases_lost_total`.
+pub(crate) fn lease_lost(job: &Job, error: &DeliveryError) {
+    #[cfg(feature = "tracing")]
+    tracing::warn!(target: "persevere::queue", task = job.id.0, attempt = job.attempt, worker = job.worker.as_str(), %error, "lease lost");
+    #[cfg(feature = "metrics")]
+    metrics::counter!("persevere_queue_leases_lost_total").increment(1);
+    let _ = (job, error);
 }

@@ -20,7 +20,7 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use persevere::{Backoff, DeliveryPolicy, Failure, RetryPolicy, SplitMix64};
-use persevere_queue::{Handled, NewTask, Queue, QueueError, Status, Store, TaskPolicy, Worker};
+use persevere_queue::{Handled, Job, NewTask, Queue, QueueError, Status, Store, TaskPolicy, Worker};
 use rand_core::Rng;
 
 mod common;
@@ -52,13 +52,75 @@ fn policy() -> TaskPolicy {
 fn worker_main(spec: &str) {
     let name = std::env::var("PERSEVERE_CRASH_WORKER_NAME").unwrap();
     let log = PathBuf::from(std::env::var("PERSEVERE_CRASH_LOG").unwrap());
+    let batches = std::env::var_os("PERSEVERE_CRASH_BATCH").is_some();
     match spec.split_once(':') {
-        Some(("sqlite", path)) => work(Queue::new(persevere_queue::Sqlite::open(path).unwrap()), &name, &log),
+        Some(("sqlite", path)) => {
+            let queue = Queue::new(persevere_queue::Sqlite::open(path).unwrap());
+            if batches { work_batches(queue, &name, &log) } else { work(queue, &name, &log) }
+        }
         #[cfg(feature = "postgres")]
         Some(("postgres", params)) => {
-            work(Queue::new(persevere_queue::Postgres::connect(params).unwrap()), &name, &log)
+            let queue = Queue::new(persevere_queue::Postgres::connect(params).unwrap());
+            if batches { work_batches(queue, &name, &log) } else { work(queue, &name, &log) }
         }
         _ => panic!("unknown store {spec}"),
+    }
+}
+
+/// How many jobs a worker in batch mode claims at once.
+const BATCH: u32 = 4;
+
+/// A worker in batch mode (Q7): claims up to four jobs in one transaction, runs them one after
+/// the other, and reports their ends together; a crash before that report leaves every result
+/// of the batch unflushed, and each such attempt is interrupted (D2).
+fn work_batches<S: Store>(mut queue: Queue<S>, name: &str, log: &Path) {
+    let picky = name.trim_start_matches('w').parse::<u32>().unwrap() % 2 == 1;
+    let mut idle_since = Instant::now();
+    while idle_since.elapsed() < Duration::from_millis(1500) {
+        let jobs = queue.claim_batch(name, &["job", "picky"], BATCH).unwrap_or_else(|e| panic!("{name}: {e}"));
+        if jobs.is_empty() {
+            std::thread::sleep(Duration::from_millis(20));
+            continue;
+        }
+        idle_since = Instant::now();
+        let reports: Vec<(Job, Handled)> = jobs
+            .into_iter()
+            .map(|job| {
+                let handled = run(&mut queue, &job, name, log, picky);
+                (job, handled)
+            })
+            .collect();
+        let results = queue.report_batch(&reports).unwrap_or_else(|e| panic!("{name}: {e}"));
+        for ((job, handled), result) in reports.iter().zip(results) {
+            let (task, attempt) = (job.id.0, job.attempt);
+            let line = match (result, handled) {
+                (Err(QueueError::Refused { error, .. }), _) => format!("lost {task} {name} {error}"),
+                (Err(error), _) => panic!("{name}: {error}"),
+                (Ok(_), Handled::Completed) => format!("end {task} {attempt} {name} completed"),
+                (Ok(_), Handled::Failed(_)) => format!("end {task} {attempt} {name} failed"),
+                (Ok(_), Handled::Declined) => format!("declined {task} {attempt} {name}"),
+            };
+            append(log, &line);
+        }
+    }
+}
+
+/// Runs one job as both kinds of worker do: declines a picky task on an odd worker, logs the
+/// start, heartbeats with a checkpoint, sleeps, and fails the scripted first attempts.
+fn run<S: Store>(queue: &mut Queue<S>, job: &Job, name: &str, log: &Path, picky: bool) -> Handled {
+    if picky && job.task_type == "picky" {
+        return Handled::Declined;
+    }
+    append(log, &format!("start {} {} {name}", job.id.0, job.attempt));
+    let fail_first: u64 = std::str::from_utf8(&job.payload).unwrap().parse().unwrap();
+    if queue.heartbeat(job, Some(format!("{name}@{}", job.attempt))).is_err() {
+        return Handled::Failed(Failure::retryable("lease lost".into()));
+    }
+    std::thread::sleep(Duration::from_millis(20 + job.id.0 as u64 % 20));
+    if job.attempt <= fail_first {
+        Handled::Failed(Failure::retryable(format!("scripted failure {}", job.attempt)))
+    } else {
+        Handled::Completed
     }
 }
 
@@ -92,6 +154,10 @@ fn work<S: Store>(queue: Queue<S>, name: &str, log: &Path) {
             }
         });
         match worked {
+            Ok(Some(worked)) if worked.refused.is_some() => {
+                append(log, &format!("lost {} {name} {:?}", worked.id.0, worked.refused));
+                idle_since = Instant::now();
+            }
             Ok(Some(worked)) => {
                 let line = match worked.handled {
                     Handled::Completed => format!("end {} {} {name} completed", worked.id.0, worked.attempt),
@@ -122,6 +188,12 @@ struct Run {
 
 impl Run {
     fn spawn(&mut self, crash_at: Option<String>) -> Child {
+        // Every third worker claims and reports in batches.
+        let batches = self.next_worker % 3 == 2;
+        self.spawn_mode(crash_at, batches)
+    }
+
+    fn spawn_mode(&mut self, crash_at: Option<String>, batches: bool) -> Child {
         self.next_worker += 1;
         let mut command = Command::new(std::env::current_exe().unwrap());
         command
@@ -129,7 +201,11 @@ impl Run {
             .env("PERSEVERE_CRASH_WORKER_NAME", format!("w{}", self.next_worker))
             .env("PERSEVERE_CRASH_LOG", &self.log)
             .env_remove("PERSEVERE_QUEUE_CRASH_AT")
-            .env_remove("PERSEVERE_QUEUE_BREAK");
+            .env_remove("PERSEVERE_QUEUE_BREAK")
+            .env_remove("PERSEVERE_CRASH_BATCH");
+        if batches {
+            command.env("PERSEVERE_CRASH_BATCH", "1");
+        }
         if let Some(point) = crash_at {
             command.env("PERSEVERE_QUEUE_CRASH_AT", point);
         }
@@ -150,7 +226,7 @@ fn open_queue(spec: &Spec) -> Queue<Box<dyn Store + Send>> {
 }
 
 /// Runs one scenario and returns what the checks found wrong.
-fn scenario(spec: Spec, log: PathBuf, statements: &[(&str, u32)], kills: u32, broken: bool, seed: u64) -> Vec<String> {
+fn scenario(spec: Spec, log: PathBuf, statements: &[CrashPoint], kills: u32, broken: bool, seed: u64) -> Vec<String> {
     let _ = std::fs::remove_file(&log);
     let mut queue = open_queue(&spec);
     let mut fail_first = BTreeMap::new();
@@ -165,9 +241,9 @@ fn scenario(spec: Spec, log: PathBuf, statements: &[(&str, u32)], kills: u32, br
     // first two reports (a heartbeat, then a completion or failure), each aborted right after
     // that statement. After every other one the lease is left to expire, so the next claim
     // meets an expired lease and interrupts it.
-    for &(op, count) in statements {
+    for &(op, count, batches) in statements {
         for k in 1..=2 * count {
-            let status = run.spawn(Some(format!("{op}:{k}"))).wait().unwrap();
+            let status = run.spawn_mode(Some(format!("{op}:{k}")), batches).wait().unwrap();
             assert_eq!(status.signal(), Some(6), "the worker crashing at {op}:{k} should have aborted: {status:?}");
             if k % 2 == 0 {
                 std::thread::sleep(LEASE + Duration::from_millis(50));
@@ -301,8 +377,10 @@ fn disturbance<S: Store>(queue: &mut Queue<S>, log: &Path, fail_first: &BTreeMap
     (starts, interrupted)
 }
 
-/// An operation and how many statements it runs (each is a crash point).
-type CrashPoints = Vec<(&'static str, u32)>;
+/// An operation, how many statements it runs (each is a crash point), and whether the worker
+/// runs in batch mode.
+type CrashPoint = (&'static str, u32, bool);
+type CrashPoints = Vec<CrashPoint>;
 
 fn stores() -> Vec<(&'static str, Spec, CrashPoints)> {
     let mut stores = Vec::new();
@@ -314,10 +392,20 @@ fn stores() -> Vec<(&'static str, Spec, CrashPoints)> {
     // after that write when the worker's first job completes, and after the failure's select
     // when it fails; `update:4` after the failure's write, or the next job's heartbeat select.
     let sqlite = common::sqlite("crash_q4");
-    stores.push(("sqlite", Spec(format!("sqlite:{}", sqlite.path.display())), vec![("claim", 5), ("update", 2)]));
+    // In batch mode (four jobs a claim), SQLite's claim is BEGIN IMMEDIATE, clock, select, four
+    // writes, COMMIT; the reports are a heartbeat (select, write) per started job, then the
+    // batch's completions in one transaction (BEGIN IMMEDIATE, a write each, COMMIT) and each
+    // failure's select and write. PostgreSQL's batch claim is the same two round trips as one
+    // job's, and its completions one statement.
+    let batch_points = |claim, update| vec![("claim", claim, true), ("update", update, true)];
+    let mut sqlite_points = vec![("claim", 5, false), ("update", 2, false)];
+    sqlite_points.extend(batch_points(8, 12));
+    stores.push(("sqlite", Spec(format!("sqlite:{}", sqlite.path.display())), sqlite_points));
     #[cfg(feature = "postgres")]
     if let Some(db) = postgres_spec("q4") {
-        stores.push(("postgres", db, vec![("claim", 2), ("update", 2)]));
+        let mut points = vec![("claim", 2, false), ("update", 2, false)];
+        points.extend(batch_points(2, 10));
+        stores.push(("postgres", db, points));
     }
     stores
 }
@@ -380,6 +468,6 @@ fn main() {
     }
 }
 
-fn q4_killed_workers_lose_nothing(spec: Spec, log: PathBuf, statements: &[(&str, u32)], seed: u64) -> Vec<String> {
+fn q4_killed_workers_lose_nothing(spec: Spec, log: PathBuf, statements: &[CrashPoint], seed: u64) -> Vec<String> {
     scenario(spec, log, statements, 40, false, seed)
 }

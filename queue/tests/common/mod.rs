@@ -33,6 +33,8 @@ pub trait Db: Sync {
     fn interloper(&self) -> Box<dyn FnMut(i64) + Send>;
     /// Runs `sql` (statements without parameters) on a connection of its own.
     fn execute(&self, sql: &str);
+    /// A connection to the queue named `name` in the same database (Q11).
+    fn named(&self, name: &str) -> Result<Box<dyn Store + Send>, persevere_queue::QueueError>;
 }
 
 const BUMP: &str = "UPDATE persevere_tasks SET version = version + 1 WHERE id = $1";
@@ -63,6 +65,9 @@ impl Db for SqliteDb {
     }
     fn execute(&self, sql: &str) {
         rusqlite::Connection::open(&self.path).unwrap().execute_batch(sql).unwrap();
+    }
+    fn named(&self, name: &str) -> Result<Box<dyn Store + Send>, persevere_queue::QueueError> {
+        Ok(Box::new(persevere_queue::Sqlite::options().queue(name).open(&self.path)?))
     }
 }
 
@@ -100,6 +105,9 @@ impl Db for PgDb {
     }
     fn execute(&self, sql: &str) {
         postgres::Client::connect(&self.params, postgres::NoTls).unwrap().batch_execute(sql).unwrap();
+    }
+    fn named(&self, name: &str) -> Result<Box<dyn Store + Send>, persevere_queue::QueueError> {
+        Ok(Box::new(persevere_queue::Postgres::connect_queue(&self.params, name)?))
     }
 }
 
