@@ -180,3 +180,19 @@ mod on_load {
         refused::<Supervision<u32>>(s, "invalid state of a Supervision", "a timed-out attempt reported as a success");
     }
 }
+
+#[test]
+fn r1_a_loaded_retry_at_the_last_attempt_number_never_hands_it_out_again() {
+    let mut rng = ChaCha8Rng::seed_from_u64(1);
+    let unlimited = retry_policy(u32::MAX);
+    let (retry, until) = sleeping_after(&unlimited, 1, &mut rng);
+    // A state whose attempt number has reached `u64::MAX` (edited, or after 2^64 attempts):
+    // there is no new number for another attempt.
+    let mut json: serde_json::Value = serde_json::to_value(retry).unwrap();
+    json["engine"]["attempt"] = serde_json::Value::from(u64::MAX);
+    let mut retry: Retry<u32> = serde_json::from_value(json).expect("a sleeping retry at any attempt number loads");
+    retry.handle_timeout(&unlimited, until, &mut rng);
+    let trace = drain(&mut retry);
+    assert!(!trace.iter().any(|a| matches!(a, RetryAction::Start { .. })), "{trace:?}");
+    assert!(matches!(trace.last(), Some(RetryAction::Finish { outcome: Outcome::Exhausted { .. }, .. })), "{trace:?}");
+}
