@@ -379,3 +379,39 @@ mod sqlite_only {
         assert!(completed.iter().all(|t| t.retries_used() == 0), "no attempt was interrupted");
     }
 }
+
+/// Q9: an error shows the database's own message, not only its kind.
+#[cfg(feature = "postgres")]
+#[test]
+fn q9_a_postgres_error_shows_the_servers_own_message() {
+    let Some(db) = common::postgres("q9_messages") else { return };
+    // A key given twice: the last wins.
+    let missing = format!("{} dbname=no_such_database", db.params);
+    let error = persevere_queue::Postgres::connect(&missing).unwrap_err().to_string();
+    assert!(error.contains("database \"no_such_database\" does not exist"), "{error}");
+    let mut queue = db.queue();
+    // A key past what a btree index row holds (text that does not compress).
+    let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+    let key: String = (0..2000)
+        .map(|_| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            format!("{:08x}", seed as u32)
+        })
+        .collect();
+    let error = queue.enqueue(NewTask::new("t", "p", policy(1)).key(key)).unwrap_err().to_string();
+    assert!(error.contains("index row") && error.contains("maximum size"), "{error}");
+    db.execute("ALTER TABLE persevere_tasks RENAME COLUMN task_type TO kind");
+    let error = queue.claim("w", &["t"]).unwrap_err().to_string();
+    assert!(error.contains("column \"task_type\" does not exist"), "{error}");
+}
+
+#[test]
+fn q9_a_sqlite_error_shows_its_own_message() {
+    let db = common::sqlite("q9_messages");
+    let mut queue = db.queue();
+    db.execute("ALTER TABLE persevere_tasks RENAME COLUMN task_type TO kind");
+    let error = queue.enqueue(NewTask::new("t", "p", policy(1))).unwrap_err().to_string();
+    assert!(error.contains("task_type"), "{error}");
+}
