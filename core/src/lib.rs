@@ -27,7 +27,9 @@
 //!   `handle_timeout(policy, now, rng)`; calling it early, twice, or spuriously changes
 //!   nothing.
 //! - **Outputs** come out of `poll_action()`, drained until `None`, and `poll_timeout()` says
-//!   when `handle_timeout` is next due (a pure query).
+//!   when `handle_timeout` is next due (a pure query). The machines that emit actions share
+//!   them through the [`Drain`] trait, so one generic loop (`machine.drain()`) drains any of
+//!   them.
 //! - **The drain rule.** Outputs accumulate in order until drained, and none is ever dropped
 //!   unseen: an input that would make outputs of an earlier one stale is refused with the
 //!   machine's `Undrained` error and changes nothing (`handle_timeout` then does nothing). For
@@ -171,6 +173,7 @@ mod decision;
 #[cfg(feature = "alloc")]
 mod deliveries;
 mod delivery;
+mod drain;
 mod error;
 mod failure;
 mod flow;
@@ -204,6 +207,7 @@ pub use delivery::{
     DeliveryPolicy, DeliveryPolicyBuilder, DeliveryStatus, Durability, FailurePolicy, FreeReturn, HandOut,
     IdempotencyKey, Interruption, RecoveryError, Terminal, TerminalKind,
 };
+pub use drain::{Drain, Drained};
 pub use error::{PolicyError, Refused};
 pub use failure::{Failure, FailureClass, FailureKind, Hint, LastFailure};
 #[cfg(feature = "alloc")]

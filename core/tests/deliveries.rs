@@ -2,6 +2,9 @@
 //! per-state counts, and G11/G12 across many tasks.
 #![cfg(feature = "alloc")]
 
+mod common;
+use common::drain;
+
 use core::time::Duration;
 
 use persevere::{
@@ -15,7 +18,6 @@ use rand_core::SeedableRng;
 /// Task ids `u32`, types `&str`, workers `u8`, checkpoints `u32`, errors `&str`, routes `&str`.
 type Table = Deliveries<u32, &'static str, u8, u32, &'static str, &'static str>;
 type Policy = DeliveryPolicy<&'static str>;
-type Action = DeliveryAction<u32, u8, u32, &'static str, &'static str>;
 
 fn at(n: u64) -> Instant {
     Instant::from_millis(n)
@@ -33,10 +35,6 @@ fn policy(max_attempts: u32, max_redeliveries: u32) -> Policy {
         .on_failure(FailurePolicy::Divert("recover"))
         .build()
         .unwrap()
-}
-
-fn drain(table: &mut Table) -> Vec<(u32, Action)> {
-    core::iter::from_fn(|| table.poll_action()).collect()
 }
 
 #[test]

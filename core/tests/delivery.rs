@@ -1,5 +1,8 @@
 //! Rules D1–D10 on the delivery machine, and G10–G12 as properties.
 
+mod common;
+use common::drain;
+
 use core::time::Duration;
 
 use persevere::{
@@ -15,7 +18,6 @@ use rand_core::SeedableRng;
 /// Task ids `u32`, workers `u8`, checkpoints `u32`, errors `&str`, routes `&str`.
 type Task = Delivery<u32, u8, u32, &'static str, &'static str>;
 type Policy = DeliveryPolicy<&'static str>;
-type Action = DeliveryAction<u32, u8, u32, &'static str, &'static str>;
 
 const TASK: u32 = 7;
 const STEP: u64 = 70;
@@ -50,10 +52,6 @@ fn policy_with(
 
 fn policy(max_attempts: u32) -> Policy {
     policy_with(|r| r.max_attempts(max_attempts), |d| d)
-}
-
-fn drain(task: &mut Task) -> Vec<Action> {
-    core::iter::from_fn(|| task.poll_action()).collect()
 }
 
 fn new_task(policy: &Policy, now: Instant) -> Task {

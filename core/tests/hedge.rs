@@ -1,5 +1,8 @@
 //! Rules X1–X5 on the hedging machine, and G12 (a refused input changes nothing).
 
+mod common;
+use common::drain;
+
 use core::time::Duration;
 
 use persevere::{
@@ -18,10 +21,6 @@ fn at(n: u64) -> Instant {
 
 fn policy(max_attempts: u32, delay_ms: u64) -> HedgePolicy {
     HedgePolicy::builder(max_attempts, ms(delay_ms)).build().unwrap()
-}
-
-fn drain<E>(h: &mut Hedge<E>) -> Vec<HedgeAction<E>> {
-    core::iter::from_fn(|| h.poll_action()).collect()
 }
 
 /// Drains `h`, which must hold exactly its finish.

@@ -3,6 +3,9 @@
 //! state no sequence of inputs could make is refused when it loads. The per-machine serde
 //! tests (`serde.rs`, `breaker.rs`, `budget.rs`, `flow.rs`, `delivery.rs`) hold the rest.
 
+mod common;
+use common::drain;
+
 use core::time::Duration;
 
 use persevere::{
@@ -22,10 +25,6 @@ fn at(n: u64) -> Instant {
 
 fn retry_policy(max_attempts: u32) -> RetryPolicy {
     RetryPolicy::builder(Backoff::constant(ms(10)).build().unwrap()).max_attempts(max_attempts).build().unwrap()
-}
-
-fn drain<E>(retry: &mut Retry<E>) -> Vec<RetryAction<E>> {
-    core::iter::from_fn(|| retry.poll_action()).collect()
 }
 
 /// A retry that has failed `failures` times under `policy` and sleeps before the next attempt.

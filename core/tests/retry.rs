@@ -1,5 +1,8 @@
 //! Rules R1–R6 and B6 on the retry machine, and G12 (a refused input changes nothing).
 
+mod common;
+use common::drain;
+
 use core::time::Duration;
 
 use persevere::{
@@ -25,11 +28,6 @@ fn rng() -> ChaCha8Rng {
 /// Constant 100 ms delays, no jitter, with the given limits.
 fn policy(configure: impl FnOnce(persevere::RetryPolicyBuilder) -> persevere::RetryPolicyBuilder) -> RetryPolicy {
     configure(RetryPolicy::builder(Backoff::constant(ms(100)).build().unwrap())).build().unwrap()
-}
-
-/// Takes every pending action (the drain rule: the next input is refused until this is done).
-fn drain<E>(retry: &mut Retry<E>) -> Vec<RetryAction<E>> {
-    core::iter::from_fn(|| retry.poll_action()).collect()
 }
 
 fn lf(class: FailureClass, error: u64) -> LastFailure<u64> {

@@ -1,5 +1,8 @@
 //! Rules S1–S6 on the supervision machine, and G12 (a refused input changes nothing).
 
+mod common;
+use common::drain;
+
 use core::time::Duration;
 
 use persevere::{
@@ -403,11 +406,6 @@ fn s4_a_retry_after_hint_sets_the_delay() {
     let p = SupervisionPolicy::restartable().max_retries(2).build(&flat()).unwrap();
     let trace = drive(&p, |a| Step::Fail(0, Failure::retry_after(ms(700), a as u32)), 10);
     assert_eq!(starts(&trace), vec![at(1_000), at(1_700), at(2_400)]);
-}
-
-/// Drains every action the last input left.
-fn drain(task: &mut Supervision<u32>) -> Vec<SupervisionAction<u32>> {
-    core::iter::from_fn(|| task.poll_action()).collect()
 }
 
 #[test]
