@@ -1,4 +1,4 @@
-//! RULES.md stays true: every test it names exists where it says, every rule id a test name cites
+//! docs/RULES.md stays true: every test it names exists where it says, every rule id a test name cites
 //! is documented there, and no family marked "planned" has a test yet.
 
 use std::collections::BTreeSet;
@@ -44,7 +44,7 @@ fn functions(text: &str) -> impl Iterator<Item = &str> {
 #[test]
 fn rules_md_names_only_tests_that_exist_and_documents_every_cited_rule() {
     let root = root();
-    let rules = std::fs::read_to_string(root.join("RULES.md")).unwrap();
+    let rules = std::fs::read_to_string(root.join("docs/RULES.md")).unwrap();
 
     // "- `path: test_name`" lines: the test is defined in that file.
     let mut named = 0;
