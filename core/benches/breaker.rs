@@ -1,5 +1,5 @@
-//! The breaker's and the budgets' per-call decisions, against hand-written baselines in the
-//! same run (DESIGN §8).
+//! The breaker's and the budgets' per-call decisions, against hand-written baselines in the same
+//! run (the bar and the figures: `benches/README.md`).
 //!
 //! `cargo bench -p persevere --bench breaker -- --warm-up-time 1 --measurement-time 2`
 //!

@@ -1,4 +1,5 @@
-//! The core's decisions, measured against hand-written baselines in the same run (DESIGN §8).
+//! The core's decisions, measured against hand-written baselines in the same run (the bar and the
+//! figures: `benches/README.md`).
 //!
 //! `cargo bench -p persevere --bench core`
 //!

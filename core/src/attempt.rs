@@ -73,7 +73,7 @@ pub(crate) enum Misuse<O> {
 }
 
 /// The engine's state. 48 bytes for `E = ()` and a one-byte outcome kind, so that a
-/// [`Retry<()>`](crate::Retry) stays within 64 (DESIGN §8).
+/// [`Retry<()>`](crate::Retry) stays within 64 (the project's size bar, `benches/README.md`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub(crate) struct Attempts<E, O> {

@@ -94,7 +94,8 @@ pub enum PolicyError {
     },
 }
 
-/// A refused input: why, and the input handed back unchanged (DESIGN §3, "misuse is an `Err`").
+/// A refused input: why, and the input handed back unchanged (the crate docs: only caller mistakes
+/// are `Err`; G12).
 ///
 /// Every machine refuses a caller mistake the same way: the machine is left exactly as it was,
 /// `error` says what was wrong (the machine's own error type: [`RetryError`](crate::RetryError),

@@ -17,13 +17,12 @@
 //!
 //! **Where the unified semantics chose differently, and why.**
 //!
-//! - *A cap is a cap* (B2). DESIGN.md §4.1 records that two of the four sources let jitter push a
-//!   delay past its cap; of these dialects only the two with proportional jitter can jitter
-//!   upwards, so those are the ones that differ. The presets keep the unified rule: the
-//!   scheduler's delays never exceed 5 min and the workflow engine's never exceed its cap. A
-//!   user who wants the sources' upper range raises `max_delay` by the jitter factor
-//!   (5 min × 1.1 = 330 s). Reason: a cap that jitter can break is not a bound anyone can rely
-//!   on, and the simulator checks the bound after every step (G1).
+//! - *A cap is a cap* (B2). Two of the four sources let jitter push a delay past its cap; of these
+//!   dialects only the two with proportional jitter can jitter upwards, so those are the ones that
+//!   differ. The presets keep the unified rule: the scheduler's delays never exceed 5 min and the
+//!   workflow engine's never exceed its cap. A user who wants the sources' upper range raises
+//!   `max_delay` by the jitter factor (5 min × 1.1 = 330 s). Reason: a cap that jitter can break is
+//!   not a bound anyone can rely on, and the simulator checks the bound after every step (G1).
 //! - *Zero is refused where it is meaningless.* The scheduler's "trip after 0" and the durable
 //!   step's "0 attempts" each mean something different from what zero means elsewhere (first
 //!   failure; unlimited). The unified builders refuse zero with [`PolicyError::Zero`](crate::PolicyError)
@@ -34,11 +33,11 @@
 //! - *Both counts exist.* Retry limits are counted as total attempts (workflow engine, durable
 //!   step) or as retries after the first failure (supervisor); the core offers both and converts
 //!   exactly (`max_retries(n)` = `max_attempts(n + 1)`).
-//! - *Precision.* The core computes in whole nanoseconds with saturating integer arithmetic and
-//!   an exponential envelope by repeated squaring that stops at the cap (B4, B5), so no count of
-//!   failures overflows or wraps: DESIGN.md §4.1 records that one source's exponent cast wraps at
-//!   2^31 failures and returns a delay of about zero. The sources' own timer granularities are
-//!   not reproduced; a driver rounds to its timer (tokio: 1 ms) when it sleeps.
+//! - *Precision.* The core computes in whole nanoseconds with saturating integer arithmetic and an
+//!   exponential envelope by repeated squaring that stops at the cap (B4, B5), so no count of
+//!   failures overflows or wraps (one source's exponent cast wraps at 2^31 failures and returns a
+//!   delay of about zero). The sources' own timer granularities are not reproduced; a driver rounds
+//!   to its timer (tokio: 1 ms) when it sleeps.
 //!
 //! ```
 //! use core::time::Duration;

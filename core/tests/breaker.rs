@@ -655,10 +655,10 @@ fn k1_state_and_policy_round_trip_through_serde() {
     assert_eq!(serde_json::from_str::<BreakerPolicy>(&text).unwrap(), p);
 }
 
-/// Any state that loads is safe to drive (DESIGN §3). A breaker saved under a policy with
-/// consecutive failures only keeps no window; driven under a failure-rate policy, its window is
-/// rebuilt for that policy at the next record, and the rate rule trips it. (Before, it kept
-/// counting into no window and the rate rule silently never tripped.)
+/// Any state that loads is safe to drive (persevere's crate docs, *Plain data*). A breaker saved
+/// under a policy with consecutive failures only keeps no window; driven under a failure-rate
+/// policy, its window is rebuilt for that policy at the next record, and the rate rule trips it.
+/// (Before, it kept counting into no window and the rate rule silently never tripped.)
 #[test]
 fn k2_a_breaker_saved_under_consecutive_failures_and_driven_under_a_failure_rate_policy_trips_on_the_rate() {
     let consecutive = policy(|b| b.consecutive_failures(5));
@@ -681,9 +681,10 @@ fn k2_a_breaker_saved_under_consecutive_failures_and_driven_under_a_failure_rate
     assert!(matches!(b.status(), BreakerStatus::Open { .. }), "2 of 4 is the 50 % rate: {:?}", b.status());
 }
 
-/// Any state that loads is safe to drive (DESIGN §3): a closed window made for another window
-/// shape is rebuilt empty at the next record (a rate is never computed over calls counted in
-/// another shape), keeping the consecutive failures, which no window shape changes.
+/// Any state that loads is safe to drive (persevere's crate docs, *Plain data*): a closed window
+/// made for another window shape is rebuilt empty at the next record (a rate is never computed over
+/// calls counted in another shape), keeping the consecutive failures, which no window shape
+/// changes.
 #[test]
 fn k2_a_breaker_driven_under_another_window_shape_rebuilds_its_window_empty() {
     // A count window of 10, then of 20.
@@ -736,9 +737,10 @@ fn k2_a_breaker_driven_under_another_window_shape_rebuilds_its_window_empty() {
     assert!(matches!(b.status(), BreakerStatus::Open { .. }), "1 + 4 consecutive failures trip it");
 }
 
-/// Any state that loads is safe to drive (DESIGN §3): a persisted breaker whose time window no
-/// sequence of calls could have made is refused when it loads. (Before, a zero bucket width
-/// divided by zero, and a current bucket near `u32::MAX` overflowed, on the next record.)
+/// Any state that loads is safe to drive (persevere's crate docs, *Plain data*): a persisted
+/// breaker whose time window no sequence of calls could have made is refused when it loads.
+/// (Before, a zero bucket width divided by zero, and a current bucket near `u32::MAX` overflowed,
+/// on the next record.)
 #[cfg(feature = "serde")]
 #[test]
 fn k2_a_loaded_breaker_with_an_impossible_window_is_refused() {

@@ -319,9 +319,9 @@ fn u2_a_burst_window_is_whole_buckets_within_the_window_or_a_policy_error() {
     assert_eq!(ten.burst_window(Duration::from_secs(3)).build().unwrap().burst_buckets(), Some(3));
 }
 
-/// Any state that loads is safe to drive (DESIGN §3): a ratio budget remembers the bucket
-/// width and count it was kept in, and under a policy with another width or count it starts
-/// over empty, so counts kept in one shape are never read as buckets of another.
+/// Any state that loads is safe to drive (persevere's crate docs, *Plain data*): a ratio budget
+/// remembers the bucket width and count it was kept in, and under a policy with another width or
+/// count it starts over empty, so counts kept in one shape are never read as buckets of another.
 #[test]
 fn u2_a_ratio_budget_driven_under_another_bucket_shape_starts_over_empty() {
     let ten = RatioBudgetPolicy::builder(0.5).ttl(Duration::from_secs(10)).buckets(10).min_retries_per_sec(0);
@@ -702,9 +702,9 @@ fn u1_budgets_round_trip_through_serde() {
     assert!(serde_json::from_str::<RatioBudgetPolicy>(bad).is_err());
 }
 
-/// Any state that loads is safe to drive (DESIGN §3): a persisted ratio budget whose totals are
-/// not the sums of its buckets, or whose current bucket is not one of its buckets, is refused
-/// when it loads.
+/// Any state that loads is safe to drive (persevere's crate docs, *Plain data*): a persisted ratio
+/// budget whose totals are not the sums of its buckets, or whose current bucket is not one of its
+/// buckets, is refused when it loads.
 #[cfg(feature = "serde")]
 #[test]
 fn u2_a_loaded_ratio_budget_whose_totals_or_current_bucket_are_impossible_is_refused() {

@@ -266,9 +266,9 @@ fn a_table_survives_a_serde_round_trip_with_its_tasks_declines_and_undrained_act
     assert_eq!(back, t);
 }
 
-/// Any state that loads is safe to drive (DESIGN §3): a table whose tasks or queued actions no
-/// inputs could have made is refused when it loads, with a message that says what is wrong; a
-/// table whose task was removed and added again under its old id loads.
+/// Any state that loads is safe to drive (persevere's crate docs, *Plain data*): a table whose
+/// tasks or queued actions no inputs could have made is refused when it loads, with a message that
+/// says what is wrong; a table whose task was removed and added again under its old id loads.
 #[cfg(feature = "serde")]
 #[test]
 fn a_loaded_table_whose_tasks_or_queued_actions_no_input_could_make_is_refused() {
@@ -393,8 +393,9 @@ proptest! {
     }
 }
 
-/// Time never runs backwards inside a machine (DESIGN §3), and a table reads it as each of its
-/// tasks would: a timeout with a stale `now` expires what the task's own latest `now` makes due.
+/// Time never runs backwards inside a machine (the crate docs, *Time is an argument*), and a table
+/// reads it as each of its tasks would: a timeout with a stale `now` expires what the task's own
+/// latest `now` makes due.
 #[test]
 fn a_stale_timeout_expires_what_each_tasks_latest_now_makes_due() {
     // Async: the persisted start is an input with its own `now`.

@@ -998,8 +998,8 @@ fn a_task_and_its_policy_survive_a_serde_round_trip() {
     assert!(serde_json::from_str::<DeliveryPolicy<u32>>(&bad).is_err());
 }
 
-/// Any state that loads is safe to drive (DESIGN §3): a persisted task whose status names
-/// another attempt than its embedded retry runs is refused when it loads.
+/// Any state that loads is safe to drive (persevere's crate docs, *Plain data*): a persisted task
+/// whose status names another attempt than its embedded retry runs is refused when it loads.
 #[cfg(feature = "serde")]
 #[test]
 fn a_loaded_task_whose_attempt_is_not_its_retrys_is_refused() {

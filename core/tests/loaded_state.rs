@@ -1,7 +1,8 @@
-//! Any state that loads is safe to drive (DESIGN §3): a state driven under another policy than
-//! the one it was made under follows the new one (or is rebuilt, as the type documents), and a
-//! state no sequence of inputs could make is refused when it loads. The per-machine serde
-//! tests (`serde.rs`, `breaker.rs`, `budget.rs`, `flow.rs`, `delivery.rs`) hold the rest.
+//! Any state that loads is safe to drive (persevere's crate docs, *Plain data*): a state driven
+//! under another policy than the one it was made under follows the new one (or is rebuilt, as the
+//! type documents), and a state no sequence of inputs could make is refused when it loads. The
+//! per-machine serde tests (`serde.rs`, `breaker.rs`, `budget.rs`, `flow.rs`, `delivery.rs`) hold
+//! the rest.
 
 mod common;
 use common::drain;

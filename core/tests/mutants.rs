@@ -928,12 +928,12 @@ fn edited(state: &serde_json::Value, edits: &[(&str, serde_json::Value)]) -> ser
     state
 }
 
-/// Kills the survivors in `Window::validate`'s check of a loaded count window (DESIGN §3, any
-/// state that loads is safe to drive): the windows `push` makes load back (one not yet full,
-/// with a failed and a slow call; a full one that wrapped), and each bound is edited to just
-/// inside and just outside: a window of 512 calls loads, one of 513 does not; a head at the
-/// length, more calls than the length, a head that does not continue a window that is not
-/// full, and a call in a slot never written are refused.
+/// Kills the survivors in `Window::validate`'s check of a loaded count window (any state that loads
+/// is safe to drive, persevere's crate docs, *Plain data*): the windows `push` makes load back (one
+/// not yet full, with a failed and a slow call; a full one that wrapped), and each bound is edited
+/// to just inside and just outside: a window of 512 calls loads, one of 513 does not; a head at the
+/// length, more calls than the length, a head that does not continue a window that is not full, and
+/// a call in a slot never written are refused.
 #[cfg(feature = "serde")]
 #[test]
 fn k2_a_loaded_count_window_loads_only_as_push_could_have_made_it() {
@@ -987,10 +987,10 @@ fn k2_a_loaded_count_window_loads_only_as_push_could_have_made_it() {
 }
 
 /// Kills the survivors in `Window::validate`'s check of a loaded time window, and `window_key`'s
-/// `width << 5` → `>>` (DESIGN §3): a window `push` makes (with a failed and a slow call)
-/// loads back, and each bound is edited to just inside and just outside: a bucket width of
-/// 2^59 − 1 ns and 16 buckets load; a zero width, a width of 2^59 ns and 17 buckets do not,
-/// nor a width its key does not describe, a call in a bucket past the count, or a bucket
+/// `width << 5` → `>>` (any state that loads is safe to drive): a window `push` makes (with a
+/// failed and a slow call) loads back, and each bound is edited to just inside and just outside: a
+/// bucket width of 2^59 − 1 ns and 16 buckets load; a zero width, a width of 2^59 ns and 17 buckets
+/// do not, nor a width its key does not describe, a call in a bucket past the count, or a bucket
 /// with more failed or slow calls than calls.
 #[cfg(feature = "serde")]
 #[test]
@@ -1141,11 +1141,11 @@ fn three_probes_one_answered(answered: usize) -> Breaker {
     b
 }
 
-/// Kills the survivors in `Breaker::validate`'s check of a loaded half-open state (DESIGN §3):
-/// a real half-open state under the rates rule, with a probe answered and two held in slots 0
-/// and 2, loads back; a permit counter with the probe bit, a held lease whose id lacks it (in
-/// a slot past the first), two leases with one id, and more slow probes than answered are
-/// refused.
+/// Kills the survivors in `Breaker::validate`'s check of a loaded half-open state (any state that
+/// loads is safe to drive): a real half-open state under the rates rule, with a probe answered and
+/// two held in slots 0 and 2, loads back; a permit counter with the probe bit, a held lease whose
+/// id lacks it (in a slot past the first), two leases with one id, and more slow probes than
+/// answered are refused.
 #[cfg(feature = "serde")]
 #[test]
 fn k4_a_loaded_half_open_breaker_loads_only_as_its_probes_could_have_made_it() {

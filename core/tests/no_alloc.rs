@@ -1,4 +1,5 @@
-//! The per-call paths allocate nothing (DESIGN §8), proven with a counting global allocator.
+//! The per-call paths allocate nothing (the project's bar, `benches/README.md`), proven with a
+//! counting global allocator.
 //!
 //! The counter is per thread, so the test harness's own allocations on other threads do not
 //! count; each test counts only what its closure does.

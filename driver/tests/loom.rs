@@ -1,6 +1,6 @@
-//! Model-checked interleavings of the shared [`Breaker`] and [`Budget`] (DESIGN §7): loom runs
-//! each scenario under every interleaving of their lock and atomics (up to a preemption bound)
-//! and fails if any breaks an assertion.
+//! Model-checked interleavings of the shared [`Breaker`] and [`Budget`] (K2, K4, U4;
+//! `docs/ARCHITECTURE.md`, *Testing*): loom runs each scenario under every interleaving of their
+//! lock and atomics (up to a preemption bound) and fails if any breaks an assertion.
 //!
 //! Built only with the `persevere_loom` cfg, which swaps the driver's lock and atomics for
 //! loom's (a plain `cargo test` skips this file):

@@ -7,7 +7,8 @@
 //! report `complete`, `fail` (with a [`Failure`](persevere::Failure) class) or `decline`.
 //! Retries, their delays, interruptions of expired leases, free returns, dead letters and
 //! failure policies are the core machine's decisions; the store only persists them, each in the
-//! transaction that caused it (DESIGN §10):
+//! transaction that caused it (rules Q1–Q6; all the queue's rules are in the repository's
+//! `docs/RULES.md`):
 //!
 //! - **Q1** a task's row holds its `Delivery` state (JSON), written by the same statement or
 //!   transaction as the claim or report that changed it and guarded by a version column. (A

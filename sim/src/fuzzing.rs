@@ -1,6 +1,6 @@
-//! Fuzzing entry points: bytes in, a configuration and a list of operations out, run against
-//! the real core machine and a simple reference model, with the guarantees checked after every
-//! operation (DESIGN.md §7).
+//! Fuzzing entry points: bytes in, a configuration and a list of operations out, run against the
+//! real core machine and a simple reference model, with the guarantees checked after every
+//! operation (`docs/ARCHITECTURE.md`, *Testing*).
 //!
 //! Each function turns `data` into a configuration with [`arbitrary`] and builds it through the
 //! public builders: an invalid configuration must come back as a [`persevere::PolicyError`] of
@@ -23,7 +23,7 @@
 //! | [`budget`]        | `TokenBucket`, `RatioBudget`         | U1–U3, G9, against exact models                                  |
 //! | [`delivery`]      | `Delivery`                           | D1–D9, G10–G12, against a model built on the retry model         |
 //! | [`hedge`]         | `Hedge`                              | X1–X5, G12: every output against a reference written from the rules |
-//! | [`retry_state`], [`supervision_state`], [`flow_state`], [`breaker_state`], [`budget_state`], [`delivery_state`], [`backoff_state`], [`flows_state`], [`deliveries_state`], [`concurrency_state`] | a *loaded* state of each | DESIGN §3: a state decoded from arbitrary bytes is refused or driven, under an arbitrary policy, without a panic or an overflow; it stays loadable after every operation; refused inputs change nothing (see [`state`]) |
+//! | [`retry_state`], [`supervision_state`], [`flow_state`], [`breaker_state`], [`budget_state`], [`delivery_state`], [`backoff_state`], [`flows_state`], [`deliveries_state`], [`concurrency_state`] | a *loaded* state of each | any state that loads is safe to drive: a state decoded from arbitrary bytes is refused or driven, under an arbitrary policy, without a panic or an overflow; it stays loadable after every operation; refused inputs change nothing (see [`state`]) |
 
 use core::fmt::Debug;
 use core::time::Duration;
@@ -86,53 +86,53 @@ pub fn hedge(data: &[u8]) {
     hedge_model::run(data);
 }
 
-/// A loaded [`persevere::Retry`] state driven under any policy (DESIGN §3).
+/// A loaded [`persevere::Retry`] state driven under any policy (see [`state`]).
 pub fn retry_state(data: &[u8]) {
     state::retry(data);
 }
 
-/// A loaded [`persevere::Supervision`] state driven under any policy (DESIGN §3).
+/// A loaded [`persevere::Supervision`] state driven under any policy (see [`state`]).
 pub fn supervision_state(data: &[u8]) {
     state::supervision(data);
 }
 
-/// A loaded [`persevere::Flow`] state driven under any policy (DESIGN §3).
+/// A loaded [`persevere::Flow`] state driven under any policy (see [`state`]).
 pub fn flow_state(data: &[u8]) {
     state::flow(data);
 }
 
-/// A loaded [`persevere::Breaker`] state driven under any policy (DESIGN §3).
+/// A loaded [`persevere::Breaker`] state driven under any policy (see [`state`]).
 pub fn breaker_state(data: &[u8]) {
     state::breaker(data);
 }
 
 /// Loaded [`persevere::TokenBucket`] and [`persevere::RatioBudget`] states driven under any
-/// policies (DESIGN §3).
+/// policies (see [`state`]).
 pub fn budget_state(data: &[u8]) {
     state::budget(data);
 }
 
-/// A loaded [`persevere::Delivery`] state driven under any policy (DESIGN §3).
+/// A loaded [`persevere::Delivery`] state driven under any policy (see [`state`]).
 pub fn delivery_state(data: &[u8]) {
     state::delivery(data);
 }
 
-/// A loaded [`persevere::BackoffState`] driven under any backoff (DESIGN §3).
+/// A loaded [`persevere::BackoffState`] driven under any backoff (see [`state`]).
 pub fn backoff_state(data: &[u8]) {
     state::backoff(data);
 }
 
-/// A loaded [`persevere::Flows`] registry driven under any policy (DESIGN §3).
+/// A loaded [`persevere::Flows`] registry driven under any policy (see [`state`]).
 pub fn flows_state(data: &[u8]) {
     state::flows(data);
 }
 
-/// A loaded [`persevere::Deliveries`] table driven under any policy (DESIGN §3).
+/// A loaded [`persevere::Deliveries`] table driven under any policy (see [`state`]).
 pub fn deliveries_state(data: &[u8]) {
     state::deliveries(data);
 }
 
-/// A loaded [`persevere::ConcurrencyBudget`] driven under any policy (DESIGN §3).
+/// A loaded [`persevere::ConcurrencyBudget`] driven under any policy (see [`state`]).
 pub fn concurrency_state(data: &[u8]) {
     state::concurrency(data);
 }

@@ -3,8 +3,8 @@
 //! One `u64` seed feeds a ChaCha RNG that draws everything: the scenario itself (policies,
 //! workloads, fault rates — swarm testing), the faults, and the jitter. The simulator drives the
 //! real core machines, and the real driving loop on a virtual-time executor, and checks the
-//! guarantees of DESIGN.md §6 after every step. A failure prints the seed, the step, the recent
-//! trace and the commands that replay it. No wall clock, no threads, no `HashMap` iteration:
+//! guarantees G0–G13 (`docs/RULES.md`) after every step. A failure prints the seed, the step, the
+//! recent trace and the commands that replay it. No wall clock, no threads, no `HashMap` iteration:
 //! the same seed gives the same trace hash (G0).
 //!
 //! Scenario families ([`Machine`]), one module each:

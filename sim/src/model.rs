@@ -1,5 +1,6 @@
-//! The reference models the scenario families and the fuzz targets share: each rule of DESIGN
-//! written once, from DESIGN's own formulas, never by asking the core for the answer.
+//! The reference models the scenario families and the fuzz targets share: each rule of
+//! `docs/RULES.md` written once, from the rule's own statement, never by asking the core for the
+//! answer.
 //!
 //! - [`backoff`]: the envelope of a schedule (B1, B4), the bounds of every jittered delay
 //!   (B2, B3), and how a model adopts a draw it does not make ([`backoff::adopt`]): no model

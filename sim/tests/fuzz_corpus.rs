@@ -1,5 +1,5 @@
 //! Replays the committed fuzz seed corpus (`fuzz/corpus/<target>/`) on stable, through the same
-//! `sim::fuzzing` functions the cargo-fuzz targets call (DESIGN.md §7).
+//! `sim::fuzzing` functions the cargo-fuzz targets call (see `fuzz/README.md`).
 //!
 //! `cargo run -p sim --example fuzz_replay -- <target> <file>` replays one input (a crash
 //! artifact, say) and prints what it decodes to.

@@ -1,6 +1,6 @@
-//! The hedging machine against a reference written from rules X1–X5 (DESIGN §4.9): after every
-//! input, the machine's drained outputs must be exactly the model's, a refused input must leave
-//! the machine as it was (G12), and the run ends with exactly one outcome.
+//! The hedging machine against a reference written from rules X1–X5 (`docs/RULES.md`): after every
+//! input, the machine's drained outputs must be exactly the model's, a refused input must leave the
+//! machine as it was (G12), and the run ends with exactly one outcome.
 
 use core::time::Duration;
 

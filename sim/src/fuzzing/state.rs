@@ -1,6 +1,7 @@
-//! Any state that loads is safe to drive (DESIGN §3): for every machine, a *state* decoded from
-//! arbitrary bytes (as it could be loaded from storage someone edited) and driven under an
-//! arbitrary policy — usually not the one it was made under — by arbitrary operations.
+//! Any state that loads is safe to drive (persevere's crate docs, *Plain data*): for every machine,
+//! a *state* decoded from arbitrary bytes (as it could be loaded from storage someone edited) and
+//! driven under an arbitrary policy — usually not the one it was made under — by arbitrary
+//! operations.
 //!
 //! The bytes are the state's serde encoding (postcard), so the fuzzer edits exactly what a
 //! store would hold. A state the machine refuses to load is the end of the run. A state it

@@ -1,7 +1,7 @@
-//! The backoff schedule (B1–B4) from DESIGN's formulas: the envelope of the `n`-th consecutive
+//! The backoff schedule (B1–B4) from the rules' formulas: the envelope of the `n`-th consecutive
 //! failure and the bounds of the delay a schedule may draw there. Never computed from the core's
-//! `Backoff::envelope` or `delay`: the families' G1 checks and the fuzz targets' B1–B3 checks
-//! both hold the core to these.
+//! `Backoff::envelope` or `delay`: the families' G1 checks and the fuzz targets' B1–B3 checks both
+//! hold the core to these.
 
 use persevere::{Backoff, Instant, Jitter, Schedule};
 

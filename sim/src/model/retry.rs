@@ -2,15 +2,14 @@
 //! every action exactly: the fuzz target `retry` and the retry scenario family both hold the
 //! core's `Retry` to it after every input, and the delivery model embeds it.
 //!
-//! It restates the rules, in their order (DESIGN §4.1–4.2, revised by issue 12): a failure's
-//! class first (`Fatal` and `DoNotRetry` stop, `Canceled` stops without counting), then the
-//! attempt limit (a failure of the last allowed attempt exhausts, hinted or not), then the hint
-//! (never shortened: past `max_hint` or past the total budget it defers the operation to the
-//! hinted instant) or else the schedule (a delay past the total budget is out of time). Every
-//! failure but a cancel counts into the streak; after a hinted delay under `restart_after_hint`
-//! the schedule's place starts over while the streak goes on. Every input that arrives while
-//! actions of an earlier one wait to be drained is refused (`Undrained`, after the validity
-//! errors) and a timeout then does nothing.
+//! It restates the rules, in their order (B6 and R1–R6 in `docs/RULES.md`): a failure's class first
+//! (`Fatal` and `DoNotRetry` stop, `Canceled` stops without counting), then the attempt limit (a
+//! failure of the last allowed attempt exhausts, hinted or not), then the hint (never shortened:
+//! past `max_hint` or past the total budget it defers the operation to the hinted instant) or else
+//! the schedule (a delay past the total budget is out of time). Every failure but a cancel counts
+//! into the streak; after a hinted delay under `restart_after_hint` the schedule's place starts
+//! over while the streak goes on. Every input that arrives while actions of an earlier one wait to
+//! be drained is refused (`Undrained`, after the validity errors) and a timeout then does nothing.
 //!
 //! The model draws no jitter: a scheduled delay is the one the machine drew, held to the
 //! schedule's bounds ([`adopt`](crate::model::backoff::adopt)).

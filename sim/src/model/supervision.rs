@@ -166,7 +166,7 @@ impl Grammar {
                 self.ended = Some(attempt);
                 match event {
                     SupervisionAction::AttemptSucceeded { .. } => self.streak = 0,
-                    // DESIGN's final classes (G4) end a streak's count; every other failure extends it.
+                    // The final classes (G4) end a streak's count; every other failure extends it.
                     SupervisionAction::AttemptFailed { class, .. }
                         if !matches!(
                             class,
