@@ -460,7 +460,7 @@ macro_rules! event {
 }
 
 /// A counter or histogram of the `metrics` facade, compiled only with the `metrics` feature
-/// (the README's Observability section names them).
+/// (docs/guide.md's Observability section names them).
 macro_rules! metric {
     ($($body:tt)*) => {
         #[cfg(feature = "metrics")]

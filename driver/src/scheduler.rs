@@ -27,7 +27,7 @@ use persevere::{
 use crate::classify::Classifier;
 use crate::fault::{Fault, Faults};
 
-/// A `tracing` event of target `persevere::scheduler` (the README's Observability table) when
+/// A `tracing` event of target `persevere::scheduler` (docs/guide.md's Observability table) when
 /// the `tracing` feature is on; nothing otherwise.
 macro_rules! event {
     ($level:ident, $($arg:tt)*) => {

@@ -165,8 +165,8 @@ impl<Rt, Sp, K, E> Inner<Rt, Sp, K, E> {
     }
 }
 
-/// Emits `event` of task `id` as a `tracing` event (target `persevere::supervisor`, the
-/// README's Observability table) when the `tracing` feature is on; nothing otherwise.
+/// Emits `event` of task `id` as a `tracing` event (target `persevere::supervisor`,
+/// docs/guide.md's Observability table) when the `tracing` feature is on; nothing otherwise.
 #[cfg_attr(not(feature = "tracing"), allow(unused_variables))]
 fn trace_event<K: fmt::Debug, E>(id: &K, event: &SupervisionAction<JobError<E>>) {
     #[cfg(feature = "tracing")]

@@ -1,5 +1,5 @@
 //! O2 for the durable queue: every task that ends is logged and counted once its write has
-//! committed, dead letters included (the README's Observability section).
+//! committed, dead letters included (docs/guide.md's Observability section).
 #![cfg(all(feature = "tracing", feature = "metrics", feature = "sqlite"))]
 
 use std::collections::BTreeMap;

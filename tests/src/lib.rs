@@ -9,6 +9,11 @@
 #[doc = include_str!("../../README.md")]
 mod readme {}
 
+/// The guide's examples (`docs/guide.md`), compiled and run the same way.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/guide.md")]
+mod guide {}
+
 use std::time::Duration;
 
 use persevere::{Backoff, FailureKind, Hint, Jitter, RetryPolicy};

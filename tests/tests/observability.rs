@@ -1,5 +1,5 @@
 //! The supervisor's and the scheduler's `tracing` events and the scheduler's flow-trip counter
-//! (O2): exact messages, fields and figures, as the README's Observability tables list them;
+//! (O2): exact messages, fields and figures, as docs/guide.md's Observability tables list them;
 //! and their listeners, which hear the same transitions as callbacks.
 
 mod common;
