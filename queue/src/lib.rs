@@ -31,7 +31,9 @@
 //! **Observability** (O2): with the `tracing` feature each task that ends is logged
 //! (target `persevere::queue`, `task finished`), and with `metrics` counted
 //! (`persevere_tasks_finished_total{status}`, `persevere_dead_letters_total`), once the write
-//! that ended it has committed; a claim or report that fails tells nothing.
+//! that ended it has committed; a claim or report that fails tells nothing. A [`Runner`] adds
+//! its own events (batches claimed and written, leases lost, store errors, shutdowns) and
+//! counters, listed on its page.
 //!
 //! **Durability** (D6): every claim is committed, and flushed to disk, before its worker sees
 //! the job: SQLite runs with `synchronous = FULL`, and a PostgreSQL connection whose
@@ -45,7 +47,8 @@
 //! runs again (using no retry), nobody was told the handler certainly did not run.
 //!
 //! The API is blocking: one [`Queue`] is one database connection. Run a worker per thread (or
-//! per process, or per machine); from async code, call it on a blocking thread.
+//! per process, or per machine), or a [`Runner`] (below); from async code, call it on a
+//! blocking thread.
 //!
 //! ```
 //! use std::time::Duration;
@@ -68,6 +71,49 @@
 //! assert_eq!(second.map(|w| w.status), Some(Status::Completed));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+//!
+//! **A runner** (Q8): a [`Runner`] runs a handler on up to `concurrency` jobs at once, claims
+//! them in batches ahead of its handlers (a local buffer) and writes their results in batches,
+//! heartbeats each job while it waits or runs, and sleeps until tasks arrive: an insert into the
+//! same SQLite file from this process, or a PostgreSQL `NOTIFY`, rings its [`Doorbell`]; a slow
+//! poll (100 ms) finds the retries that come due. A [`ShutdownHandle`] stops it with a deadline:
+//! buffered jobs are handed back (free, D3) and handlers still running at the deadline are
+//! interrupted (a retry used, D2). [`run_blocking`](Runner::run_blocking) runs handlers on
+//! threads; with the `tokio` feature, [`run`](Runner::run) runs async handlers on the current
+//! runtime.
+//!
+//! ```
+//! use std::time::Duration;
+//! use persevere::{Backoff, DeliveryPolicy, RetryPolicy};
+//! use persevere_queue::{Handled, NewTask, Queue, Runner, Sqlite, Status};
+//!
+//! # let path = std::env::temp_dir().join(format!("persevere-queue-doc-runner-{}.sqlite3", std::process::id()));
+//! let retry = RetryPolicy::builder(Backoff::exponential(Duration::from_millis(100), 2.0).build()?).max_attempts(5).build()?;
+//! let policy = DeliveryPolicy::builder(retry).build()?;
+//!
+//! let runner = Runner::builder(Queue::new(Sqlite::open(&path)?), "mailer-1", &["email"]).concurrency(8).build();
+//! let stop = runner.shutdown_handle();
+//! let mailer = std::thread::spawn(move || {
+//!     runner.run_blocking(|job| {
+//!         // Send the mail in `job.payload`, deduplicated on `job.idempotency_key`.
+//!         Handled::Completed
+//!     })
+//! });
+//!
+//! // A producer on a connection of its own: each commit wakes the runner.
+//! let mut producer = Queue::new(Sqlite::open(&path)?);
+//! for to in ["ada", "grace", "edsger"] {
+//!     producer.enqueue(NewTask::new("email", to, policy))?;
+//! }
+//! while producer.tasks(Status::Completed, 10)?.len() < 3 {
+//!     std::thread::sleep(Duration::from_millis(5));
+//! }
+//! stop.shutdown(Duration::from_secs(30)); // running handlers get 30 s to finish
+//! let report = mailer.join().expect("the runner's thread");
+//! assert_eq!(report.completed, 3);
+//! # for suffix in ["", "-wal", "-shm"] { let _ = std::fs::remove_file(format!("{}{suffix}", path.display())); }
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 #![deny(missing_docs)]
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
@@ -76,6 +122,7 @@ mod error;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod queue;
+mod runner;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod shared;
 #[cfg(feature = "sqlite")]
@@ -84,12 +131,14 @@ mod sqlite;
 mod sqlite_file;
 mod store;
 mod task;
+mod wake;
 mod worker;
 
 pub use error::QueueError;
 #[cfg(feature = "postgres")]
 pub use postgres::Postgres;
 pub use queue::Queue;
+pub use runner::{MAX_BUFFER, RunReport, Runner, RunnerBuilder, ShutdownHandle};
 #[cfg(feature = "sqlite")]
 pub use sqlite::{Sqlite, SqliteOptions};
 pub use store::{
@@ -97,4 +146,5 @@ pub use store::{
     declined_marker,
 };
 pub use task::{CorruptTask, Enqueued, IntoTaskPolicy, Job, NewTask, Status, TaskId, TaskInfo, TaskPolicy, TaskState};
+pub use wake::Doorbell;
 pub use worker::{Handled, Heartbeat, Worked, Worker};

@@ -13,7 +13,9 @@ use crate::store::{
     Candidates, ClaimVisit, GuardedWrite, Insert, Row, SetAsideRow, Store, UpdateVisit, Write, declined_marker,
     instant_of,
 };
-use crate::{QueueError, Status};
+use crate::{Doorbell, QueueError, Status};
+
+mod listen;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS persevere_tasks (
@@ -49,6 +51,10 @@ const REQUIRED_COLUMNS: &str = "ARRAY['queue', 'declined_by', 'corrupt_reason']"
 const CLOCK: &str = "((extract(epoch FROM statement_timestamp()) * 1000000)::bigint * 1000 + $1::bigint)";
 
 const COLUMNS: &str = "id, task_type, payload, policy, state, version, idempotency_key, created_at, due_at";
+
+/// The channel an insert notifies, with its queue's name as the payload, at its commit: every
+/// connection that ran `LISTEN persevere_tasks` hears it ([`Store::listen`]).
+const NOTIFY_CHANNEL: &str = "persevere_tasks";
 
 /// The column of the clock reading in a select of `COLUMNS` and the clock.
 const CLOCK_COLUMN: usize = 9;
@@ -140,6 +146,8 @@ pub struct Postgres {
     statements: HashMap<String, Statement>,
     /// The latest clock reading of a claim or a report's read.
     clock: Option<ClockReading>,
+    /// What it connected with: [`Store::listen`]'s connection connects alike.
+    params: String,
 }
 
 impl core::fmt::Debug for Postgres {
@@ -179,6 +187,7 @@ impl Postgres {
             skew: Duration::ZERO,
             statements: HashMap::new(),
             clock: None,
+            params: params.to_owned(),
         };
         // Two workers creating the schema at once race on `CREATE ... IF NOT EXISTS`; a
         // transaction-level advisory lock makes it one at a time.
@@ -444,16 +453,18 @@ impl Store for Postgres {
     fn insert(&mut self, insert: &Insert) -> Result<(i64, bool), QueueError> {
         crash::begin("insert");
         // One statement and one round trip: the clock is read by the insert itself (a fresh
-        // task's state is built from `created_at` when it is first loaded).
+        // task's state is built from `created_at` when it is first loaded), and a row it adds
+        // wakes the queue's listening runners at its commit (Q8).
         let insert_statement = self.prepared(&format!(
-            "INSERT INTO persevere_tasks (queue, task_type, payload, policy, state, version, status, due_at, attempt,
-             idempotency_key, created_at, updated_at)
+            "WITH inserted AS (INSERT INTO persevere_tasks (queue, task_type, payload, policy, state, version,
+             status, due_at, attempt, idempotency_key, created_at, updated_at)
              SELECT '{queue}', $2::text, $3::bytea, $4::text, '', 0, $5::text,
                     GREATEST(CASE WHEN clock.now > {MAX} - $6::bigint THEN {MAX} ELSE clock.now + $6::bigint END,
                              $9::bigint),
                     $7::bigint, $8::text, clock.now, clock.now
              FROM (SELECT {CLOCK} AS now) AS clock
-             ON CONFLICT (queue, idempotency_key) DO NOTHING RETURNING id",
+             ON CONFLICT (queue, idempotency_key) DO NOTHING RETURNING id)
+             SELECT id, pg_notify('{NOTIFY_CHANNEL}', '{queue}') FROM inserted",
             MAX = i64::MAX,
             queue = self.queue
         ))?;
@@ -572,9 +583,11 @@ impl Store for Postgres {
 
     fn insert_batch(&mut self, inserts: &[Insert]) -> Result<Vec<(i64, bool)>, QueueError> {
         crash::begin("insert");
+        // The rows it adds wake the queue's listening runners at its commit (Q8): the server
+        // sends one notification for the statement's identical ones.
         let statement = self.prepared(&format!(
-            "INSERT INTO persevere_tasks (queue, task_type, payload, policy, state, version, status, due_at, attempt,
-             idempotency_key, created_at, updated_at)
+            "WITH inserted AS (INSERT INTO persevere_tasks (queue, task_type, payload, policy, state, version,
+             status, due_at, attempt, idempotency_key, created_at, updated_at)
              SELECT '{queue}', t.task_type, t.payload, t.policy, '', 0, t.status,
                     GREATEST(CASE WHEN clock.now > {MAX} - t.delay_ns THEN {MAX} ELSE clock.now + t.delay_ns END,
                              t.not_before),
@@ -584,7 +597,8 @@ impl Store for Postgres {
                          $9::bigint[]) WITH ORDINALITY
                   AS t(task_type, payload, policy, status, delay_ns, attempt, key, not_before, ord)
              ORDER BY t.ord
-             ON CONFLICT (queue, idempotency_key) DO NOTHING RETURNING id, idempotency_key",
+             ON CONFLICT (queue, idempotency_key) DO NOTHING RETURNING id, idempotency_key)
+             SELECT id, idempotency_key, pg_notify('{NOTIFY_CHANNEL}', '{queue}') FROM inserted",
             MAX = i64::MAX,
             queue = self.queue
         ))?;
@@ -637,6 +651,10 @@ impl Store for Postgres {
         ))?;
         let deleted = self.block_on(self.client.execute(&statement, &[&finished_before_ns, &i64::from(limit)]))?;
         Ok(usize::try_from(deleted).unwrap_or(usize::MAX))
+    }
+
+    fn listen(&mut self, doorbell: &Doorbell) -> Result<(), QueueError> {
+        listen::spawn(self.params.clone(), self.queue.clone(), doorbell.downgrade())
     }
 
     #[cfg(feature = "test-clock")]

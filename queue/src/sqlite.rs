@@ -1,7 +1,7 @@
 //! The embedded store: one SQLite file (or memory), nothing to start.
 
 use core::time::Duration;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use persevere::Instant;
 use std::sync::Arc;
@@ -16,7 +16,7 @@ use crate::store::{
     Candidates, ClaimVisit, GuardedWrite, Insert, Row, SetAsideRow, Store, UpdateVisit, Write, declined_marker,
     instant_of,
 };
-use crate::{QueueError, Status};
+use crate::{Doorbell, QueueError, Status, wake};
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS persevere_tasks (
@@ -80,6 +80,8 @@ pub struct Sqlite {
     skew: Duration,
     /// The latest clock reading of a claim or a report's read.
     clock: Option<ClockReading>,
+    /// The file's canonical path, whose runners an insert wakes (Q8); `None` in memory.
+    path: Option<PathBuf>,
 }
 
 /// How to open a SQLite queue: [`Sqlite::options`].
@@ -119,7 +121,9 @@ impl SqliteOptions {
         sqlite_file::check(path, self.share)?;
         let conn = Connection::open(path)?;
         let writers = FairLock::of(path);
-        Sqlite::setup(conn, self.queue, Some(writers))
+        let mut store = Sqlite::setup(conn, self.queue, Some(writers))?;
+        store.path = std::fs::canonicalize(path).ok();
+        Ok(store)
     }
 }
 
@@ -163,7 +167,7 @@ impl Sqlite {
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "FULL")?;
         conn.execute_batch(SCHEMA)?;
-        Ok(Sqlite { conn, queue, writers, skew: Duration::ZERO, clock: None })
+        Ok(Sqlite { conn, queue, writers, skew: Duration::ZERO, clock: None, path: None })
     }
 
     /// The queue's name.
@@ -175,6 +179,13 @@ impl Sqlite {
     /// bypasses the redelivery machine.
     pub fn connection(&mut self) -> &mut Connection {
         &mut self.conn
+    }
+
+    /// Rings the runners of this process on this file's queue (after an insert committed).
+    fn wake_runners(&self) {
+        if let Some(path) = &self.path {
+            wake::files::ring(path, &self.queue);
+        }
     }
 
     /// Waits for this store's turn among the process's writers of its file.
@@ -437,10 +448,16 @@ impl Store for Sqlite {
 
     fn insert(&mut self, insert: &Insert) -> Result<(i64, bool), QueueError> {
         crash::begin("insert");
-        let _turn = self.turn();
-        end_stray_transaction(&self.conn)?;
-        // One statement, its own transaction: the row appears whole or not at all.
-        insert_row(&self.conn, &self.queue, insert, self.skew)
+        let (id, created) = {
+            let _turn = self.turn();
+            end_stray_transaction(&self.conn)?;
+            // One statement, its own transaction: the row appears whole or not at all.
+            insert_row(&self.conn, &self.queue, insert, self.skew)?
+        };
+        if created {
+            self.wake_runners();
+        }
+        Ok((id, created))
     }
 
     fn insert_batch(&mut self, inserts: &[Insert]) -> Result<Vec<(i64, bool)>, QueueError> {
@@ -451,7 +468,17 @@ impl Store for Sqlite {
             .map(|insert| insert_row(&tx, &self.queue, insert, self.skew))
             .collect::<Result<Vec<_>, _>>()?;
         tx.commit()?;
+        if ids.iter().any(|(_, created)| *created) {
+            self.wake_runners();
+        }
         Ok(ids)
+    }
+
+    fn listen(&mut self, doorbell: &Doorbell) -> Result<(), QueueError> {
+        if let Some(path) = &self.path {
+            wake::files::register(path, &self.queue, doorbell);
+        }
+        Ok(())
     }
 
     fn claim(

@@ -239,6 +239,20 @@ pub trait Store {
         writes.iter().map(|w| self.write_if_leased(w.id, w.version, &w.write)).collect()
     }
 
+    /// Rings `doorbell` whenever tasks may have become due that a claim would not otherwise
+    /// find before its next poll (Q8): [`Sqlite`](crate::Sqlite) rings it after each insert
+    /// into the same file from this process, [`Postgres`](crate::Postgres) on each
+    /// `NOTIFY persevere_tasks` its inserts send, from a connection of its own. A store keeps
+    /// only a weak reference: what it started ends once the bell's last clone is gone. The
+    /// default rings nothing (the runner then polls).
+    ///
+    /// # Errors
+    /// When what listens cannot be started.
+    fn listen(&mut self, doorbell: &crate::Doorbell) -> Result<(), QueueError> {
+        let _ = doorbell;
+        Ok(())
+    }
+
     /// Moves this connection's reading of the database clock forward by `by`: for tests and
     /// simulations that must not sleep through leases and retry delays (feature
     /// `test-clock`). Every connection of one test must be moved alike; never in production.
@@ -289,6 +303,9 @@ impl<S: Store + ?Sized> Store for Box<S> {
     }
     fn write_batch_if_leased(&mut self, writes: &[GuardedWrite]) -> Result<Vec<bool>, QueueError> {
         (**self).write_batch_if_leased(writes)
+    }
+    fn listen(&mut self, doorbell: &crate::Doorbell) -> Result<(), QueueError> {
+        (**self).listen(doorbell)
     }
     #[cfg(feature = "test-clock")]
     fn advance_clock(&mut self, by: core::time::Duration) {

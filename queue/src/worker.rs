@@ -117,14 +117,8 @@ impl<S: Store> Worker<S> {
         let Some(job) = self.queue.claim(&self.id, &types)? else { return Ok(None) };
         let handled = {
             let mut lease = Heartbeat { queue: &mut self.queue, job: &job };
-            catch_unwind(AssertUnwindSafe(|| handler(&job, &mut lease))).unwrap_or_else(|panic| {
-                let message = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| (*s).to_owned())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "the handler panicked".to_owned());
-                Handled::Failed(Failure::panicked(message))
-            })
+            catch_unwind(AssertUnwindSafe(|| handler(&job, &mut lease)))
+                .unwrap_or_else(|panic| Handled::Failed(Failure::panicked(panic_message(panic))))
         };
         let reported = match &handled {
             Handled::Completed => self.queue.complete(&job),
@@ -151,4 +145,13 @@ pub(crate) fn lease_lost(job: &Job, error: &DeliveryError) {
     #[cfg(feature = "metrics")]
     metrics::counter!("persevere_queue_leases_lost_total").increment(1);
     let _ = (job, error);
+}
+
+/// A caught panic's message, when it has one.
+pub(crate) fn panic_message(panic: Box<dyn core::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "the handler panicked".to_owned())
 }
