@@ -1,19 +1,20 @@
 //! O2 for the durable queue: every task that ends is logged and counted once its write has
-//! committed, dead letters included (docs/guide.md's Observability section).
+//! committed, dead letters included, and a runner tells its batches, lost leases and shutdown
+//! (docs/guide.md's Observability section).
 #![cfg(all(feature = "tracing", feature = "metrics", feature = "sqlite"))]
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use persevere::Failure;
-use persevere_queue::{NewTask, Queue, Sqlite, Status};
+use persevere_queue::{Handled, NewTask, Queue, Runner, Sqlite, Status};
 use tracing::span::{Attributes, Id, Record};
 use tracing::{Event, Metadata, Subscriber};
 
 mod common;
-use common::policy;
+use common::{Db, policy};
 
 /// Writes down each event as `target: message field=value …`.
 struct Lines(Arc<Mutex<Vec<String>>>);
@@ -113,4 +114,88 @@ fn o2_every_task_that_ends_is_one_event_and_dead_letters_are_counted() {
     .map(|(k, v)| (k.to_owned(), v))
     .collect();
     assert_eq!(figures, expected);
+}
+
+/// The counters and histograms `recorder` holds: a counter's value, a histogram's sum.
+fn figures(recorder: &DebuggingRecorder) -> BTreeMap<String, f64> {
+    recorder
+        .snapshotter()
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .map(|(key, _, _, value)| {
+            let key = key.key();
+            let labels: Vec<_> = key.labels().map(|l| format!("{}={}", l.key(), l.value())).collect();
+            let value = match value {
+                DebugValue::Counter(n) => n as f64,
+                DebugValue::Histogram(values) => values.iter().map(|v| v.into_inner()).sum(),
+                DebugValue::Gauge(value) => value.into_inner(),
+            };
+            (format!("{}{{{}}}", key.name(), labels.join(",")), value)
+        })
+        .collect()
+}
+
+/// A runner claims two jobs in one batch; the first one's lease is lost while its handler runs
+/// (another worker, whose clock reads 11 s later, takes and completes attempt 2); the second
+/// completes. Every event is told from the runner's own thread (the one `run_blocking` runs on).
+#[test]
+fn o2_a_runner_tells_its_batches_its_lost_leases_and_its_shutdown() {
+    let db = common::sqlite("o2_a_runner_tells");
+    let mut producer = db.queue();
+    let lost = producer.enqueue(NewTask::new("t", "lost", policy(3))).unwrap().id;
+    producer.enqueue(NewTask::new("t", "kept", policy(3))).unwrap();
+    let runner = Runner::builder(db.queue(), "w", &["t"]).build();
+    let stop = runner.shutdown_handle();
+    let ((started, starts), (release, released)) = (mpsc::channel(), mpsc::channel::<()>());
+    let (started, released) = (Mutex::new(started), Mutex::new(released));
+    let thief = std::thread::spawn(move || {
+        assert_eq!(starts.recv().unwrap(), lost);
+        let mut thief = db.queue();
+        thief.advance_clock(Duration::from_secs(11));
+        let job = thief.claim("thief", &["t"]).unwrap().expect("the lease ran out");
+        thief.complete(&job).unwrap();
+        release.send(()).unwrap();
+        starts.recv().unwrap();
+        // The second job runs: the shutdown waits for it.
+        stop.shutdown(Duration::from_secs(10));
+    });
+    let lines = Arc::new(Mutex::new(Vec::new()));
+    let recorder = DebuggingRecorder::new();
+    let report = metrics::with_local_recorder(&recorder, || {
+        tracing::subscriber::with_default(Lines(lines.clone()), || {
+            runner.run_blocking(move |job| {
+                started.lock().unwrap().send(job.id).unwrap();
+                if job.payload == b"lost" {
+                    released.lock().unwrap().recv().unwrap();
+                }
+                Handled::Completed
+            })
+        })
+    });
+    thief.join().unwrap();
+    let lines = lines.lock().unwrap();
+    let with = |start: &str| lines.iter().filter(|l| l.starts_with(&format!("persevere::queue: {start}"))).count();
+    assert_eq!(with(r#"claimed worker="w" jobs=2"#), 1, "{lines:#?}");
+    assert_eq!(
+        with(r#"lease lost task=1 attempt=1 worker="w" error=the task has finished (Completed)"#),
+        1,
+        "{lines:#?}"
+    );
+    assert_eq!(with(r#"task finished task=2 status="completed" attempt=1"#), 1, "{lines:#?}");
+    assert!(with(r#"flushed worker="w" reports="#) >= 1, "{lines:#?}");
+    assert_eq!(with(r#"runner stopping worker="w""#), 1, "{lines:#?}");
+    let stopped = r#"runner stopped worker="w" claimed=2 completed=1 failed=0 declined=0 handed_back=0 interrupted=0 leases_lost=1 unreported=0"#;
+    assert_eq!(with(stopped), 1, "{lines:#?}");
+    assert_eq!((report.claimed, report.completed, report.leases_lost), (2, 1, 1));
+    let figures = figures(&recorder);
+    for (name, value) in [
+        ("persevere_queue_claimed_total{}", 2.0),
+        ("persevere_queue_leases_lost_total{}", 1.0),
+        ("persevere_queue_flush_reports{}", 2.0),
+        ("persevere_tasks_finished_total{status=completed}", 1.0),
+    ] {
+        assert_eq!(figures.get(name), Some(&value), "{name} in {figures:?}");
+    }
+    assert_eq!(figures.get("persevere_queue_store_errors_total{}"), None);
 }

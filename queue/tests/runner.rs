@@ -237,6 +237,39 @@ fn q8_a_handler_that_panics_fails_its_attempt<D: Db>(db: &D) {
     assert_panicked(&queue.task(id).unwrap());
 }
 
+fn q8_a_store_error_is_tried_again_and_the_runner_goes_on<D: Db>(db: &D) {
+    let id = db.queue().enqueue(NewTask::new("t", "p", policy(3))).unwrap().id;
+    let (started, starts) = mpsc::channel();
+    let (release, released) = mpsc::channel::<()>();
+    let (started, released) = (Mutex::new(started), Mutex::new(released));
+    let (stop, run) = start::<D>(Runner::builder(db.queue(), "w", &["t"]), move |job| {
+        started.lock().unwrap().send(job.id).unwrap();
+        released.lock().unwrap().recv().unwrap();
+        Handled::Completed
+    });
+    assert_eq!(starts.recv_timeout(Duration::from_secs(10)).unwrap(), id);
+    // The database refuses every write of the table while the result comes back, as a
+    // database that went away would.
+    let sqlite = std::any::type_name::<D>().contains("Sqlite");
+    if sqlite {
+        db.execute("CREATE TRIGGER away BEFORE UPDATE ON persevere_tasks BEGIN SELECT RAISE(ABORT, 'away'); END;");
+    } else {
+        db.execute(
+            "CREATE FUNCTION away() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'away'; END $$;
+             CREATE TRIGGER away BEFORE UPDATE ON persevere_tasks FOR EACH ROW EXECUTE FUNCTION away();",
+        );
+    }
+    release.send(()).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let mut queue = db.queue();
+    assert_eq!(queue.task(id).unwrap().status, Status::HandedOut, "the result is not written yet");
+    db.execute(if sqlite { "DROP TRIGGER away" } else { "DROP TRIGGER away ON persevere_tasks" });
+    assert!(wait_until(Duration::from_secs(10), || queue.task(id).unwrap().status == Status::Completed));
+    stop.shutdown(Duration::from_secs(5));
+    let report = run.join().unwrap();
+    assert_eq!((report.completed, report.leases_lost, report.unreported), (1, 0, 0), "{report:?}");
+}
+
 /// The task failed on its one attempt, which panicked with the handler's message.
 fn assert_panicked(task: &persevere_queue::TaskInfo) {
     assert_eq!(task.status, Status::Failed);
@@ -252,6 +285,7 @@ on_both_stores!(
     q8_a_shutdown_hands_back_buffered_jobs_and_interrupts_a_handler_past_its_deadline,
     q8_a_lost_lease_is_counted_and_the_runner_goes_on,
     q8_a_handler_that_panics_fails_its_attempt,
+    q8_a_store_error_is_tried_again_and_the_runner_goes_on,
 );
 
 /// The same engine with async handlers on tokio.
