@@ -64,7 +64,8 @@ const COLUMNS: &str = "id, task_type, payload, policy, state, version, idempoten
 ///   the version it read (compare-and-set, Q1), reading and deciding again if another writer
 ///   moved it: the database is held only for that `UPDATE`. The completion of a job its queue
 ///   claimed skips the read ([`Store::write_if_leased`]).
-/// - An enqueue is one `INSERT` that reads the clock itself.
+/// - An enqueue is one `INSERT` that reads the clock itself; once it commits it wakes the
+///   runners of this process on the same queue and file ([`Store::listen`]).
 ///
 /// Durability: `synchronous = FULL`, so every commit is on disk before it returns (a claim
 /// survives a power cut, not only a killed process). `PRAGMA synchronous = NORMAL` through

@@ -241,10 +241,11 @@ pub trait Store {
 
     /// Rings `doorbell` whenever tasks may have become due that a claim would not otherwise
     /// find before its next poll (Q8): [`Sqlite`](crate::Sqlite) rings it after each insert
-    /// into the same file from this process, [`Postgres`](crate::Postgres) on each
-    /// `NOTIFY persevere_tasks` its inserts send, from a connection of its own. A store keeps
-    /// only a weak reference: what it started ends once the bell's last clone is gone. The
-    /// default rings nothing (the runner then polls).
+    /// into its queue in the same file from this process, [`Postgres`](crate::Postgres) on
+    /// each `NOTIFY persevere_tasks` naming its queue that inserts send, heard on a connection
+    /// of its own (replaced with backoff when it breaks; each new one rings once, for what it
+    /// may have missed). A store keeps only a weak reference: what it started ends once the
+    /// bell's last clone is gone. The default rings nothing (the runner then polls).
     ///
     /// # Errors
     /// When what listens cannot be started.
