@@ -25,6 +25,16 @@ fn start<D: Db>(
     (stop, std::thread::spawn(move || runner.run_blocking(handler)))
 }
 
+/// The run's report, checked to account for every job it claimed exactly once.
+fn joined(run: JoinHandle<RunReport>) -> RunReport {
+    let report = run.join().unwrap();
+    let RunReport { claimed, completed, failed, declined, handed_back, interrupted, leases_lost, unreported, .. } =
+        report.clone();
+    let accounted = completed + failed + declined + handed_back + interrupted + leases_lost + unreported;
+    assert_eq!(claimed, accounted, "every job claimed is counted once: {report:?}");
+    report
+}
+
 /// Waits up to `limit` for `done`.
 fn wait_until(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
     let start = Instant::now();
@@ -101,7 +111,7 @@ fn q8_a_runner_runs_every_task_once_four_at_a_time<D: Db>(db: &D) {
     let (stop, run) = run.unwrap();
     assert!(wait_until(Duration::from_secs(30), || log.count() >= TASKS), "ran {} of {TASKS}", log.count());
     stop.shutdown(Duration::from_secs(10));
-    let report = run.join().unwrap();
+    let report = joined(run);
     assert_eq!((report.claimed, report.completed), (TASKS as u64, TASKS as u64), "{report:?}");
     assert_eq!((report.handed_back, report.interrupted, report.leases_lost, report.unreported), (0, 0, 0, 0));
     log.each_once(&ids);
@@ -131,7 +141,7 @@ fn q8_a_task_added_to_an_idle_runner_starts_without_waiting_for_the_poll<D: Db>(
         std::thread::sleep(Duration::from_millis(200)); // idle again
     }
     stop.shutdown(Duration::from_secs(5));
-    assert_eq!(run.join().unwrap().completed, 3);
+    assert_eq!(joined(run).completed, 3);
 }
 
 /// One attempt per task, a 300 ms start lease.
@@ -154,7 +164,7 @@ fn q8_heartbeats_keep_a_handler_that_outlives_its_start_lease<D: Db>(db: &D) {
     let mut queue = db.queue();
     assert!(wait_until(Duration::from_secs(10), || queue.task(id).unwrap().status.is_terminal()));
     stop.shutdown(Duration::from_secs(5));
-    let report = run.join().unwrap();
+    let report = joined(run);
     assert_eq!((report.completed, report.leases_lost), (1, 0), "{report:?}");
     let task = queue.task(id).unwrap();
     assert_eq!((task.status, task.attempt(), task.retries_used()), (Status::Completed, 1, 0));
@@ -177,7 +187,7 @@ fn q8_a_shutdown_hands_back_buffered_jobs_and_interrupts_a_handler_past_its_dead
     let running = starts.recv_timeout(Duration::from_secs(10)).expect("a handler started");
     let asked = Instant::now();
     stop.shutdown(Duration::from_millis(300));
-    let report = run.join().unwrap();
+    let report = joined(run);
     let took = asked.elapsed();
     assert!(took >= Duration::from_millis(300) && took < Duration::from_secs(2), "returned after {took:?}");
     assert_eq!((report.claimed, report.handed_back, report.interrupted, report.completed), (4, 3, 1, 0), "{report:?}");
@@ -220,7 +230,7 @@ fn q8_a_lost_lease_is_counted_and_the_runner_goes_on<D: Db>(db: &D) {
     assert_eq!(starts.recv_timeout(Duration::from_secs(10)).unwrap(), second);
     assert!(wait_until(Duration::from_secs(10), || producer.task(second).unwrap().status == Status::Completed));
     stop.shutdown(Duration::from_secs(5));
-    let report = run.join().unwrap();
+    let report = joined(run);
     assert_eq!((report.leases_lost, report.completed, report.unreported), (1, 1, 0), "{report:?}");
     let first = producer.task(first).unwrap();
     assert_eq!((first.status, first.attempt()), (Status::Completed, 2), "the thief's attempt");
@@ -233,7 +243,7 @@ fn q8_a_handler_that_panics_fails_its_attempt<D: Db>(db: &D) {
     let mut queue = db.queue();
     assert!(wait_until(Duration::from_secs(10), || queue.task(id).unwrap().status.is_terminal()));
     stop.shutdown(Duration::from_secs(5));
-    assert_eq!(run.join().unwrap().failed, 1);
+    assert_eq!(joined(run).failed, 1);
     assert_panicked(&queue.task(id).unwrap());
 }
 
@@ -266,7 +276,7 @@ fn q8_a_store_error_is_tried_again_and_the_runner_goes_on<D: Db>(db: &D) {
     db.execute(if sqlite { "DROP TRIGGER away" } else { "DROP TRIGGER away ON persevere_tasks" });
     assert!(wait_until(Duration::from_secs(10), || queue.task(id).unwrap().status == Status::Completed));
     stop.shutdown(Duration::from_secs(5));
-    let report = run.join().unwrap();
+    let report = joined(run);
     assert_eq!((report.completed, report.leases_lost, report.unreported), (1, 0, 0), "{report:?}");
 }
 
@@ -330,7 +340,7 @@ mod on_tokio {
         let (stop, run) = run.unwrap();
         assert!(wait_until(Duration::from_secs(30), || log.count() >= TASKS), "ran {} of {TASKS}", log.count());
         stop.shutdown(Duration::from_secs(10));
-        let report = run.join().unwrap();
+        let report = joined(run);
         assert_eq!((report.claimed, report.completed), (TASKS as u64, TASKS as u64), "{report:?}");
         log.each_once(&ids);
         let most = log.most_at_once.load(Ordering::SeqCst);
@@ -353,7 +363,7 @@ mod on_tokio {
         });
         assert!(wait_until(Duration::from_secs(10), || started.load(Ordering::SeqCst)));
         stop.shutdown(Duration::from_millis(200));
-        let report = run.join().unwrap();
+        let report = joined(run);
         assert_eq!((report.interrupted, report.completed), (1, 0), "{report:?}");
         assert!(aborted.load(Ordering::SeqCst), "the handler's future was dropped");
         let task = db.queue().task(id).unwrap();
@@ -367,7 +377,7 @@ mod on_tokio {
         let mut queue = db.queue();
         assert!(wait_until(Duration::from_secs(10), || queue.task(id).unwrap().status.is_terminal()));
         stop.shutdown(Duration::from_secs(5));
-        assert_eq!(run.join().unwrap().failed, 1);
+        assert_eq!(joined(run).failed, 1);
         assert_panicked(&queue.task(id).unwrap());
     }
 
@@ -424,5 +434,5 @@ fn q8_a_broken_listening_connection_is_replaced() {
     let waited = starts.recv_timeout(Duration::from_secs(10)).expect("the task ran").duration_since(added);
     assert!(waited < Duration::from_secs(1), "started {waited:?} after it was added");
     stop.shutdown(Duration::from_secs(5));
-    assert_eq!(run.join().unwrap().completed, 1);
+    assert_eq!(joined(run).completed, 1);
 }
