@@ -1,19 +1,23 @@
-//! The shared store: PostgreSQL, for workers on many machines.
+//! The shared store: PostgreSQL, for workers on many machines. This file holds its SQL, run on
+//! one connection (`Session`); `reconnect.rs` makes that the [`Store`](crate::Store), with
+//! recovery (Q9).
+
+mod reconnect;
 
 use core::future::Future;
 use core::time::Duration;
 use std::collections::HashMap;
 
 use persevere::Instant;
-use tokio_postgres::{Client, NoTls, Statement};
+use tokio_postgres::{Client, Statement};
 
 use crate::crash;
-use crate::shared::{ClockReading, Decided, ReadWithClock, check_queue_name, compare_and_set, skewed, visit_rows};
+use crate::shared::{ClockReading, Decided, ReadWithClock, check_queue_name, skewed, visit_rows};
 use crate::store::{
-    Candidates, ClaimVisit, GuardedWrite, Insert, Row, SetAsideRow, Store, UpdateVisit, Write, declined_marker,
-    instant_of,
+    Candidates, ClaimVisit, GuardedWrite, Insert, Row, SetAsideRow, Write, declined_marker, instant_of,
 };
-use crate::{Doorbell, QueueError, Status};
+use crate::{QueueError, Status};
+use reconnect::{Recovery, Session};
 
 mod listen;
 
@@ -139,6 +143,33 @@ impl Columns {
 /// - Statements are prepared once per connection, and a connection whose
 ///   `synchronous_commit` is `off` is switched to `on` (a claim is on disk before its worker
 ///   runs).
+///
+/// # When the connection is lost (Q9)
+///
+/// The server restarts or crashes, the network drops the connection, an administrator ends the
+/// session: the call that meets it connects again before its next statement, with backoff
+/// driven by persevere's own [`Retry`](persevere::Retry) (from 50 ms, doubling, capped at 2 s,
+/// full jitter, 5 s for each attempt), for up to 30 s; then it returns the last error, and the
+/// next call tries again ([`reconnect_with`](Self::reconnect_with) sets another policy). The
+/// same store then goes on working. What the lost connection was running is run again only
+/// where running it twice cannot do it twice:
+///
+/// - A read (`task`, `tasks`, `corrupt_tasks`, the clock) runs again. A `prune` may have
+///   deleted rows: it returns the error, and the next one goes on.
+/// - A claim lost before it read its rows runs again. One lost after is an error: if its commit
+///   was lost too, nothing was handed out; if it committed, its jobs' leases, which no worker
+///   holds, run out and are interrupted, using a retry (D2), as after a worker's crash.
+/// - An enqueue with an idempotency key runs again: the key makes it happen once (if the lost
+///   one had committed, it answers `created: false` with the task's id). One without a key (or
+///   a batch with a keyless task) may have committed, so it returns the error and the caller
+///   decides. (Before one, the store reads what its idle connection received, so that the first
+///   enqueue after a restart is sent on a new connection rather than lost with the old one.)
+/// - A report whose write was sent but whose answer was lost reads its task's row on the new
+///   connection. A row that holds exactly what the report wrote, at the next version, is a
+///   report that committed: it succeeds. A row still at the version it read (the write did not
+///   commit), or holding another writer's write, is decided again as it is, as every report
+///   is (a lease lost meanwhile is refused). A row written more than once since cannot tell,
+///   and the report returns the connection's error, never a refusal of what may have committed.
 pub struct Postgres {
     runtime: tokio::runtime::Runtime,
     client: Client,
@@ -151,6 +182,8 @@ pub struct Postgres {
     clock: Option<ClockReading>,
     /// What it connected with: [`Store::listen`]'s connection connects alike.
     params: String,
+    /// How to connect again when the connection is lost (Q9).
+    recovery: Recovery,
 }
 
 impl core::fmt::Debug for Postgres {
@@ -162,6 +195,9 @@ impl core::fmt::Debug for Postgres {
 impl Postgres {
     /// Connects with a libpq-style string or URL (`host=/var/run/postgresql dbname=jobs`,
     /// `postgres://user@localhost/jobs`) and creates the queue's table if it is missing.
+    ///
+    /// It tries once, so that a wrong address fails at once; once connected, the store connects
+    /// again by itself (see [When the connection is lost](#when-the-connection-is-lost-q9)).
     ///
     /// # Errors
     /// When the server cannot be reached or the schema cannot be created.
@@ -178,11 +214,8 @@ impl Postgres {
     pub fn connect_queue(params: &str, queue: &str) -> Result<Self, QueueError> {
         check_queue_name(queue)?;
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(QueueError::Io)?;
-        let (client, connection) = runtime.block_on(tokio_postgres::connect(params, NoTls))?;
-        // The connection runs whenever this store blocks on the runtime.
-        runtime.spawn(async move {
-            let _ = connection.await;
-        });
+        let recovery = Recovery::new(params)?;
+        let client = open(&runtime, recovery.config())?;
         let store = Postgres {
             runtime,
             client,
@@ -191,6 +224,7 @@ impl Postgres {
             statements: HashMap::new(),
             clock: None,
             params: params.to_owned(),
+            recovery,
         };
         // Two workers creating the schema at once race on `CREATE ... IF NOT EXISTS`; a
         // transaction-level advisory lock makes it one at a time.
@@ -214,12 +248,6 @@ impl Postgres {
                          the queue, declined_by and corrupt_reason columns): drain that queue and drop the table"
                     .to_owned(),
             });
-        }
-        // A claim must be on disk before its worker runs (D6 `Sync`): never commit
-        // asynchronously on this connection.
-        let setting: String = store.block_on(store.client.query_one("SHOW synchronous_commit", &[]))?.try_get(0)?;
-        if setting == "off" {
-            store.block_on(store.client.batch_execute("SET synchronous_commit = on"))?;
         }
         Ok(store)
     }
@@ -431,6 +459,23 @@ impl Postgres {
     }
 }
 
+/// Opens a connection on `runtime` (the first one, and each one after a reconnect) and makes
+/// its session's settings.
+fn open(runtime: &tokio::runtime::Runtime, config: &tokio_postgres::Config) -> Result<Client, QueueError> {
+    let (client, connection) = runtime.block_on(config.connect(tokio_postgres::NoTls))?;
+    // The connection runs whenever this store blocks on the runtime.
+    runtime.spawn(async move {
+        let _ = connection.await;
+    });
+    // A claim must be on disk before its worker runs (D6 `Sync`): never commit
+    // asynchronously on this connection.
+    let setting: String = runtime.block_on(client.query_one("SHOW synchronous_commit", &[]))?.try_get(0)?;
+    if setting == "off" {
+        runtime.block_on(client.batch_execute("SET synchronous_commit = on"))?;
+    }
+    Ok(client)
+}
+
 fn row_of(row: &tokio_postgres::Row) -> Result<Row, QueueError> {
     Ok(Row {
         id: row.try_get(0)?,
@@ -445,7 +490,7 @@ fn row_of(row: &tokio_postgres::Row) -> Result<Row, QueueError> {
     })
 }
 
-impl Store for Postgres {
+impl Session for Postgres {
     fn now(&mut self) -> Result<Instant, QueueError> {
         let statement = self.prepared(&format!("SELECT {CLOCK}"))?;
         let skew = self.skew_ns();
@@ -533,11 +578,6 @@ impl Store for Postgres {
             return self.split_claim(&decided);
         }
         self.commit_decided(&decided)
-    }
-
-    fn update(&mut self, id: i64, visit: &mut UpdateVisit<'_>) -> Result<bool, QueueError> {
-        crash::begin("update");
-        compare_and_set(self, id, visit, Self::read_row, Self::write_row)
     }
 
     fn get(&mut self, id: i64) -> Result<Option<Row>, QueueError> {
@@ -654,10 +694,6 @@ impl Store for Postgres {
         ))?;
         let deleted = self.block_on(self.client.execute(&statement, &[&finished_before_ns, &i64::from(limit)]))?;
         Ok(usize::try_from(deleted).unwrap_or(usize::MAX))
-    }
-
-    fn listen(&mut self, doorbell: &Doorbell) -> Result<(), QueueError> {
-        listen::spawn(self.params.clone(), self.queue.clone(), doorbell.downgrade())
     }
 
     #[cfg(feature = "test-clock")]
