@@ -136,10 +136,10 @@ impl Columns {
 ///   version it read (compare-and-set, Q1); if another writer moved the version in between, it
 ///   reads and decides again. The completion of a job its queue claimed skips the read: one
 ///   `UPDATE` guarded by the version the claim left and by the lease on the server's clock
-///   ([`Store::write_if_leased`]).
+///   ([`Store::write_if_leased`](crate::Store::write_if_leased)).
 /// - An enqueue is one `INSERT` that reads the clock itself and sends
 ///   `NOTIFY persevere_tasks` with the queue's name, which wakes the runners listening
-///   ([`Store::listen`]) when it commits.
+///   ([`Store::listen`](crate::Store::listen)) when it commits.
 /// - Statements are prepared once per connection, and a connection whose
 ///   `synchronous_commit` is `off` is switched to `on` (a claim is on disk before its worker
 ///   runs).
