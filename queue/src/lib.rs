@@ -138,7 +138,7 @@ pub use error::QueueError;
 #[cfg(feature = "postgres")]
 pub use postgres::Postgres;
 pub use queue::Queue;
-pub use runner::{MAX_BUFFER, RunReport, Runner, RunnerBuilder, ShutdownHandle};
+pub use runner::{DEFAULT_RETENTION, MAX_BUFFER, RunReport, Runner, RunnerBuilder, ShutdownHandle};
 #[cfg(feature = "sqlite")]
 pub use sqlite::{Sqlite, SqliteOptions};
 pub use store::{

@@ -17,6 +17,9 @@ use crate::{Doorbell, Handled, Job, Queue, Store};
 /// The most claimed jobs a runner keeps waiting beyond the ones its handlers run.
 pub const MAX_BUFFER: usize = 500;
 
+/// How long a runner keeps finished tasks by default ([`RunnerBuilder::retention`]).
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 3600);
+
 /// Runs handlers on the jobs of a [`Queue`] (Q8): `concurrency` at once, on a local buffer of
 /// jobs claimed in batches ([`Queue::claim_batch`]), with their results written in batches
 /// ([`Queue::report_batch`]).
@@ -26,7 +29,8 @@ pub const MAX_BUFFER: usize = 500;
 /// or after [`flush_delay`](RunnerBuilder::flush_delay)), heartbeats each job, buffered or
 /// running, once half its lease is gone, claims when fewer than concurrency + buffer jobs are
 /// out, sweeps expired leases of every type now and then
-/// ([`sweep_interval`](RunnerBuilder::sweep_interval)), and then sleeps until its
+/// ([`sweep_interval`](RunnerBuilder::sweep_interval)), deleting finished tasks past their
+/// [`retention`](RunnerBuilder::retention) at the same time, and then sleeps until its
 /// [`Doorbell`] rings: a handler's result, a shutdown, or new tasks (the store's
 /// [`listen`](Store::listen): an insert into the same SQLite file from this process, a
 /// PostgreSQL `NOTIFY`). A slow poll ([`poll_interval`](RunnerBuilder::poll_interval), 100 ms
@@ -52,6 +56,7 @@ pub const MAX_BUFFER: usize = 500;
 /// **Observability** (O2), target `persevere::queue`, each event with the `worker` field:
 /// - debug `claimed` (`jobs`): a claim that leased jobs;
 /// - debug `flushed` (`reports`, `elapsed_ms`): a batch of results written;
+/// - debug `pruned` (`pruned`): finished tasks past their retention deleted by a sweep;
 /// - warn `lease lost` (`task`, `attempt`, `error`): a report or heartbeat refused;
 /// - info `job handed back` and warn `job interrupted` (`task`, `attempt`) at a shutdown;
 /// - warn `store error` (`error`, `retry_in_ms`): a store call failed, tried again after the
@@ -111,6 +116,8 @@ struct Settings {
     poll_interval: Duration,
     flush_delay: Duration,
     sweep_interval: Duration,
+    /// How long finished tasks are kept before a sweep prunes them; `None`: for ever.
+    retention: Option<Duration>,
 }
 
 /// A shutdown asked for: by when the running handlers must be done (`None`: no limit).
@@ -137,6 +144,7 @@ impl<S: Store> Runner<S> {
             poll_interval: Duration::from_millis(100),
             flush_delay: Duration::ZERO,
             sweep_interval: Duration::from_secs(10),
+            retention: Some(DEFAULT_RETENTION),
         };
         let runner = Runner {
             queue,
@@ -287,6 +295,15 @@ impl<S: Store> RunnerBuilder<S> {
     /// by default). Its own claims already interrupt those of its types.
     pub fn sweep_interval(mut self, interval: Duration) -> Self {
         self.runner.settings.sweep_interval = interval;
+        self
+    }
+
+    /// How long tasks that completed, proceeded or were diverted are kept before the runner's
+    /// sweep deletes them ([`Queue::prune`], as River's job cleaner does; a day by default), so
+    /// the table and its vacuum work stay bounded; `None` keeps them for ever. Failed and
+    /// dead-lettered tasks are always kept for a person (Q6).
+    pub fn retention(mut self, retention: Option<Duration>) -> Self {
+        self.runner.settings.retention = retention;
         self
     }
 

@@ -280,6 +280,34 @@ fn q8_a_store_error_is_tried_again_and_the_runner_goes_on<D: Db>(db: &D) {
     assert_eq!((report.completed, report.leases_lost, report.unreported), (1, 0, 0), "{report:?}");
 }
 
+fn retention_a_runner_prunes_finished_tasks_and_keeps_failed_ones<D: Db>(db: &D) {
+    let mut producer = db.queue();
+    let done: Vec<TaskId> =
+        (0..3).map(|i| producer.enqueue(NewTask::new("t", format!("{i}"), policy(1))).unwrap().id).collect();
+    let failed = producer.enqueue(NewTask::new("t", "fails", policy(1))).unwrap().id;
+    let runner = Runner::builder(db.queue(), "w", &["t"])
+        .sweep_interval(Duration::from_millis(20))
+        .retention(Some(Duration::ZERO));
+    let (stop, run) = start::<D>(runner, move |job| {
+        if job.id == failed { Handled::Failed(persevere::Failure::fatal("no".into())) } else { Handled::Completed }
+    });
+    let mut queue = db.queue();
+    let gone = |queue: &mut persevere_queue::Queue<D::S>, id| queue.task(id).is_err();
+    assert!(wait_until(Duration::from_secs(10), || done.iter().all(|id| gone(&mut queue, *id))), "pruned");
+    stop.shutdown(Duration::from_secs(5));
+    assert_eq!(joined(run).completed, 3);
+    assert_eq!(queue.task(failed).unwrap().status, Status::Failed, "kept for a person");
+    // With no retention, nothing is pruned.
+    let kept = producer.enqueue(NewTask::new("t", "kept", policy(1))).unwrap().id;
+    let runner = Runner::builder(db.queue(), "w", &["t"]).sweep_interval(Duration::from_millis(20)).retention(None);
+    let (stop, run) = start::<D>(runner, |_| Handled::Completed);
+    assert!(wait_until(Duration::from_secs(10), || queue.task(kept).unwrap().status == Status::Completed));
+    std::thread::sleep(Duration::from_millis(100));
+    stop.shutdown(Duration::from_secs(5));
+    joined(run);
+    assert_eq!(queue.task(kept).unwrap().status, Status::Completed, "kept");
+}
+
 /// The task failed on its one attempt, which panicked with the handler's message.
 fn assert_panicked(task: &persevere_queue::TaskInfo) {
     assert_eq!(task.status, Status::Failed);
@@ -296,6 +324,7 @@ on_both_stores!(
     q8_a_lost_lease_is_counted_and_the_runner_goes_on,
     q8_a_handler_that_panics_fails_its_attempt,
     q8_a_store_error_is_tried_again_and_the_runner_goes_on,
+    retention_a_runner_prunes_finished_tasks_and_keeps_failed_ones,
 );
 
 /// The same engine with async handlers on tokio.

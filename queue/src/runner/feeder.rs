@@ -21,6 +21,9 @@ use crate::{Doorbell, Handled, Job, Queue, QueueError, Status, Store, TaskId};
 /// How many expired leases one sweep looks at.
 const SWEEP_LIMIT: u32 = 100;
 
+/// How many finished tasks one sweep deletes at most.
+const PRUNE_LIMIT: u32 = 10_000;
+
 /// Past a shutdown's deadline, how many store failures in a row end the run, leaving what is
 /// unwritten to the leases (D2).
 const TRIES_PAST_DEADLINE: u32 = 3;
@@ -358,14 +361,24 @@ impl<S: Store> Feeder<S> {
         Ok(())
     }
 
-    /// Sweeps expired leases of every type once per sweep interval.
+    /// Sweeps expired leases of every type, and prunes finished tasks past their retention,
+    /// once per sweep interval.
     fn sweep(&mut self) -> Result<(), QueueError> {
-        let interval = self.parts.settings.sweep_interval;
-        if self.stopping.is_some() || self.last_sweep.elapsed() < interval {
+        let settings = self.parts.settings;
+        if self.stopping.is_some() || self.last_sweep.elapsed() < settings.sweep_interval {
             return Ok(());
         }
         self.last_sweep = Instant::now();
-        self.parts.queue.sweep(SWEEP_LIMIT).map(drop)
+        self.parts.queue.sweep(SWEEP_LIMIT)?;
+        if let Some(retention) = settings.retention {
+            let pruned = self.parts.queue.prune(retention, PRUNE_LIMIT)?;
+            #[cfg(feature = "tracing")]
+            if pruned > 0 {
+                tracing::debug!(target: "persevere::queue", worker = self.parts.worker.as_str(), pruned, "pruned");
+            }
+            let _ = pruned;
+        }
+        Ok(())
     }
 
     /// Whether the shutdown is done: every job reported or given back, or, past the deadline,
