@@ -16,10 +16,16 @@ use persevere::{
 
 use crate::classify::RetryGate;
 use crate::listeners::Listeners;
+use crate::refusal::{Gate, Refusal};
 use crate::runtime::Runtime;
 use crate::sync::shared::{AtomicU64, Mutex, MutexGuard, Ordering, lock};
 
 /// Why [`Breaker::call`] did not return the call's value.
+///
+/// An [`Error`](std::error::Error) (and, when `E` is `Send + Sync`, one that `?` turns into a
+/// `Box<dyn Error + Send + Sync>`, tower's `BoxError`) for any `E` that is `Debug + Display +
+/// 'static`, boxed errors included (T4): its [`source`](std::error::Error::source) is the
+/// call's error when that is a boxed error; any other error is in the message.
 #[derive(Debug, PartialEq, Eq)]
 pub enum CallError<E> {
     /// The breaker is open (or isolated): the call was not made.
@@ -41,13 +47,40 @@ impl<E: fmt::Display> fmt::Display for CallError<E> {
     }
 }
 
-impl<E: std::error::Error + 'static> std::error::Error for CallError<E> {
+impl<E> CallError<E> {
+    /// The breaker's refusal, if it refused the call: [`Gate::Breaker`] and its
+    /// `retry_after`.
+    pub fn refusal(&self) -> Option<Refusal> {
+        match self {
+            CallError::Rejected { retry_after } => Some(Refusal::new(Gate::Breaker, *retry_after)),
+            CallError::Failed(_) => None,
+        }
+    }
+}
+
+impl<E: fmt::Debug + fmt::Display + 'static> std::error::Error for CallError<E> {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            CallError::Failed(e) => Some(e),
+            CallError::Failed(e) => boxed_error(e),
             CallError::Rejected { .. } => None,
         }
     }
+}
+
+/// `error` as an [`Error`](std::error::Error) when it is a boxed one (tower's `BoxError` and its
+/// kin): what an error generic over any `Debug + Display` type can name as its source. (An
+/// impl for `E: Error` beside one for boxed errors is refused by coherence: the standard
+/// library may one day make `Box<dyn Error>` an `Error`.)
+pub(crate) fn boxed_error<E: 'static>(error: &E) -> Option<&(dyn std::error::Error + 'static)> {
+    use std::error::Error;
+    let any: &dyn std::any::Any = error;
+    if let Some(boxed) = any.downcast_ref::<Box<dyn Error + Send + Sync>>() {
+        return Some(&**boxed);
+    }
+    if let Some(boxed) = any.downcast_ref::<Box<dyn Error + Send>>() {
+        return Some(&**boxed);
+    }
+    any.downcast_ref::<Box<dyn Error>>().map(|boxed| &**boxed)
 }
 
 struct State {
@@ -514,13 +547,43 @@ impl<Rt: Runtime> Breaker<Rt> {
     }
 }
 
+impl<Rt: Runtime> Breaker<Rt> {
+    /// The refusal a call would meet now: open (with the time left until it turns half-open)
+    /// or isolated by hand; `None` when calls are admitted.
+    fn refusal(&self) -> Option<Refusal> {
+        self.shared.update(|breaker, policy, now, rng| {
+            breaker.handle_timeout(policy, now, rng);
+            match breaker.status() {
+                BreakerStatus::Open { until } => {
+                    Some(Refusal::new(Gate::Breaker, Some(until.saturating_duration_since(now))))
+                }
+                BreakerStatus::Isolated => Some(Refusal::new(Gate::Breaker, None)),
+                _ => None,
+            }
+        })
+    }
+}
+
 /// A breaker vetoes retries while it would reject calls: retrying into an open circuit only
-/// adds load (U4).
+/// adds load (U4). Its refusal carries the time left until it turns half-open (T4).
 impl<Rt: Runtime> RetryGate for Breaker<Rt> {
     type Ticket = ();
     type Request = ();
 
-    fn allow_retry(&self, _: Option<Instant>, _: FailureClass) -> Option<()> {
-        (!matches!(self.status(), BreakerStatus::Open { .. } | BreakerStatus::Isolated)).then_some(())
+    fn allow_retry(&self, now: Option<Instant>, class: FailureClass) -> Option<()> {
+        self.try_retry(now, class).ok()
+    }
+
+    fn try_retry(&self, _: Option<Instant>, _: FailureClass) -> Result<(), Refusal> {
+        self.refusal().map_or(Ok(()), Err)
+    }
+
+    /// Refuses while open or isolated. A clean breaker (closed, no failure streak, no rate
+    /// rule) admits with one atomic load: no lock, no clock.
+    fn admit(&self) -> Result<(), Refusal> {
+        if self.shared.clean.load(Ordering::Acquire) != NOT_CLEAN {
+            return Ok(());
+        }
+        self.refusal().map_or(Ok(()), Err)
     }
 }

@@ -9,6 +9,7 @@ use persevere::{
 };
 
 use crate::classify::RetryGate;
+use crate::refusal::{Gate, Refusal};
 use crate::runtime::Runtime;
 use crate::sync::shared::{Mutex, lock};
 
@@ -249,6 +250,13 @@ impl<Rt: Runtime> RetryGate for Budget<Rt> {
         #[cfg(not(any(feature = "tracing", feature = "metrics")))]
         let _ = event;
         granted
+    }
+
+    /// A refusal names [`Gate::Budget`], with no time: when a budget grants again depends on
+    /// the calls to come (a token bucket earns from successes, a ratio from new requests, a
+    /// concurrency budget from retries in flight ending), which it cannot foresee.
+    fn try_retry(&self, now: Option<Instant>, class: FailureClass) -> Result<BudgetTicket, Refusal> {
+        self.allow_retry(now, class).ok_or(Refusal::new(Gate::Budget, None))
     }
 
     fn on_success(&self, ticket: Option<BudgetTicket>) {

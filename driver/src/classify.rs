@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use persevere::{FailureClass, FailureKind, Instant};
 
+use crate::refusal::{Gate, Refusal};
+
 /// Classifies an error by its own type: implement it for your error types and call
 /// [`RetryFuture::classified`](crate::RetryFuture::classified).
 ///
@@ -112,8 +114,9 @@ impl<E, F: FnMut(&RetryEvent<'_, E>)> Notify<E> for F {
 /// Something shared that may veto a retry: a retry budget or a breaker (rule U4).
 ///
 /// `retry` calls [`on_request`](RetryGate::on_request) once per operation,
-/// [`allow_retry`](RetryGate::allow_retry) whenever the machine wants to retry (a refusal ends
-/// the operation with `Rejected`), [`on_success`](RetryGate::on_success) when an attempt
+/// [`try_retry`](RetryGate::try_retry) whenever the machine wants to retry (a refusal ends
+/// the operation with `Rejected`, and [`GaveUp`](crate::GaveUp) names the gate that refused),
+/// [`on_success`](RetryGate::on_success) when an attempt
 /// succeeds, with the [`Ticket`](RetryGate::Ticket) of the retry that made that attempt, and
 /// [`on_final_failure`](RetryGate::on_final_failure) when a failure ends the operation without
 /// a retry being asked for. `()` allows everything.
@@ -138,7 +141,8 @@ impl<E, F: FnMut(&RetryEvent<'_, E>)> Notify<E> for F {
 /// are asked in order and the first refusal stops the asking, so a gate that spends on a grant
 /// (a [`Budget`](crate::Budget)) belongs after one that only looks (a
 /// [`Breaker`](crate::Breaker)): then no token is spent on a retry the breaker refuses. (A
-/// grant made before a later gate refused is dropped at once.)
+/// grant made before a later gate refused is dropped at once.) The refusal is the refusing gate's
+/// own: a tuple's says whether its breaker or its budget refused.
 ///
 /// ```
 /// use std::time::Duration;
@@ -184,6 +188,30 @@ pub trait RetryGate {
     /// no deadline); a gate that needs the time reads its own clock then.
     fn allow_retry(&self, now: Option<Instant>, class: FailureClass) -> Option<Self::Ticket>;
 
+    /// [`allow_retry`](Self::allow_retry), with what a refusal means: which gate refused, and
+    /// how long until it may allow one again (T4). The driving loops ask this one. By default,
+    /// `allow_retry`'s answer, a refusal naming [`Gate::Other`] and no time; a `Breaker`, a
+    /// `Budget` and a tuple of gates say theirs.
+    ///
+    /// # Errors
+    /// The [`Refusal`] when the retry must not be scheduled.
+    fn try_retry(&self, now: Option<Instant>, class: FailureClass) -> Result<Self::Ticket, Refusal> {
+        self.allow_retry(now, class).ok_or(Refusal::new(Gate::Other, None))
+    }
+
+    /// May a call start at all? The tower layers (`persevere-tower`) ask before a call's first
+    /// attempt is sent: a call an open breaker would refuse is refused there, with nothing
+    /// sent and no attempt counted (T4). A `Breaker` refuses while open or isolated; a `Budget`
+    /// never does (it limits retries, not calls). By default every call may start. The
+    /// driver's own [`retry`](crate::retry) does not ask: its attempts go through
+    /// [`Breaker::call`](crate::Breaker::call).
+    ///
+    /// # Errors
+    /// The [`Refusal`] when no call may start now.
+    fn admit(&self) -> Result<(), Refusal> {
+        Ok(())
+    }
+
     /// An attempt succeeded; `ticket` is the grant of the retry it was (`None` for a first
     /// attempt). Called after the driver has recorded that the operation succeeded: if it
     /// panics, the panic reaches the caller's poll, and nothing is retried or sent again.
@@ -225,8 +253,17 @@ macro_rules! tuple_gate {
             }
 
             fn allow_retry(&self, now: Option<Instant>, class: FailureClass) -> Option<Self::Ticket> {
+                self.try_retry(now, class).ok()
+            }
+
+            fn try_retry(&self, now: Option<Instant>, class: FailureClass) -> Result<Self::Ticket, Refusal> {
                 // In order; `?` stops at the first refusal and drops the grants made before it.
-                Some(($(self.$index.allow_retry(now, class)?,)+))
+                Ok(($(self.$index.try_retry(now, class)?,)+))
+            }
+
+            fn admit(&self) -> Result<(), Refusal> {
+                $(self.$index.admit()?;)+
+                Ok(())
             }
 
             fn on_success(&self, ticket: Option<Self::Ticket>) {
@@ -259,6 +296,14 @@ impl<G: RetryGate + ?Sized> RetryGate for &G {
         (**self).allow_retry(now, class)
     }
 
+    fn try_retry(&self, now: Option<Instant>, class: FailureClass) -> Result<G::Ticket, Refusal> {
+        (**self).try_retry(now, class)
+    }
+
+    fn admit(&self) -> Result<(), Refusal> {
+        (**self).admit()
+    }
+
     fn on_success(&self, ticket: Option<G::Ticket>) {
         (**self).on_success(ticket)
     }
@@ -278,6 +323,14 @@ impl<G: RetryGate + ?Sized> RetryGate for std::sync::Arc<G> {
 
     fn allow_retry(&self, now: Option<Instant>, class: FailureClass) -> Option<G::Ticket> {
         (**self).allow_retry(now, class)
+    }
+
+    fn try_retry(&self, now: Option<Instant>, class: FailureClass) -> Result<G::Ticket, Refusal> {
+        (**self).try_retry(now, class)
+    }
+
+    fn admit(&self) -> Result<(), Refusal> {
+        (**self).admit()
     }
 
     fn on_success(&self, ticket: Option<G::Ticket>) {

@@ -14,6 +14,7 @@ use pin_project_lite::pin_project;
 
 use crate::classify::{Classifier, RetryAll, RetryGate};
 use crate::operation::Operation;
+use crate::refusal::Refusal;
 use crate::retry::{GaveUp, final_failure};
 use crate::runtime::Runtime;
 
@@ -64,6 +65,8 @@ pin_project! {
         done: bool,
         // The runtime's clock at the machine's `Instant::ZERO`, read when first needed.
         origin: Option<Instant>,
+        // The gate's refusal of a hedge, which ends the operation `Rejected` if no attempt runs.
+        refusal: Option<Refusal>,
         #[pin]
         first: Option<Fut>,
         // Attempt k ≥ 2 at index k − 2, with the gate's ticket for it.
@@ -143,6 +146,7 @@ impl<Rt: Runtime, P, Op, Fut, E, C, G: RetryGate> HedgeFuture<Rt, P, Op, Fut, E,
             started: false,
             done: false,
             origin: None,
+            refusal: None,
             first: None,
             hedges: Vec::new(),
             timer: None,
@@ -229,9 +233,13 @@ where
                             continue;
                         }
                         let class = this.machine.last_failure().map_or(FailureClass::Retryable, |f| f.class);
-                        let Some(ticket) = this.gate.allow_retry(origin.map(|_| now(origin)), class) else {
-                            refused = Some(attempt);
-                            continue;
+                        let ticket = match this.gate.try_retry(origin.map(|_| now(origin)), class) {
+                            Ok(ticket) => ticket,
+                            Err(refusal) => {
+                                *this.refusal = Some(refusal);
+                                refused = Some(attempt);
+                                continue;
+                            }
                         };
                         match catch_unwind(AssertUnwindSafe(|| this.op.attempt())) {
                             Ok(fut) => this.hedges.push((Some(Box::pin(fut)), Some(ticket))),
@@ -272,7 +280,7 @@ where
                                 if let Some(class) = final_failure(&outcome) {
                                     this.gate.on_final_failure(None, class);
                                 }
-                                Err(GaveUp::from_outcome(outcome, now(origin)))
+                                Err(GaveUp::from_outcome(outcome, now(origin)).refused(*this.refusal))
                             }
                         };
                         return Poll::Ready(Hedged { result, stats });

@@ -43,6 +43,7 @@ mod hedge;
 mod job;
 mod listeners;
 mod operation;
+mod refusal;
 mod retry;
 #[cfg(feature = "http")]
 mod retry_after;
@@ -69,6 +70,7 @@ pub use job::JobError;
 pub use operation::Operation;
 pub use persevere::BreakerEvent;
 pub use persevere::Stats;
+pub use refusal::{Gate, Refusal};
 pub use retry::{GaveUp, Retried, RetryFuture, retry};
 #[cfg(feature = "http")]
 pub use retry_after::retry_after;

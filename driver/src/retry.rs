@@ -19,6 +19,7 @@ use persevere::{
 use pin_project_lite::pin_project;
 
 use crate::classify::{ByTrait, Classifier, Classify, Notify, RetryAll, RetryEvent, RetryGate};
+use crate::refusal::{Gate, Refusal};
 use crate::runtime::Runtime;
 
 /// The result of a retried operation, with its statistics whatever the outcome.
@@ -53,6 +54,8 @@ pub struct GaveUp<E> {
     pub outcome: OutcomeKind,
     /// The class of the last failure, if there was one.
     pub class: Option<FailureClass>,
+    /// See [`refused_by`](Self::refused_by).
+    refused_by: Option<Gate>,
     /// The last attempt's error; `None` if it timed out or panicked, or none failed.
     pub error: Option<E>,
     /// See [`retry_after`](Self::retry_after); [`NO_RETRY_AFTER`] for none.
@@ -75,7 +78,22 @@ impl<E> GaveUp<E> {
     /// How it gave up; `retry_after_ns` is how long after the outcome the hint asked for.
     fn new(outcome: OutcomeKind, class: Option<FailureClass>, error: Option<E>, retry_after_ns: Option<u64>) -> Self {
         let retry_after = retry_after_ns.map_or(NO_RETRY_AFTER, Duration::from_nanos);
-        GaveUp { outcome, class, error, retry_after }
+        GaveUp { outcome, class, refused_by: None, error, retry_after }
+    }
+
+    /// For a `Rejected` outcome, the gate's `refusal` that ended it: its gate and its time.
+    pub(crate) fn refused(mut self, refusal: Option<Refusal>) -> Self {
+        if let (OutcomeKind::Rejected, Some(refusal)) = (self.outcome, refusal) {
+            self.refused_by = Some(refusal.gate());
+            self.retry_after = refusal.retry_after().unwrap_or(NO_RETRY_AFTER);
+        }
+        self
+    }
+
+    /// For a [`Rejected`](OutcomeKind::Rejected) outcome: the gate that refused the retry (a
+    /// tuple of gates names the one of them that refused).
+    pub fn refused_by(&self) -> Option<Gate> {
+        self.refused_by
     }
 
     /// The last attempt's error, if it returned one.
@@ -84,7 +102,9 @@ impl<E> GaveUp<E> {
     }
 
     /// For a [`Deferred`](OutcomeKind::Deferred) outcome: how long after the outcome the other
-    /// side asked to be tried again (its hint, B6), so the caller can come back then.
+    /// side asked to be tried again (its hint, B6), so the caller can come back then. For a
+    /// [`Rejected`](OutcomeKind::Rejected) one: how long until the gate that refused may allow
+    /// a retry again, if it knows (a breaker's remaining open time; a budget cannot tell).
     pub fn retry_after(&self) -> Option<Duration> {
         (self.retry_after != NO_RETRY_AFTER).then_some(self.retry_after)
     }
@@ -96,6 +116,7 @@ impl<E: fmt::Debug> fmt::Debug for GaveUp<E> {
         f.debug_struct("GaveUp")
             .field("outcome", &self.outcome)
             .field("class", &self.class)
+            .field("refused_by", &self.refused_by)
             .field("error", &self.error)
             .field("retry_after", &self.retry_after())
             .finish()
@@ -104,7 +125,10 @@ impl<E: fmt::Debug> fmt::Debug for GaveUp<E> {
 
 impl<E: fmt::Display> fmt::Display for GaveUp<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "gave up: {}", self.outcome)?;
+        match self.refused_by {
+            Some(gate) => write!(f, "gave up: {gate} refused the retry")?,
+            None => write!(f, "gave up: {}", self.outcome)?,
+        }
         if let Some(after) = self.retry_after() {
             write!(f, " (retry after {after:?})")?;
         }
@@ -592,13 +616,13 @@ where
         let result = match value {
             Some(value) => Ok(value),
             None => {
-                let GaveUp { outcome, class, error, retry_after } =
+                let GaveUp { outcome, class, refused_by, error, retry_after } =
                     machine.gave_up.take().unwrap_or_else(|| unreachable!("the driver kept how it gave up"));
                 // Rebuilt field by field: moved whole, the bytes between the two fields an `Ok`
                 // writes became one 16-byte block, stored as one and read back by the caller
                 // as two 8-byte loads (a store-forwarding stall on the success path,
                 // 8.2 → 7.8 ns).
-                Err(GaveUp { outcome, class, error, retry_after })
+                Err(GaveUp { outcome, class, refused_by, error, retry_after })
             }
         };
         Poll::Ready(Retried { result, stats })
@@ -729,6 +753,8 @@ where
     if let Some(ended) = fast_end {
         end!(ended);
     }
+    // The gate's refusal of the retry the machine asked for, which ends the operation.
+    let mut refused: Option<Refusal> = None;
     loop {
         // Drain what the last input left, acting on each action in turn.
         while let Some(action) = retry.poll_action() {
@@ -764,9 +790,11 @@ where
                     let class = failure.map_or(FailureClass::Retryable, |f| f.class);
                     // What the gate is told about the time: the machine's `now` when it is the
                     // clock's.
-                    match gate.allow_retry(timed.then(|| retry.now()), class) {
-                        Some(granted) => *ticket = Some(granted),
-                        None => {
+                    match gate.try_retry(timed.then(|| retry.now()), class) {
+                        Ok(granted) => *ticket = Some(granted),
+                        Err(refusal) => {
+                            // The machine finishes on the refusal in this same drain.
+                            refused = Some(refusal);
                             event!(next_attempt, "retry refused by the gate");
                             metric!(metrics::counter!("persevere_retries_refused_total").increment(1));
                             // The machine is sleeping and drained, so it accepts the refusal.
@@ -815,7 +843,7 @@ where
                     {
                         gate.on_final_failure(timed.then(|| retry.now()), class);
                     }
-                    *gave_up = Some(GaveUp::from_outcome(outcome, retry.now()));
+                    *gave_up = Some(GaveUp::from_outcome(outcome, retry.now()).refused(refused));
                     return Poll::Ready(None);
                 }
             }
