@@ -156,11 +156,19 @@ impl<Rt> Shared<Rt> {
 /// What a call's result says about the dependency behind a [`Breaker`]: the classifier
 /// parameter of [`BreakerCall`]. [`Breaker::call`] uses [`ByResult`]; [`Breaker::call_classified`]
 /// takes any closure `FnOnce(&Result<T, E>) -> CallOutcome`, which implements this trait.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot say what a `Result<{T}, {E}>` means for a circuit breaker",
+    label = "not a breaker classifier for these results",
+    note = "a breaker classifier is `ByResult` (every `Err` a failure), `ByStatus` for HTTP responses (persevere-tower), or a closure `|result: &Result<T, E>| CallOutcome::Success` (or `Failure`, `Ignored`)"
+)]
 pub trait CallClassifier<T, E> {
     /// The outcome to record for `result`.
     fn outcome(self, result: &Result<T, E>) -> CallOutcome;
 }
 
+// Not recommended in diagnostics: a type that is no breaker classifier is reported as such,
+// with the trait's message, rather than as a closure it is not.
+#[diagnostic::do_not_recommend]
 impl<T, E, F: FnOnce(&Result<T, E>) -> CallOutcome> CallClassifier<T, E> for F {
     #[inline]
     fn outcome(self, result: &Result<T, E>) -> CallOutcome {

@@ -47,11 +47,18 @@ impl Classify for io::Error {
 
 /// Chooses the [`FailureKind`] of an attempt's error. Implemented by closures
 /// `FnMut(&E) -> FailureKind`, by [`RetryAll`] and by [`ByTrait`].
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot classify errors of type `{E}`",
+    label = "not a classifier of these errors",
+    note = "a classifier is `RetryAll` (every error retryable), `ByTrait` (for an error type that implements `Classify`), or a closure `|error: &E| FailureKind::Retryable` (or another kind)"
+)]
 pub trait Classifier<E> {
     /// The kind of failure `error` is.
     fn classify(&mut self, error: &E) -> FailureKind;
 }
 
+// Not recommended in diagnostics, as for `CallClassifier`'s closures.
+#[diagnostic::do_not_recommend]
 impl<E, F: FnMut(&E) -> FailureKind> Classifier<E> for F {
     fn classify(&mut self, error: &E) -> FailureKind {
         self(error)
