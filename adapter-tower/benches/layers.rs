@@ -28,7 +28,7 @@ use criterion::{BenchmarkGroup, Criterion, criterion_group, criterion_main};
 use http::{Request, Response};
 use persevere::{Backoff, BreakerPolicy, RetryPolicy};
 use persevere_tokio::Breaker;
-use persevere_tower::{BreakerLayer, Http, RetryLayer};
+use persevere_tower::{BreakerLayer, Http, RetryErrors, RetryLayer};
 use tokio::runtime::Runtime;
 use tower::{Layer, Service, ServiceExt, service_fn};
 
@@ -146,9 +146,15 @@ fn success(c: &mut Criterion) {
     held(&mut group, &rt, "tower_retry", &tower::retry::RetryLayer::new(Attempts(4, no_wait)).layer(echo), seven);
     let sleeping = tower::retry::RetryLayer::new(Attempts(4, sleep_100ms)).layer(echo);
     held(&mut group, &rt, "tower_retry_sleeping", &sleeping, seven);
-    held(&mut group, &rt, "retry_layer", &RetryLayer::new(policy()).layer(echo), seven);
+    held(&mut group, &rt, "retry_layer", &RetryLayer::new(policy()).classify(RetryErrors).layer(echo), seven);
     let shared: &'static RetryPolicy = Box::leak(Box::new(policy()));
-    held(&mut group, &rt, "retry_layer_static_policy", &RetryLayer::new(shared).layer(echo), seven);
+    held(
+        &mut group,
+        &rt,
+        "retry_layer_static_policy",
+        &RetryLayer::new(shared).classify(RetryErrors).layer(echo),
+        seven,
+    );
     let open_for = Backoff::constant(Duration::from_secs(1)).build().unwrap();
     let breaker = Breaker::new(BreakerPolicy::builder(open_for).consecutive_failures(5).build().unwrap());
     held(&mut group, &rt, "breaker_layer", &BreakerLayer::new(breaker).layer(echo), seven);

@@ -123,8 +123,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let log = log.lock().unwrap().join("\n");
     assert!(log.contains("GET /report -> 200 OK"), "{log}");
     assert!(log.contains("not retried: the request's method is not idempotent"), "{log}");
-    assert!(log.contains("circuit open"), "{log}");
-    assert!(log.contains("GET /health -> error: gave up after 3 attempts: a retry budget or breaker refused"), "{log}");
+    assert!(
+        log.contains("GET /health -> error: gave up after 3 attempts: the circuit breaker refused the retry"),
+        "{log}"
+    );
+    assert!(log.contains("GET /report -> error: not sent: the circuit breaker refused the call (retry after"), "{log}");
     assert_eq!(log.matches("server: request").count(), 8, "{log}");
     Ok(())
 }

@@ -4,7 +4,7 @@ use std::fmt;
 use std::time::Duration;
 
 use persevere::{FailureClass, FailureKind, HedgeStats, OutcomeKind, Stats};
-use persevere_driver::GaveUp;
+use persevere_driver::{Gate, GaveUp, Refusal};
 
 use crate::classify::SentOnce;
 
@@ -28,14 +28,25 @@ pub(crate) struct Failed<Res, E> {
 /// retry ended, the last attempt's response or error, and what the call took (for a hedged
 /// call, `attempts` counts the attempts started and nothing is slept).
 ///
-/// Match on [`outcome`](Self::outcome): `Rejected` when a gate (a budget or a breaker) refused
-/// a retry, `Deferred` when the other side asked to be retried later than the policy waits
-/// (then [`retry_after`](Self::retry_after) says when), `Exhausted`, `OutOfTime`, `Fatal`.
+/// Match on [`outcome`](Self::outcome): `Rejected` when a gate refused the call or a retry
+/// ([`refused_by`](Self::refused_by) says which: the breaker or the budget), `Deferred` when
+/// the other side asked to be retried later than the policy waits, `Exhausted`, `OutOfTime`,
+/// `Fatal`. [`retry_after`](Self::retry_after) says when to come back, when anyone said;
 /// [`sent_once`](Self::sent_once) says why a request was not retried at all.
+///
+/// A call that a gate refused before its first attempt (an open breaker) sent nothing: its
+/// [`stats`](Self::stats) count no attempt.
+///
+/// An [`Error`](std::error::Error) whenever `E` is `Debug + Display + 'static`, tower's
+/// `BoxError` included, so `?` turns it into a `BoxError` when `Res` and `E` are `Send + Sync`
+/// (T4). Its [`source`](std::error::Error::source) is the last error when that is a boxed error
+/// (a `TimeoutLayer`'s, say); any other last error is in the message and in
+/// [`error`](Self::error).
 #[must_use]
 pub struct RetryError<Res, E> {
     outcome: OutcomeKind,
     class: Option<FailureClass>,
+    refused_by: Option<Gate>,
     last: Option<Last<Res, E>>,
     retry_after: Option<Duration>,
     stats: Stats,
@@ -45,10 +56,11 @@ pub struct RetryError<Res, E> {
 impl<Res, E> RetryError<Res, E> {
     /// The call gave up as `gave_up` says, after `stats`.
     pub(crate) fn gave_up(gave_up: GaveUp<Failed<Res, E>>, stats: Stats, sent_once: Option<SentOnce>) -> Self {
-        let retry_after = gave_up.retry_after();
+        let (retry_after, refused_by) = (gave_up.retry_after(), gave_up.refused_by());
         RetryError {
             outcome: gave_up.outcome,
             class: gave_up.class,
+            refused_by,
             last: gave_up.error.map(|failed| failed.last),
             retry_after,
             stats,
@@ -63,11 +75,25 @@ impl<Res, E> RetryError<Res, E> {
         RetryError::gave_up(gave_up, stats, sent_once)
     }
 
+    /// A gate refused the call before its first attempt (T4): nothing was sent.
+    pub(crate) fn refused(refusal: Refusal) -> Self {
+        RetryError {
+            outcome: OutcomeKind::Rejected,
+            class: None,
+            refused_by: Some(refusal.gate()),
+            last: None,
+            retry_after: refusal.retry_after(),
+            stats: Stats { attempts: 0, slept: Duration::ZERO, elapsed: None },
+            sent_once: None,
+        }
+    }
+
     /// The inner service was not ready: `error` is its `poll_ready` error, and nothing was sent.
     pub(crate) fn not_ready(error: E) -> Self {
         RetryError {
             outcome: OutcomeKind::Fatal,
             class: None,
+            refused_by: None,
             last: Some(Last::Error(error)),
             retry_after: None,
             stats: Stats { attempts: 0, slept: Duration::ZERO, elapsed: None },
@@ -83,6 +109,13 @@ impl<Res, E> RetryError<Res, E> {
     /// The class of the last failure, if an attempt failed.
     pub fn class(&self) -> Option<FailureClass> {
         self.class
+    }
+
+    /// For a `Rejected` outcome, the gate that refused: [`Gate::Breaker`] or [`Gate::Budget`]
+    /// (a tuple of gates names the one of them that refused), before the first attempt or
+    /// before a retry.
+    pub fn refused_by(&self) -> Option<Gate> {
+        self.refused_by
     }
 
     /// The last attempt's response, if it was one the classifier called a failure.
@@ -114,8 +147,10 @@ impl<Res, E> RetryError<Res, E> {
         }
     }
 
-    /// For a `Deferred` outcome: how long after giving up the other side asked to be tried
-    /// again (its `Retry-After`, B6), so the caller can come back then.
+    /// When to come back: for a `Deferred` outcome, how long after giving up the other side
+    /// asked to be tried again (its `Retry-After`, B6); for a `Rejected` one, how long until
+    /// the gate that refused may let a call through (a breaker's remaining open time; a budget
+    /// cannot tell).
     pub fn retry_after(&self) -> Option<Duration> {
         self.retry_after
     }
@@ -137,6 +172,7 @@ impl<Res, E: fmt::Debug> fmt::Debug for RetryError<Res, E> {
         f.debug_struct("RetryError")
             .field("outcome", &self.outcome)
             .field("class", &self.class)
+            .field("refused_by", &self.refused_by)
             .field("response", &self.response().map(|_| ".."))
             .field("error", &self.error())
             .field("retry_after", &self.retry_after)
@@ -148,14 +184,14 @@ impl<Res, E: fmt::Debug> fmt::Debug for RetryError<Res, E> {
 
 impl<Res, E: fmt::Display> fmt::Display for RetryError<Res, E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match (self.stats.attempts, self.sent_once) {
-            (0, _) => f.write_str("the service was not ready")?,
-            (_, Some(why)) => write!(f, "not retried: {why}")?,
-            _ => {
-                let attempts = self.stats.attempts;
-                let plural = if attempts == 1 { "" } else { "s" };
-                write!(f, "gave up after {attempts} attempt{plural}: {}", self.outcome)?;
-            }
+        let attempts = self.stats.attempts;
+        let plural = if attempts == 1 { "" } else { "s" };
+        match (attempts, self.sent_once, self.refused_by) {
+            (0, _, Some(gate)) => write!(f, "not sent: {gate} refused the call")?,
+            (0, _, None) => f.write_str("the service was not ready")?,
+            (_, Some(why), _) => write!(f, "not retried: {why}")?,
+            (_, None, Some(gate)) => write!(f, "gave up after {attempts} attempt{plural}: {gate} refused the retry")?,
+            (_, None, None) => write!(f, "gave up after {attempts} attempt{plural}: {}", self.outcome)?,
         }
         if let Some(after) = self.retry_after {
             write!(f, " (retry after {after:?})")?;
@@ -170,8 +206,24 @@ impl<Res, E: fmt::Display> fmt::Display for RetryError<Res, E> {
     }
 }
 
-impl<Res, E: std::error::Error + 'static> std::error::Error for RetryError<Res, E> {
+impl<Res, E: fmt::Debug + fmt::Display + 'static> std::error::Error for RetryError<Res, E> {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.error().map(|e| e as &(dyn std::error::Error + 'static))
+        self.error().and_then(boxed_error)
     }
+}
+
+/// `error` as an [`Error`](std::error::Error) when it is a boxed one (tower's `BoxError` and
+/// its kin): all that an error generic over any `Debug + Display` type can name as its
+/// source. (Coherence refuses an impl for every `E: Error` beside one for boxed errors: the
+/// standard library may one day make `Box<dyn Error>` an `Error` itself.)
+fn boxed_error<E: 'static>(error: &E) -> Option<&(dyn std::error::Error + 'static)> {
+    use std::error::Error;
+    let any: &dyn std::any::Any = error;
+    if let Some(boxed) = any.downcast_ref::<Box<dyn Error + Send + Sync>>() {
+        return Some(&**boxed);
+    }
+    if let Some(boxed) = any.downcast_ref::<Box<dyn Error + Send>>() {
+        return Some(&**boxed);
+    }
+    any.downcast_ref::<Box<dyn Error>>().map(|boxed| &**boxed)
 }

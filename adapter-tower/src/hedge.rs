@@ -7,14 +7,15 @@ use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
 use persevere::HedgePolicy;
-use persevere_driver::{HedgeFuture, Hedged, Operation, RetryGate, Runtime};
+use persevere_driver::{HedgeFuture, Hedged, Operation, Refusal, RetryGate, Runtime};
 use pin_project_lite::pin_project;
 use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::call::Call;
-use crate::classify::{ResponseClassifier, RetryErrors, SentOnce};
+use crate::classify::{ReplayRequest, ResponseClassifier, SentOnce};
 use crate::error::{Failed, RetryError};
+use crate::http::Http;
 use crate::retry::{Attempt, ByKind, Ended, Judged};
 
 /// Hedges the calls of the service it wraps under a [`HedgePolicy`]: a [`Layer`] whose services
@@ -23,13 +24,15 @@ use crate::retry::{Attempt, ByKind, Ended, Judged};
 ///
 /// The [`ResponseClassifier`] decides which results are failures (a 503 can be one) and
 /// whether a request may be sent more than once: a request it cannot copy is sent once, never
-/// hedged, and the error says so. A [`RetryGate`] (a `Budget`, a `Breaker`, or a tuple of them)
-/// is asked before each hedge, as gRPC counts hedges as retries (X4). Cheap to clone.
+/// hedged, and the error says so. It is [`Http`] unless another is chosen by name with
+/// [`classify`](Self::classify) (H4): a POST is never hedged unless allowed. A [`RetryGate`]
+/// (a `Budget`, a `Breaker`, or a tuple of them) may refuse the call before it is sent (an
+/// open breaker, T4) and is asked before each hedge, as gRPC counts hedges as retries (X4).
+/// Cheap to clone.
 ///
 /// ```
 /// use std::time::Duration;
-/// use persevere::HedgePolicy;
-/// use persevere_tower::HedgeLayer;
+/// use persevere_tower::{HedgeLayer, HedgePolicy, RetryErrors};
 /// use tower::{ServiceBuilder, ServiceExt, service_fn};
 ///
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
@@ -37,7 +40,7 @@ use crate::retry::{Attempt, ByKind, Ended, Judged};
 /// let calls = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
 /// let counted = calls.clone();
 /// let service = ServiceBuilder::new()
-///     .layer(HedgeLayer::new(HedgePolicy::builder(2, Duration::from_millis(50)).build()?))
+///     .layer(HedgeLayer::new(HedgePolicy::builder(2, Duration::from_millis(50)).build()?).classify(RetryErrors))
 ///     .service(service_fn(move |name: &'static str| {
 ///         // The first call is slow; the hedge answers at once.
 ///         let n = counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
@@ -53,7 +56,7 @@ use crate::retry::{Attempt, ByKind, Ended, Judged};
 /// assert_eq!(started.elapsed(), Duration::from_millis(50));
 /// # Ok(()) }
 /// ```
-pub struct HedgeLayer<Rt, C = RetryErrors, G = ()> {
+pub struct HedgeLayer<Rt, C = Http, G = ()> {
     runtime: Rt,
     policy: HedgePolicy,
     /// One attempt, the same limits: for a request that cannot be sent twice.
@@ -64,8 +67,8 @@ pub struct HedgeLayer<Rt, C = RetryErrors, G = ()> {
 
 #[cfg(feature = "tokio")]
 impl HedgeLayer<persevere_tokio::TokioRuntime> {
-    /// Hedges under `policy` on tokio's clock and timers, every error a non-fatal failure (see
-    /// [`classify`](Self::classify) and, for HTTP, [`Http`](crate::Http)).
+    /// Hedges under `policy` on tokio's clock and timers, with HTTP semantics ([`Http`])
+    /// unless another classifier is chosen with [`classify`](Self::classify).
     pub fn new(policy: HedgePolicy) -> Self {
         HedgeLayer::with_runtime(persevere_tokio::TokioRuntime::new(), policy)
     }
@@ -78,12 +81,12 @@ impl<Rt> HedgeLayer<Rt> {
             .max_hint(policy.max_hint())
             .build()
             .unwrap_or_else(|_| unreachable!("one attempt with a valid policy's durations is valid"));
-        HedgeLayer { runtime, policy, once, classifier: RetryErrors, gate: () }
+        HedgeLayer { runtime, policy, once, classifier: Http::new(), gate: () }
     }
 }
 
 impl<Rt, C, G> HedgeLayer<Rt, C, G> {
-    /// Classifies requests and results with `classifier` ([`RetryErrors`] by default).
+    /// Classifies requests and results with `classifier` ([`Http`] unless chosen here).
     pub fn classify<C2>(self, classifier: C2) -> HedgeLayer<Rt, C2, G> {
         HedgeLayer { runtime: self.runtime, policy: self.policy, once: self.once, classifier, gate: self.gate }
     }
@@ -125,7 +128,7 @@ impl<S, Rt: Clone, C: Clone, G: Clone> Layer<S> for HedgeLayer<Rt, C, G> {
 }
 
 /// A service whose calls are hedged: made by [`HedgeLayer`]. `Clone` when the inner service is.
-pub struct HedgeService<S, Rt, C = RetryErrors, G = ()> {
+pub struct HedgeService<S, Rt, C = Http, G = ()> {
     inner: S,
     layer: HedgeLayer<Rt, C, G>,
 }
@@ -146,7 +149,7 @@ impl<S, Req, Rt, C, G> Service<Req> for HedgeService<S, Rt, C, G>
 where
     S: Service<Req> + Clone,
     Rt: Runtime + Clone,
-    C: ResponseClassifier<Req, S::Response, S::Error>,
+    C: ReplayRequest<Req> + ResponseClassifier<S::Response, S::Error>,
     G: RetryGate + Clone,
 {
     type Response = S::Response;
@@ -159,6 +162,10 @@ where
     }
 
     fn call(&mut self, request: Req) -> Self::Future {
+        // Refused before it is sent, as by the retry layer (T4).
+        if let Err(refusal) = self.layer.gate.admit() {
+            return HedgeResponseFuture { hedge: None, sent_once: None, refusal: Some(refusal) };
+        }
         let mut classifier = self.layer.classifier.clone();
         let (template, sent_once) = match classifier.clone_request(&request) {
             Ok(copy) => (Some(copy), None),
@@ -167,8 +174,9 @@ where
         let policy = if template.is_some() { self.layer.policy } else { self.layer.once };
         // Attempt 1 goes to the service that said it is ready; hedges go to clones, each asked
         // whether it is ready first.
-        let first =
-            Judged { future: self.inner.call(request), classifier: classifier.clone(), last: template.is_none() };
+        // A request sent once runs under the one-attempt policy, which ends the call on its
+        // failure: it is not marked last.
+        let first = Judged { future: self.inner.call(request), classifier: classifier.clone(), last: false };
         let attempts = HedgeAttempts {
             service: self.inner.clone(),
             first: Some(Attempt::First { judged: first }),
@@ -178,7 +186,7 @@ where
         let hedge = persevere_driver::hedge(self.layer.runtime.clone(), policy, attempts)
             .classify_with(ByKind)
             .gate(self.layer.gate.clone());
-        HedgeResponseFuture { hedge, sent_once }
+        HedgeResponseFuture { hedge: Some(hedge), sent_once, refusal: None }
     }
 }
 
@@ -193,7 +201,7 @@ pub(crate) struct HedgeAttempts<S: Service<Req>, Req, C> {
 impl<S, Req, C> Operation for HedgeAttempts<S, Req, C>
 where
     S: Service<Req> + Clone,
-    C: ResponseClassifier<Req, S::Response, S::Error>,
+    C: ReplayRequest<Req> + ResponseClassifier<S::Response, S::Error>,
 {
     type Future = Attempt<S, Req, C>;
 
@@ -243,9 +251,11 @@ pin_project! {
         Rt: Runtime,
         G: RetryGate,
     {
+        // `None` when a gate refused the call before it was sent.
         #[pin]
-        hedge: Driven<S, Req, Rt, C, G>,
+        hedge: Option<Driven<S, Req, Rt, C, G>>,
         sent_once: Option<SentOnce>,
+        refusal: Option<Refusal>,
     }
 }
 
@@ -264,14 +274,18 @@ impl<S, Req, Rt, C, G> Future for HedgeResponseFuture<S, Req, Rt, C, G>
 where
     S: Service<Req> + Clone,
     Rt: Runtime,
-    C: ResponseClassifier<Req, S::Response, S::Error>,
+    C: ReplayRequest<Req> + ResponseClassifier<S::Response, S::Error>,
     G: RetryGate,
 {
     type Output = Result<S::Response, RetryError<S::Response, S::Error>>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        let Hedged { result, stats } = ready!(this.hedge.poll(cx));
+        let Some(hedge) = this.hedge.as_pin_mut() else {
+            let Some(refusal) = this.refusal.take() else { panic!("`HedgeResponseFuture` polled after it completed") };
+            return Poll::Ready(Err(RetryError::refused(refusal)));
+        };
+        let Hedged { result, stats } = ready!(hedge.poll(cx));
         Poll::Ready(result.map_err(|gave_up| RetryError::hedged(gave_up, stats, *this.sent_once)))
     }
 }

@@ -1,13 +1,17 @@
 //! # persevere-tower
 //!
 //! persevere's retry, circuit breaker and retry budget as [tower] layers, over the one driving
-//! loop of [`persevere_driver`] (T1), with HTTP semantics behind the `http` feature (H1–H3).
+//! loop of [`persevere_driver`] (T1), with HTTP semantics behind the `http` feature (H1–H5) and
+//! for reqwest's `Client` behind the `reqwest` feature (H6).
 //!
-//! - [`RetryLayer`]: each call is retried under a [`RetryPolicy`](persevere::RetryPolicy). A
-//!   [`ResponseClassifier`] sees each request (may it be sent again?) and each whole result, so
-//!   a 503 response is retried like a connection error (T2); [`Http`] is the HTTP one. A
-//!   budget or a breaker given to [`gate`](RetryLayer::gate) may veto a retry (T3).
-//! - [`HedgeLayer`]: each call is hedged under a [`HedgePolicy`](persevere::HedgePolicy): sent
+//! - [`RetryLayer`]: each call is retried under a [`RetryPolicy`]. A classifier sees each
+//!   request ([`ReplayRequest`]: may it be sent again?) and each whole result
+//!   ([`ResponseClassifier`]), so a 503 response is retried like a connection error (T2): it
+//!   is [`Http`] unless another is chosen by name (H4). A budget or a breaker given to
+//!   [`gate`](RetryLayer::gate) may refuse the call or veto a retry (T3, T4).
+//! - [`BufferBodyLayer`]: buffers request bodies up to a limit, so that bodies of other
+//!   crates' types (axum's, hyper's `Incoming`, a stream) can be sent again.
+//! - [`HedgeLayer`]: each call is hedged under a [`HedgePolicy`]: sent
 //!   again to a clone of the service when it has not answered within a delay, the first
 //!   success wins and the others are dropped (X1–X5); the gate is asked before each hedge.
 //! - [`BreakerLayer`]: every call goes through a shared `Breaker`; while it is open, calls fail
@@ -15,14 +19,35 @@
 //!
 //! The order that works: the retry outside, the breaker inside, and the same breaker (then the
 //! budget) as the retry's gate. Each attempt is then one call of the breaker, no retry is
-//! scheduled into an open breaker, and no budget token is spent on a retry the breaker refuses.
+//! scheduled into an open breaker, no budget token is spent on a retry the breaker refuses,
+//! and a call the open breaker refuses is refused before it is sent, naming the breaker and
+//! when to come back ([`RetryError::refused_by`], [`RetryError::retry_after`]).
+//!
+//! # One dependency
+//!
+//! This crate re-exports what a tower stack needs: the policies and outcomes of the core
+//! ([`RetryPolicy`], [`Backoff`], [`BreakerPolicy`], [`OutcomeKind`], …) and, with the `tokio`
+//! feature (on by default), [`Breaker`] and [`Budget`] on tokio's clock, which need no type
+//! annotation. For another runtime, [`any_runtime`] has them generic over a [`Runtime`].
+//!
+//! ```toml
+//! [dependencies]
+//! persevere-tower = "0.1"
+//! tower = { version = "0.5", features = ["util", "timeout"] }
+//! ```
+//!
+//! Its errors ([`RetryError`], [`CallError`]) are `std::error::Error + Send + Sync + 'static`
+//! whenever the inner error is `Debug + Display + Send + Sync + 'static`, tower's `BoxError`
+//! included, so they stack with tower's own layers, a `TimeoutLayer` inside (per attempt) and
+//! outside (a deadline), and `?` turns them into a `BoxError` (T4).
 //!
 //! ```
 //! use std::time::Duration;
 //! use http::{Request, Response};
-//! use persevere::{Backoff, BreakerPolicy, RatioBudgetPolicy, RetryPolicy};
-//! use persevere_tokio::{Breaker, Budget, TokioRuntime};
-//! use persevere_tower::{BreakerLayer, ByStatus, Http, RetryLayer};
+//! use persevere_tower::{
+//!     Backoff, Breaker, BreakerLayer, BreakerPolicy, Budget, ByStatus, RatioBudgetPolicy, RetryLayer, RetryPolicy,
+//!     TokioRuntime,
+//! };
 //! use tower::{ServiceBuilder, ServiceExt, service_fn};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
@@ -36,8 +61,9 @@
 //! );
 //! let budget = Budget::ratio(TokioRuntime::new(), RatioBudgetPolicy::builder(0.1).build()?);
 //!
+//! // Over `http::Request`s the retry layer applies HTTP semantics (`Http`) unless told otherwise.
 //! let client = ServiceBuilder::new()
-//!     .layer(RetryLayer::new(policy).classify(Http::new()).gate((breaker.clone(), budget)))
+//!     .layer(RetryLayer::new(policy).gate((breaker.clone(), budget)))
 //!     .layer(BreakerLayer::new(breaker).classify(ByStatus))
 //!     .service(service_fn(|request: Request<String>| async move {
 //!         // A real client (hyper-util's, reqwest's) goes here.
@@ -56,21 +82,54 @@
 #![deny(missing_docs)]
 
 mod breaker;
+#[cfg(feature = "http")]
+mod buffer;
 mod call;
 mod classify;
 mod error;
 mod hedge;
-#[cfg(feature = "http")]
 mod http;
 mod policy;
+#[cfg(feature = "http")]
+mod replay;
+#[cfg(feature = "reqwest")]
+mod reqwest;
 mod retry;
 
 pub use breaker::{BreakerFuture, BreakerLayer, BreakerService};
-pub use classify::{ClassifyFn, ResponseClassifier, RetryErrors, SentOnce, classify_fn};
+#[cfg(feature = "http")]
+pub use buffer::{BufferBody, BufferBodyLayer, BufferFuture, Buffered};
+pub use classify::{ClassifyFn, ReplayRequest, ResponseClassifier, RetryErrors, SentOnce, classify_fn};
 pub use error::{Last, RetryError};
 pub use hedge::{HedgeLayer, HedgeResponseFuture, HedgeService};
+pub use http::Http;
 #[cfg(feature = "http")]
-pub use http::{ByStatus, Http, IDEMPOTENCY_KEY, ReplayBody};
-pub use persevere_driver::{Breaker, BreakerEvent, CallError, RetryGate, Runtime};
+pub use http::{ByStatus, IDEMPOTENCY_KEY};
+pub use persevere::{
+    Backoff, BreakerPolicy, BreakerStatus, CallOutcome, ConcurrencyBudgetPolicy, FailureClass, FailureKind,
+    HedgePolicy, Hint, Jitter, OutcomeKind, PolicyError, RatioBudgetPolicy, RetryPolicy, Stats, TokenBucketPolicy,
+};
+pub use persevere_driver::{BreakerEvent, ByResult, CallClassifier, CallError, Gate, Refusal, RetryGate, Runtime};
+#[cfg(feature = "tokio")]
+pub use persevere_tokio::TokioRuntime;
+#[cfg(feature = "http")]
+pub use replay::ReplayBody;
+
+/// A circuit breaker on tokio's clock, shared by clones: give it to a [`BreakerLayer`] and to
+/// the retry layer's [`gate`](RetryLayer::gate). `Breaker::new(policy)` needs no annotation.
+#[cfg(feature = "tokio")]
+pub type Breaker = persevere_driver::Breaker<TokioRuntime>;
+
+/// A retry budget on tokio's clock, shared by clones: a [`gate`](RetryLayer::gate) of the
+/// retry layer.
+#[cfg(feature = "tokio")]
+pub type Budget = persevere_driver::Budget<TokioRuntime>;
+
+/// The breaker and the budget on any [`Runtime`] (`Breaker<Rt>`, `Budget<Rt>`), for a stack
+/// that does not run on tokio. With the `tokio` feature, the crate root's [`Breaker`] and
+/// [`Budget`] are these on tokio's clock.
+pub mod any_runtime {
+    pub use persevere_driver::{Breaker, Budget};
+}
 pub use policy::SharedPolicy;
 pub use retry::{ResponseFuture, Retry, RetryLayer};

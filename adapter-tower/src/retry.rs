@@ -10,28 +10,32 @@ use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
 use persevere::{FailureKind, Hint, RetryPolicy};
-use persevere_driver::{Classifier, Operation, Retried, RetryGate, Runtime};
+use persevere_driver::{Classifier, Operation, Refusal, Retried, RetryGate, Runtime};
 use pin_project_lite::pin_project;
 use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::call::Call;
-use crate::classify::{ResponseClassifier, RetryErrors, SentOnce};
+use crate::classify::{ReplayRequest, ResponseClassifier, SentOnce};
 use crate::error::{Failed, Last, RetryError};
+use crate::http::Http;
 use crate::policy::SharedPolicy;
 
 /// Retries the calls of the service it wraps under a [`RetryPolicy`] (T1): a [`Layer`] whose
 /// services run each call through persevere's one driving loop.
 ///
 /// A [`ResponseClassifier`] decides which results are failures (a 503 can be one, T2) and
-/// whether a request may be sent again; a [`RetryGate`] (a `Budget`, a `Breaker`, or a tuple
-/// of them) may veto each retry, which then ends with `Rejected` (T3). Cheap to clone: the
-/// policy is shared.
+/// whether a request may be sent again: [`Http`] unless another is chosen by name with
+/// [`classify`](Self::classify) (H4), so HTTP semantics are never silently off; requests that
+/// are not HTTP requests need a classifier named ([`RetryErrors`](crate::RetryErrors) retries
+/// every error). A
+/// [`RetryGate`] (a `Budget`, a `Breaker`, or a tuple of them) may refuse the call before it
+/// is sent (an open breaker) or veto each retry, which then ends with `Rejected` (T3, T4).
+/// Cheap to clone: the policy is shared.
 ///
 /// ```
 /// use std::time::Duration;
-/// use persevere::{Backoff, RetryPolicy};
-/// use persevere_tower::RetryLayer;
+/// use persevere_tower::{Backoff, RetryErrors, RetryLayer, RetryPolicy};
 /// use tower::{ServiceBuilder, ServiceExt, service_fn};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
@@ -39,7 +43,9 @@ use crate::policy::SharedPolicy;
 /// let policy = RetryPolicy::builder(Backoff::constant(Duration::from_millis(1)).build()?).max_attempts(3).build()?;
 /// let calls = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
 /// let counted = calls.clone();
-/// let service = ServiceBuilder::new().layer(RetryLayer::new(policy)).service(service_fn(move |name: &'static str| {
+/// // Requests that are not HTTP requests: every error is retried.
+/// let layer = RetryLayer::new(policy).classify(RetryErrors);
+/// let service = ServiceBuilder::new().layer(layer).service(service_fn(move |name: &'static str| {
 ///     let n = counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
 ///     async move { if n < 3 { Err("busy") } else { Ok(format!("hello {name}")) } }
 /// }));
@@ -47,17 +53,20 @@ use crate::policy::SharedPolicy;
 /// assert_eq!(calls.load(std::sync::atomic::Ordering::Relaxed), 3);
 /// # Ok(()) }
 /// ```
-pub struct RetryLayer<Rt, C = RetryErrors, G = ()> {
+pub struct RetryLayer<Rt, C = Http, G = ()> {
     runtime: Rt,
     policy: SharedPolicy,
+    /// For a request that can be sent only once: one attempt, under the policy's deadline,
+    /// total budget and `max_hint`.
+    once: SharedPolicy,
     classifier: C,
     gate: G,
 }
 
 #[cfg(feature = "tokio")]
 impl RetryLayer<persevere_tokio::TokioRuntime> {
-    /// Retries under `policy` on tokio's clock and timers, every error retryable (see
-    /// [`classify`](Self::classify) and, for HTTP, [`Http`](crate::Http)). `policy` is a
+    /// Retries under `policy` on tokio's clock and timers, with HTTP semantics ([`Http`])
+    /// unless another classifier is chosen with [`classify`](Self::classify). `policy` is a
     /// `RetryPolicy`, an `Arc` of one, or a `&'static` one (see [`SharedPolicy`]).
     pub fn new(policy: impl Into<SharedPolicy>) -> Self {
         RetryLayer::with_runtime(persevere_tokio::TokioRuntime::new(), policy)
@@ -66,22 +75,38 @@ impl RetryLayer<persevere_tokio::TokioRuntime> {
 
 impl<Rt> RetryLayer<Rt> {
     /// Retries under `policy` on `runtime`'s clock and timers (any executor's
-    /// [`Runtime`]), every error retryable.
+    /// [`Runtime`]), with HTTP semantics unless another classifier is chosen.
     pub fn with_runtime(runtime: Rt, policy: impl Into<SharedPolicy>) -> Self {
-        RetryLayer { runtime, policy: policy.into(), classifier: RetryErrors, gate: () }
+        let policy = policy.into();
+        let once = SharedPolicy::from(once(Borrow::<RetryPolicy>::borrow(&policy)));
+        RetryLayer { runtime, policy, once, classifier: Http::new(), gate: () }
     }
 }
 
+/// `policy` for a request that can be sent only once: one attempt, under the same deadline,
+/// total budget and `max_hint`, so that its failure ends the call `Exhausted` with its own class.
+fn once(policy: &RetryPolicy) -> RetryPolicy {
+    let mut once = RetryPolicy::builder(*policy.backoff()).max_attempts(1).max_hint(policy.max_hint());
+    if let Some(total) = policy.total() {
+        once = once.total(total);
+    }
+    if let Some(timeout) = policy.attempt_timeout() {
+        once = once.attempt_timeout(timeout);
+    }
+    once.build().unwrap_or_else(|_| unreachable!("one attempt under a valid policy's limits is valid"))
+}
+
 impl<Rt, C, G> RetryLayer<Rt, C, G> {
-    /// Classifies requests and results with `classifier` ([`RetryErrors`] by default).
+    /// Classifies requests and results with `classifier` ([`Http`] unless chosen here).
     pub fn classify<C2>(self, classifier: C2) -> RetryLayer<Rt, C2, G> {
-        RetryLayer { runtime: self.runtime, policy: self.policy, classifier, gate: self.gate }
+        RetryLayer { runtime: self.runtime, policy: self.policy, once: self.once, classifier, gate: self.gate }
     }
 
-    /// Asks `gate` before each retry (a `Budget`, a `Breaker`, or a tuple of them in the order
-    /// they are asked); a refusal ends the call with `Rejected` (T3).
+    /// Asks `gate` before each call (a `Breaker` refuses one while open, before it is sent) and
+    /// before each retry (a `Budget`, a `Breaker`, or a tuple of them in the order they are
+    /// asked); a refusal ends the call with `Rejected`, naming the gate (T3, T4).
     pub fn gate<G2: RetryGate>(self, gate: G2) -> RetryLayer<Rt, C, G2> {
-        RetryLayer { runtime: self.runtime, policy: self.policy, classifier: self.classifier, gate }
+        RetryLayer { runtime: self.runtime, policy: self.policy, once: self.once, classifier: self.classifier, gate }
     }
 }
 
@@ -90,6 +115,7 @@ impl<Rt: Clone, C: Clone, G: Clone> Clone for RetryLayer<Rt, C, G> {
         RetryLayer {
             runtime: self.runtime.clone(),
             policy: self.policy.clone(),
+            once: self.once.clone(),
             classifier: self.classifier.clone(),
             gate: self.gate.clone(),
         }
@@ -116,7 +142,7 @@ impl<S, Rt: Clone, C: Clone, G: Clone> Layer<S> for RetryLayer<Rt, C, G> {
 /// A service whose calls are retried: made by [`RetryLayer`]. `Clone` when the inner service
 /// is; its futures are `Send` and `'static` when the inner service's, the request, the
 /// runtime's and the gate's (with its `Ticket` and `Request`) are.
-pub struct Retry<S, Rt, C = RetryErrors, G = ()> {
+pub struct Retry<S, Rt, C = Http, G = ()> {
     inner: S,
     layer: RetryLayer<Rt, C, G>,
 }
@@ -137,7 +163,7 @@ impl<S, Req, Rt, C, G> Service<Req> for Retry<S, Rt, C, G>
 where
     S: Service<Req> + Clone,
     Rt: Runtime + Clone,
-    C: ResponseClassifier<Req, S::Response, S::Error>,
+    C: ReplayRequest<Req> + ResponseClassifier<S::Response, S::Error>,
     G: RetryGate + Clone,
 {
     type Response = S::Response;
@@ -151,6 +177,11 @@ where
 
     #[inline]
     fn call(&mut self, request: Req) -> Self::Future {
+        // A gate that refuses every call now (an open breaker) refuses this one before it is
+        // sent: no attempt, and the gate hears of no request (T4).
+        if let Err(refusal) = self.layer.gate.admit() {
+            return ResponseFuture { state: State::Refused { refusal: Some(refusal) }, sent_once: None };
+        }
         let mut classifier = self.layer.classifier.clone();
         let (template, sent_once) = match classifier.clone_request(&request) {
             Ok(copy) => (Some(copy), None),
@@ -158,8 +189,10 @@ where
         };
         // The first attempt goes to the service that said it is ready; retries go to clones,
         // each asked whether it is ready first.
-        let first =
-            Judged { future: self.inner.call(request), classifier: classifier.clone(), last: template.is_none() };
+        // A request sent once runs under the one-attempt policy, which ends the call on its
+        // failure: no attempt of it is marked last.
+        let first = Judged { future: self.inner.call(request), classifier: classifier.clone(), last: false };
+        let policy = if template.is_some() { &self.layer.policy } else { &self.layer.once };
         // The gate hears of the call as it starts (a concurrency budget counts it in flight
         // from here), and the loop, if it takes over, keeps what it returned.
         let request = Some(self.layer.gate.on_request(None));
@@ -168,7 +201,7 @@ where
             template,
             classifier,
             runtime: self.layer.runtime.clone(),
-            policy: self.layer.policy.clone(),
+            policy: policy.clone(),
             gate: self.layer.gate.clone(),
             request,
         };
@@ -201,7 +234,7 @@ impl<S, Req, Rt, C, G> Rest<S, Req, Rt, C, G>
 where
     S: Service<Req> + Clone,
     Rt: Runtime,
-    C: ResponseClassifier<Req, S::Response, S::Error>,
+    C: ReplayRequest<Req> + ResponseClassifier<S::Response, S::Error>,
     G: RetryGate,
 {
     /// The driving loop for this call, whose attempt 1 is `first` (running, or already ended).
@@ -230,7 +263,7 @@ struct Attempts<S: Service<Req>, Req, C> {
 impl<S, Req, C> Operation for Attempts<S, Req, C>
 where
     S: Service<Req> + Clone,
-    C: ResponseClassifier<Req, S::Response, S::Error>,
+    C: ReplayRequest<Req> + ResponseClassifier<S::Response, S::Error>,
 {
     type Future = Attempt<S, Req, C>;
 
@@ -274,10 +307,10 @@ pin_project! {
 impl<F, C> Judged<F, C> {
     /// Polls the attempt: its result, an `Err` if the classifier calls it a failure.
     #[inline(always)]
-    fn poll_judged<Req, Res, E>(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<Res, Failed<Res, E>>>
+    fn poll_judged<Res, E>(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<Res, Failed<Res, E>>>
     where
         F: Future<Output = Result<Res, E>>,
-        C: ResponseClassifier<Req, Res, E>,
+        C: ResponseClassifier<Res, E>,
     {
         let this = self.project();
         let result = ready!(this.future.poll(cx));
@@ -313,15 +346,15 @@ pin_project! {
 impl<S, Req, C> Future for Attempt<S, Req, C>
 where
     S: Service<Req>,
-    C: ResponseClassifier<Req, S::Response, S::Error>,
+    C: ReplayRequest<Req> + ResponseClassifier<S::Response, S::Error>,
 {
     type Output = Result<S::Response, Failed<S::Response, S::Error>>;
 
     #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project() {
-            AttemptProjection::First { judged } => judged.poll_judged::<Req, _, _>(cx),
-            AttemptProjection::Retry { judged } => judged.poll_judged::<Req, _, _>(cx),
+            AttemptProjection::First { judged } => judged.poll_judged(cx),
+            AttemptProjection::Retry { judged } => judged.poll_judged(cx),
             AttemptProjection::Ended { ended } => match ended.take() {
                 Some(Ended::Failed(failed)) => Poll::Ready(Err(failed)),
                 Some(Ended::Panicked(payload)) => resume_unwind(payload),
@@ -420,6 +453,8 @@ pin_project! {
         /// The driving loop, from attempt 1 (a policy with a deadline or a budget) or from
         /// the first failure.
         Looping { retry: Loop<S, Req, Rt, C, G> },
+        /// A gate refused the call before it was sent (`None` once that is returned).
+        Refused { refusal: Option<Refusal> },
     }
 }
 
@@ -464,7 +499,7 @@ impl<S, Req, Rt, C, G> Future for ResponseFuture<S, Req, Rt, C, G>
 where
     S: Service<Req> + Clone,
     Rt: Runtime,
-    C: ResponseClassifier<Req, S::Response, S::Error>,
+    C: ReplayRequest<Req> + ResponseClassifier<S::Response, S::Error>,
     G: RetryGate,
 {
     type Output = Result<S::Response, RetryError<S::Response, S::Error>>;
@@ -474,6 +509,10 @@ where
         let mut this = self.project();
         loop {
             let ended = match this.state.as_mut().project() {
+                StateProjection::Refused { refusal } => {
+                    let Some(refusal) = refusal.take() else { panic!("`ResponseFuture` polled after it completed") };
+                    return Poll::Ready(Err(RetryError::refused(refusal)));
+                }
                 StateProjection::Looping { retry } => {
                     let Retried { result, stats } = ready!(retry.get().poll(cx));
                     return Poll::Ready(result.map_err(|gave_up| RetryError::gave_up(gave_up, stats, *this.sent_once)));
@@ -481,7 +520,7 @@ where
                 // As the loop's own first attempt: a panic is caught, a success is told to
                 // the gate (with the request, which the loop tells it of when it takes over).
                 StateProjection::First { attempt, rest } => {
-                    match catch_unwind(AssertUnwindSafe(|| attempt.poll_judged::<Req, _, _>(cx))) {
+                    match catch_unwind(AssertUnwindSafe(|| attempt.poll_judged(cx))) {
                         Ok(Poll::Pending) => return Poll::Pending,
                         Ok(Poll::Ready(Ok(response))) => {
                             // The call ends here: the gate's request with it. What a retry

@@ -1,13 +1,11 @@
 //! The tower layers against a real hyper 1.x server on 127.0.0.1, called by a real hyper-util
-//! client through the layers (T1–T3, H1–H3). Every test scripts the server's replies, one per
+//! client through the layers (T1–T3, H1–H5). Every test scripts the server's replies, one per
 //! connection (the server closes each connection after one reply, the client pools none), and
 //! checks what the server received, the delays between requests, and the outcome.
 //!
 //! `cargo test -p persevere-tower --test http`
 
-use std::collections::VecDeque;
 use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -15,165 +13,17 @@ use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioIo;
 use persevere::{Backoff, BreakerPolicy, FailureClass, HedgePolicy, OutcomeKind, RatioBudgetPolicy, RetryPolicy};
 use persevere_tokio::{Breaker, Budget, TokioRuntime};
-use persevere_tower::{BreakerLayer, ByStatus, CallError, HedgeLayer, Http, IDEMPOTENCY_KEY, RetryLayer, SentOnce};
-use tokio::io::AsyncReadExt;
+use persevere_tower::{
+    BreakerLayer, ByStatus, CallError, Gate, HedgeLayer, Http, IDEMPOTENCY_KEY, RetryErrors, RetryLayer, SentOnce,
+};
 use tokio::net::TcpListener;
 use tower::{Service, ServiceBuilder, ServiceExt};
 
-/// What the server does with the next connection.
-#[derive(Clone, Debug)]
-enum Reply {
-    /// Responds with this status and these headers.
-    Status(u16, Vec<(&'static str, String)>),
-    /// Responds 200 after this long.
-    Slow(Duration),
-    /// Reads the request, then resets the connection without a response.
-    Reset,
-}
-
-fn status(code: u16) -> Reply {
-    Reply::Status(code, Vec::new())
-}
-
-fn status_with(code: u16, header: &'static str, value: impl Into<String>) -> Reply {
-    Reply::Status(code, vec![(header, value.into())])
-}
-
-/// A request as the server received it.
-#[derive(Clone, Debug)]
-struct Seen {
-    method: String,
-    idempotency_key: bool,
-    at: Instant,
-}
-
-/// A scripted HTTP/1.1 server on loopback: one reply per connection, taken from the script in
-/// order (200 once it runs out).
-struct Server {
-    addr: SocketAddr,
-    script: Arc<Mutex<VecDeque<Reply>>>,
-    seen: Arc<Mutex<Vec<Seen>>>,
-}
-
-impl Server {
-    async fn start(script: impl IntoIterator<Item = Reply>) -> Server {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let script = Arc::new(Mutex::new(script.into_iter().collect::<VecDeque<_>>()));
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let (s, n) = (script.clone(), seen.clone());
-        tokio::spawn(async move {
-            loop {
-                let (stream, _) = listener.accept().await.unwrap();
-                let reply = s.lock().unwrap().pop_front().unwrap_or(status(200));
-                tokio::spawn(serve(stream, reply, n.clone()));
-            }
-        });
-        Server { addr, script, seen }
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.addr)
-    }
-
-    fn seen(&self) -> Vec<Seen> {
-        self.seen.lock().unwrap().clone()
-    }
-
-    /// The gaps between the requests received.
-    fn gaps(&self) -> Vec<Duration> {
-        self.seen().windows(2).map(|w| w[1].at - w[0].at).collect()
-    }
-
-    fn replies_left(&self) -> usize {
-        self.script.lock().unwrap().len()
-    }
-}
-
-async fn serve(mut stream: tokio::net::TcpStream, reply: Reply, seen: Arc<Mutex<Vec<Seen>>>) {
-    if let Reply::Reset = reply {
-        // Read the request head, record it, and reset the connection.
-        let mut head = Vec::new();
-        let mut buf = [0u8; 1024];
-        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-            match stream.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => head.extend_from_slice(&buf[..n]),
-            }
-        }
-        let text = String::from_utf8_lossy(&head).to_ascii_lowercase();
-        let method = text.split(' ').next().unwrap_or_default().to_ascii_uppercase();
-        seen.lock().unwrap().push(Seen {
-            method,
-            idempotency_key: text.contains("idempotency-key:"),
-            at: Instant::now(),
-        });
-        // A zero linger resets the connection on drop and never blocks (what the deprecation warns of).
-        #[allow(deprecated)]
-        stream.set_linger(Some(Duration::ZERO)).unwrap();
-        return;
-    }
-    let service = hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
-        let reply = reply.clone();
-        let seen = seen.clone();
-        async move {
-            seen.lock().unwrap().push(Seen {
-                method: request.method().to_string(),
-                idempotency_key: request.headers().contains_key(IDEMPOTENCY_KEY),
-                at: Instant::now(),
-            });
-            let response = match reply {
-                Reply::Status(code, headers) => {
-                    let mut response = Response::builder().status(code);
-                    for (name, value) in headers {
-                        response = response.header(name, value);
-                    }
-                    response.body(Full::new(Bytes::from_static(b"scripted"))).unwrap()
-                }
-                Reply::Slow(delay) => {
-                    tokio::time::sleep(delay).await;
-                    Response::new(Full::new(Bytes::from_static(b"slow")))
-                }
-                Reply::Reset => unreachable!("handled before hyper"),
-            };
-            Ok::<_, Infallible>(response)
-        }
-    });
-    let _ = hyper::server::conn::http1::Builder::new()
-        .keep_alive(false)
-        .serve_connection(TokioIo::new(stream), service)
-        .await;
-}
-
-/// A hyper-util client that keeps no idle connection, so every request opens its own.
-fn client<B>() -> Client<HttpConnector, B>
-where
-    B: hyper::body::Body + Send + 'static + Unpin,
-    B::Data: Send,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
-    Client::builder(TokioExecutor::new()).pool_max_idle_per_host(0).build_http()
-}
-
-fn policy(attempts: u32) -> RetryPolicy {
-    RetryPolicy::builder(Backoff::constant(Duration::from_millis(20)).build().unwrap())
-        .max_attempts(attempts)
-        .build()
-        .unwrap()
-}
-
-fn get(url: &str) -> Request<Full<Bytes>> {
-    Request::get(url).body(Full::new(Bytes::new())).unwrap()
-}
-
-fn post(url: &str) -> Request<Full<Bytes>> {
-    Request::post(url).body(Full::new(Bytes::from_static(b"{\"order\":1}"))).unwrap()
-}
+mod common;
+use common::{Reply, Server, client, get, policy, post, status, status_with};
 
 fn assert_send_static<T: Send + 'static>(_: &T) {}
 
@@ -259,7 +109,8 @@ async fn t2_a_request_whose_body_cannot_be_copied_is_sent_once_and_the_error_say
     let request = Request::put(server.url("/stream")).body(Full::new(Bytes::from_static(b"chunk")).boxed()).unwrap();
     let error = service.oneshot(request).await.unwrap_err();
     assert_eq!(error.sent_once(), Some(SentOnce::NotClonable));
-    assert_eq!(error.class(), Some(FailureClass::DoNotRetry));
+    // Its one attempt was all it had: the outcome says so, and the class is the 503's own.
+    assert_eq!((error.outcome(), error.class()), (OutcomeKind::Exhausted, Some(FailureClass::Throttled)));
     assert_eq!(error.stats().attempts, 1);
     assert_eq!(error.response().map(|r| r.status()), Some(StatusCode::SERVICE_UNAVAILABLE));
     assert!(error.to_string().starts_with("not retried: the request could not be copied"), "{error}");
@@ -286,15 +137,19 @@ async fn t3_an_open_breaker_fails_the_call_at_once_with_its_retry_after() {
     assert!(started.elapsed() < Duration::from_secs(29), "rejected at once");
     assert_eq!(server.seen().len(), 2, "an open breaker sends nothing");
 
-    // Under a retry gated by the same breaker, the call ends as Rejected, with the breaker's
-    // rejection as its last error; nothing is sent either.
+    // Under a retry gated by the same breaker, the call is refused before it is sent (T4):
+    // `Rejected` by the breaker, with its time left, and no attempt.
     let retrying = ServiceBuilder::new()
         .layer(RetryLayer::new(policy(5)).classify(Http::new()).gate(breaker.clone()))
         .layer(BreakerLayer::new(breaker).classify(ByStatus))
         .service(client());
     let error = retrying.oneshot(get(&server.url("/"))).await.unwrap_err();
-    assert_eq!((error.outcome(), error.stats().attempts), (OutcomeKind::Rejected, 1));
-    assert!(matches!(error.error(), Some(CallError::Rejected { retry_after: Some(_) })), "{error:?}");
+    assert_eq!(
+        (error.outcome(), error.refused_by(), error.stats().attempts),
+        (OutcomeKind::Rejected, Some(Gate::Breaker), 0)
+    );
+    assert!(error.retry_after().is_some_and(|after| after > Duration::from_secs(29)), "{error:?}");
+    assert!(error.error().is_none() && error.response().is_none(), "{error:?}");
     assert_eq!(server.seen().len(), 2);
 }
 
@@ -528,4 +383,114 @@ async fn x3_a_503_is_a_non_fatal_failure_that_starts_the_next_hedge_at_once_and_
     let response = service.oneshot(post(&server.url("/orders"))).await.unwrap();
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(server.seen().len(), 1, "never hedged");
+}
+
+#[tokio::test]
+async fn h4_a_retry_layer_that_names_no_classifier_applies_http_semantics() {
+    // No `.classify(..)`: a 503 is retried (H1), a POST is sent once (H3).
+    let server = Server::start([status(503), status(200), status(503), status(200)]).await;
+    let service = ServiceBuilder::new().layer(RetryLayer::new(policy(3))).service(client());
+    assert_eq!(service.clone().oneshot(get(&server.url("/"))).await.unwrap().status(), StatusCode::OK);
+    let error = service.oneshot(post(&server.url("/orders"))).await.unwrap_err();
+    assert_eq!(error.sent_once(), Some(SentOnce::NotIdempotent));
+    let methods: Vec<_> = server.seen().into_iter().map(|seen| seen.method).collect();
+    assert_eq!(methods, ["GET", "GET", "POST"]);
+
+    // Another classifier chosen by name is used instead: `RetryErrors` retries errors only, so
+    // the 503 stands and the POST's reset is retried.
+    let server = Server::start([status(503), Reply::Reset, status(200)]).await;
+    let service = ServiceBuilder::new().layer(RetryLayer::new(policy(3)).classify(RetryErrors)).service(client());
+    assert_eq!(service.clone().oneshot(get(&server.url("/"))).await.unwrap().status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(service.oneshot(post(&server.url("/orders"))).await.unwrap().status(), StatusCode::OK);
+    assert_eq!(server.seen().len(), 3);
+
+    // The hedge layer too: a slow POST is never hedged.
+    let server = Server::start([Reply::Slow(Duration::from_millis(200)), status(200)]).await;
+    let hedging = HedgePolicy::builder(3, Duration::from_millis(20)).build().unwrap();
+    let service = ServiceBuilder::new().layer(HedgeLayer::new(hedging)).service(client());
+    assert_eq!(service.oneshot(post(&server.url("/orders"))).await.unwrap().status(), StatusCode::OK);
+    assert_eq!(server.seen().len(), 1);
+}
+
+/// The 4xx (and 5xx) statuses H5 lets stand: the request itself is the problem, and waiting
+/// does not change it.
+const UNHEALABLE: [u16; 24] = [
+    400, 401, 403, 404, 405, 406, 407, 409, 410, 411, 412, 413, 414, 415, 416, 417, 421, 422, 426, 428, 431, 451, 501,
+    505,
+];
+
+#[tokio::test]
+async fn h5_client_errors_that_waiting_cannot_heal_are_not_retried() {
+    for code in UNHEALABLE {
+        // A `Retry-After` does not make them retryable (a 413 may carry one).
+        let server = Server::start([status_with(code, "retry-after", "0"), status(200)]).await;
+        let service = ServiceBuilder::new().layer(RetryLayer::new(policy(3))).service(client());
+        let response = service.oneshot(get(&server.url("/"))).await.unwrap();
+        assert_eq!((response.status().as_u16(), server.seen().len()), (code, 1), "{code}");
+    }
+}
+
+#[tokio::test]
+async fn h5_408_425_and_429_heal_by_waiting_and_are_retried() {
+    for code in [408, 425, 429] {
+        let server = Server::start([status(code), status(200)]).await;
+        let service = ServiceBuilder::new().layer(RetryLayer::new(policy(3))).service(client());
+        let response = service.oneshot(get(&server.url("/"))).await.unwrap();
+        assert_eq!((code, response.status(), server.seen().len()), (code, StatusCode::OK, 2));
+    }
+}
+
+#[tokio::test]
+async fn h5_a_relative_uri_is_not_retried() {
+    // hyper-util's client refuses a URI with no scheme and no authority: it has nowhere to go,
+    // and never will.
+    let service = ServiceBuilder::new().layer(RetryLayer::new(policy(4))).service(client());
+    let started = Instant::now();
+    let error = service.oneshot(get("/orders/1")).await.unwrap_err();
+    assert_eq!(
+        (error.outcome(), error.class(), error.stats().attempts),
+        (OutcomeKind::Fatal, Some(FailureClass::Fatal), 1)
+    );
+    assert!(error.error().is_some(), "{error:?}");
+    assert!(started.elapsed() < Duration::from_millis(20), "not slept: {:?}", started.elapsed());
+}
+
+#[tokio::test]
+async fn h2_retry_after_zero_replaces_the_backoff_unless_a_floor_is_set() {
+    // A 500 ms backoff, and a server that asks for no wait at all: the retry comes at once.
+    let backoff = RetryPolicy::builder(Backoff::constant(Duration::from_millis(500)).build().unwrap())
+        .max_attempts(3)
+        .build()
+        .unwrap();
+    let server =
+        Server::start([status_with(503, "retry-after", "0"), status_with(429, "retry-after", "0"), status(200)]).await;
+    let service = ServiceBuilder::new().layer(RetryLayer::new(backoff)).service(client());
+    assert_eq!(service.oneshot(get(&server.url("/"))).await.unwrap().status(), StatusCode::OK);
+    assert!(server.gaps().iter().all(|gap| *gap < Duration::from_millis(100)), "{:?}", server.gaps());
+
+    // With a floor, a shorter hint waits the floor.
+    let server = Server::start([status_with(503, "retry-after", "0"), status(200)]).await;
+    let floored = RetryLayer::new(backoff).classify(Http::new().min_retry_after(Duration::from_millis(200)));
+    let service = ServiceBuilder::new().layer(floored).service(client());
+    assert_eq!(service.oneshot(get(&server.url("/"))).await.unwrap().status(), StatusCode::OK);
+    assert!(server.gaps()[0] >= Duration::from_millis(200), "{:?}", server.gaps());
+}
+
+#[tokio::test]
+async fn t2_a_request_sent_once_ends_exhausted_with_its_own_class_also_when_it_times_out() {
+    // A POST that outlives its attempt timeout: one attempt, never sent again.
+    let slow = RetryPolicy::builder(Backoff::constant(Duration::from_millis(10)).build().unwrap())
+        .max_attempts(3)
+        .attempt_timeout(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    let server = Server::start([Reply::Slow(Duration::from_secs(5)), status(200), status(200)]).await;
+    let service = ServiceBuilder::new().layer(RetryLayer::new(slow)).service(client());
+    let error = service.oneshot(post(&server.url("/orders"))).await.unwrap_err();
+    assert_eq!(error.sent_once(), Some(SentOnce::NotIdempotent));
+    assert_eq!((error.outcome(), error.class()), (OutcomeKind::Exhausted, Some(FailureClass::Timeout)));
+    assert_eq!(error.stats().attempts, 1);
+    assert!(error.to_string().starts_with("not retried: the request's method is not idempotent"), "{error}");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(server.seen().len(), 1);
 }

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use persevere::{Backoff, FailureClass, Instant, OutcomeKind, RetryPolicy};
-use persevere_tower::{RetryGate, RetryLayer};
+use persevere_tower::{RetryErrors, RetryGate, RetryLayer};
 use tower::{Layer, Service, ServiceExt, service_fn};
 
 #[global_allocator]
@@ -69,12 +69,12 @@ async fn t1_the_gate_hears_one_request_and_one_success_per_call_on_either_path()
     for timeout in [None, Some(Duration::from_secs(5))] {
         let gate = Recorder::default();
         let (service, _) = flaky(0, 0);
-        let service = RetryLayer::new(policy(timeout)).gate(gate.clone()).layer(service);
+        let service = RetryLayer::new(policy(timeout)).classify(RetryErrors).gate(gate.clone()).layer(service);
         assert_eq!(service.clone().oneshot(1).await.unwrap(), 10);
         assert_eq!(gate.take(), ["request", "success"], "first attempt succeeds, timeout {timeout:?}");
 
         let (service, calls) = flaky(2, 0);
-        let service = RetryLayer::new(policy(timeout)).gate(gate.clone()).layer(service);
+        let service = RetryLayer::new(policy(timeout)).classify(RetryErrors).gate(gate.clone()).layer(service);
         assert_eq!(service.oneshot(2).await.unwrap(), 20);
         assert_eq!(calls.load(Ordering::Relaxed), 3);
         assert_eq!(
@@ -89,14 +89,14 @@ async fn t1_the_gate_hears_one_request_and_one_success_per_call_on_either_path()
 async fn t1_a_first_attempt_that_panics_is_a_panicked_failure_and_retried() {
     let (service, calls) = flaky(0, 1);
     let gate = Recorder::default();
-    let service = RetryLayer::new(policy(None)).gate(gate.clone()).layer(service);
+    let service = RetryLayer::new(policy(None)).classify(RetryErrors).gate(gate.clone()).layer(service);
     assert_eq!(service.oneshot(3).await.unwrap(), 30);
     assert_eq!(calls.load(Ordering::Relaxed), 2);
     assert_eq!(gate.take(), ["request", "retry?", "success of retry 1"]);
 
     // Every attempt panics: the loop gives up with the class of the last.
     let service = service_fn(|_: u32| async { panic!("always") as Result<u32, u32> });
-    let error = RetryLayer::new(policy(None)).layer(service).oneshot(4).await.unwrap_err();
+    let error = RetryLayer::new(policy(None)).classify(RetryErrors).layer(service).oneshot(4).await.unwrap_err();
     assert_eq!((error.outcome(), error.class()), (OutcomeKind::Exhausted, Some(FailureClass::Panicked)));
     assert_eq!(error.stats().attempts, 4);
     assert!(error.error().is_none());
@@ -107,7 +107,7 @@ fn t1_a_call_that_succeeds_at_once_allocates_nothing_and_a_retried_call_allocate
     let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
     rt.block_on(async {
         let ok = service_fn(|n: u32| std::future::ready(Ok::<u32, u32>(n)));
-        let mut service = RetryLayer::new(policy(None)).layer(ok);
+        let mut service = RetryLayer::new(policy(None)).classify(RetryErrors).layer(ok);
         let before = alloc_counter::allocations();
         for n in 0..1_000 {
             assert_eq!(service.ready().await.unwrap().call(n).await.unwrap(), n);
@@ -120,7 +120,7 @@ fn t1_a_call_that_succeeds_at_once_allocates_nothing_and_a_retried_call_allocate
             let fails = calls.fetch_add(1, Ordering::Relaxed).is_multiple_of(2);
             std::future::ready(if fails { Err(n) } else { Ok(n) })
         });
-        let mut service = RetryLayer::new(policy(None)).layer(alternating);
+        let mut service = RetryLayer::new(policy(None)).classify(RetryErrors).layer(alternating);
         // Warm up what tokio's timer allocates once.
         service.ready().await.unwrap().call(0).await.unwrap();
         let before = alloc_counter::allocations();
@@ -141,7 +141,7 @@ async fn u2_an_envoy_budget_counts_a_call_in_flight_from_its_start_until_it_ends
         tokio::time::sleep(Duration::from_millis(100)).await;
         Ok::<_, u32>(request)
     });
-    let service = RetryLayer::new(policy(None)).gate(budget.clone()).layer(slow);
+    let service = RetryLayer::new(policy(None)).classify(RetryErrors).gate(budget.clone()).layer(slow);
     let call = tokio::spawn(service.oneshot(7));
     tokio::time::sleep(Duration::from_millis(10)).await;
     assert_eq!(budget.in_flight().map(|c| c.requests()), Some(1), "counted while its first attempt runs");
@@ -174,7 +174,7 @@ async fn t1_a_success_whose_gate_panics_is_over_and_never_sends_the_request_agai
     // A success of the first attempt (outside the loop) and of a retry (inside it).
     for fail_first in [0, 1] {
         let (service, calls) = flaky(fail_first, 0);
-        let mut service = RetryLayer::new(policy).gate(PanicsOnSuccess).layer(service);
+        let mut service = RetryLayer::new(policy).classify(RetryErrors).gate(PanicsOnSuccess).layer(service);
         let mut future = Box::pin(service.ready().await.unwrap().call(1));
         let waker = std::task::Waker::noop();
         let mut poll = || {
