@@ -32,7 +32,10 @@ pub(crate) struct Failed<Res, E> {
 /// ([`refused_by`](Self::refused_by) says which: the breaker or the budget), `Deferred` when
 /// the other side asked to be retried later than the policy waits, `Exhausted`, `OutOfTime`,
 /// `Fatal`. [`retry_after`](Self::retry_after) says when to come back, when anyone said;
-/// [`sent_once`](Self::sent_once) says why a request was not retried at all.
+/// [`sent_once`](Self::sent_once) says why a request was not retried at all: such a request
+/// has one attempt, so its failure ends the call `Exhausted` with the failure's own
+/// [`class`](Self::class) (a 503 is `Throttled`), and `Fatal` only if the failure itself must
+/// not be retried.
 ///
 /// A call that a gate refused before its first attempt (an open breaker) sent nothing: its
 /// [`stats`](Self::stats) count no attempt.
