@@ -22,9 +22,9 @@ use crate::retry::{Attempt, ByKind, Ended, Judged};
 /// send a call again to a clone of the inner service when it has not answered within the
 /// policy's delay, take the first success and drop the others (X1–X5).
 ///
-/// The [`ResponseClassifier`] decides which results are failures (a 503 can be one) and
-/// whether a request may be sent more than once: a request it cannot copy is sent once, never
-/// hedged, and the error says so. It is [`Http`] unless another is chosen by name with
+/// The classifier decides which results are failures ([`ResponseClassifier`]: a 503 can be
+/// one) and whether a request may be sent more than once ([`ReplayRequest`]): a request it
+/// cannot copy is sent once, never hedged, and the error says so. It is [`Http`] unless another is chosen by name with
 /// [`classify`](Self::classify) (H4): a POST is never hedged unless allowed. A [`RetryGate`]
 /// (a `Budget`, a `Breaker`, or a tuple of them) may refuse the call before it is sent (an
 /// open breaker, T4) and is asked before each hedge, as gRPC counts hedges as retries (X4).

@@ -24,14 +24,14 @@ use crate::policy::SharedPolicy;
 /// Retries the calls of the service it wraps under a [`RetryPolicy`] (T1): a [`Layer`] whose
 /// services run each call through persevere's one driving loop.
 ///
-/// A [`ResponseClassifier`] decides which results are failures (a 503 can be one, T2) and
-/// whether a request may be sent again: [`Http`] unless another is chosen by name with
-/// [`classify`](Self::classify) (H4), so HTTP semantics are never silently off; requests that
-/// are not HTTP requests need a classifier named ([`RetryErrors`](crate::RetryErrors) retries
-/// every error). A
-/// [`RetryGate`] (a `Budget`, a `Breaker`, or a tuple of them) may refuse the call before it
-/// is sent (an open breaker) or veto each retry, which then ends with `Rejected` (T3, T4).
-/// Cheap to clone: the policy is shared.
+/// A classifier decides whether a request may be sent again ([`ReplayRequest`]) and which
+/// results are failures ([`ResponseClassifier`]: a 503 can be one, T2). It is [`Http`] unless
+/// another is chosen by name with [`classify`](Self::classify) (H4), so HTTP semantics are never
+/// silently off; requests that are not HTTP requests need a classifier named
+/// ([`RetryErrors`](crate::RetryErrors) retries every error). A [`RetryGate`] (a `Budget`, a
+/// `Breaker`, or a tuple of them) may refuse the call before it is sent (an open breaker) or
+/// veto each retry, which then ends with `Rejected` (T3, T4). Cheap to clone: the policy is
+/// shared.
 ///
 /// ```
 /// use std::time::Duration;
