@@ -28,7 +28,10 @@ use crate::policy::SharedPolicy;
 /// results are failures ([`ResponseClassifier`]: a 503 can be one, T2). It is [`Http`] unless
 /// another is chosen by name with [`classify`](Self::classify) (H4), so HTTP semantics are never
 /// silently off; requests that are not HTTP requests need a classifier named
-/// ([`RetryErrors`](crate::RetryErrors) retries every error). A [`RetryGate`] (a `Budget`, a
+/// ([`RetryErrors`](crate::RetryErrors) retries every error). (Without one, a method call such
+/// as `oneshot` is refused with "`Retry<..>: Service<_>` is not satisfied", which names no
+/// trait; where a bound requires a `Service`, the compiler names [`ReplayRequest`] and this
+/// fix.) A [`RetryGate`] (a `Budget`, a
 /// `Breaker`, or a tuple of them) may refuse the call before it is sent (an open breaker) or
 /// veto each retry, which then ends with `Rejected` (T3, T4). Cheap to clone: the policy is
 /// shared.
