@@ -509,8 +509,11 @@ fn growth(multiplier: f64, mut exponent: u32, limit: f64) -> Option<f64> {
 /// The streak ([`failures`](Self::failures)) and the schedule's place differ only after a
 /// hinted delay under a policy that restarts the schedule after hints (B6): the streak goes on,
 /// the schedule starts over from its first delay.
+///
+/// Loaded with serde, a state whose schedule restarted after more failures than its streak has
+/// is refused.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize), serde(remote = "Self"))]
 pub struct BackoffState {
     failures: u32,
     /// The streak's length when the schedule last started over (`≤ failures`).
@@ -580,7 +583,15 @@ impl BackoffState {
     pub(crate) const fn is_valid(&self) -> bool {
         self.restarted_at <= self.failures
     }
+
+    /// Why a loaded state is not one this crate could have made, if it is not.
+    #[cfg_attr(not(feature = "serde"), allow(dead_code))]
+    fn validate(&self) -> Result<(), &'static str> {
+        if self.is_valid() { Ok(()) } else { Err("the schedule restarted after more failures than the streak has") }
+    }
 }
+
+crate::serde_validated!(BackoffState, "a BackoffState");
 
 #[cfg(test)]
 mod tests {

@@ -125,7 +125,8 @@ fn refused(state: Value, why: &str) {
         Ok(loaded) => panic!("{why}: loaded {loaded:?} from {state}"),
         Err(err) => err.to_string(),
     };
-    assert!(err.contains("invalid state of a Retry"), "{why}: {err}");
+    // Refused by the retry, or by the backoff state it holds.
+    assert!(err.contains("invalid state of a Retry") || err.contains("invalid state of a BackoffState"), "{why}: {err}");
 }
 
 #[test]
@@ -281,4 +282,21 @@ fn a_supervised_task_and_a_flow_round_trip_and_continue_identically() {
     let restored: Flow<String> = serde_json::from_str(&serde_json::to_string(&flow).unwrap()).unwrap();
     assert_eq!(restored, flow);
     assert_eq!(restored.info(), flow.info());
+}
+
+#[test]
+fn a_loaded_backoff_state_is_validated_as_the_machines_that_hold_one_are() {
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    let backoff = Backoff::exponential(Duration::from_millis(10), 2.0).build().unwrap();
+    let mut state = persevere::BackoffState::new();
+    state.next_delay(&backoff, &mut rng);
+    state.next_delay(&backoff, &mut rng);
+    let json = serde_json::to_value(state).unwrap();
+    let loaded: persevere::BackoffState = serde_json::from_value(json.clone()).unwrap();
+    assert_eq!(loaded, state, "round-trips");
+    // A schedule that restarted after more failures than the streak has.
+    let mut edited = json;
+    edited["restarted_at"] = json!(3);
+    let error = serde_json::from_value::<persevere::BackoffState>(edited).unwrap_err().to_string();
+    assert!(error.contains("invalid state of a BackoffState"), "{error}");
 }
