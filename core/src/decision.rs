@@ -93,13 +93,18 @@ impl FailureRules {
 
     /// The hint limit as configured: [`Duration::MAX`] for "any hint".
     pub(crate) fn max_hint(&self) -> Duration {
-        if self.max_hint_ns == u64::MAX { Duration::MAX } else { Duration::from_nanos(self.max_hint_ns) }
+        max_hint_of(self.max_hint_ns)
     }
 }
 
-/// `max_hint` in nanoseconds: `Duration::MAX` (or anything past `u64::MAX` ns) honours any
-/// hint; zero is refused.
-fn max_hint_ns(max_hint: Duration) -> Result<u64, PolicyError> {
+/// A hint limit in nanoseconds as configured: [`Duration::MAX`] for "any hint" (`u64::MAX`).
+pub(crate) const fn max_hint_of(max_hint_ns: u64) -> Duration {
+    if max_hint_ns == u64::MAX { Duration::MAX } else { Duration::from_nanos(max_hint_ns) }
+}
+
+/// `max_hint` in nanoseconds, as every policy reads it: `Duration::MAX` (or anything past
+/// `u64::MAX` ns) honours any hint; zero is refused.
+pub(crate) fn max_hint_ns(max_hint: Duration) -> Result<u64, PolicyError> {
     if max_hint.is_zero() {
         return Err(PolicyError::Zero {
             setting: "max_hint",

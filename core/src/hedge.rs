@@ -58,7 +58,8 @@ pub struct HedgePolicyBuilder {
     /// Whether a non-fatal failure starts the next attempt at once instead of at its time (X3).
     /// `true` by default, as gRPC does.
     pub next_on_failure: bool,
-    /// The longest pushback honoured: a hint asking for more stops further attempts (B6).
+    /// The longest pushback honoured: a hint asking for more stops further attempts (B6);
+    /// [`Duration::MAX`] honours any.
     pub max_hint: Duration,
 }
 
@@ -78,8 +79,9 @@ impl HedgePolicyBuilder {
     /// Validates the settings.
     ///
     /// # Errors
-    /// [`PolicyError`] when `max_attempts` is zero or above [`MAX_HEDGED_ATTEMPTS`], or a
-    /// duration does not fit in `u64` nanoseconds.
+    /// [`PolicyError`] when `max_attempts` is zero or above [`MAX_HEDGED_ATTEMPTS`], `delay`
+    /// does not fit in `u64` nanoseconds, or `max_hint` is zero ([`Duration::MAX`] honours any
+    /// hint, as for every policy).
     pub fn build(self) -> Result<HedgePolicy, PolicyError> {
         if self.max_attempts == 0 {
             return Err(PolicyError::Zero {
@@ -91,7 +93,7 @@ impl HedgePolicyBuilder {
             return Err(PolicyError::LimitTooLarge { setting: "max_attempts", max: u64::from(MAX_HEDGED_ATTEMPTS) });
         }
         let delay_ns = nanos_of(self.delay).ok_or(PolicyError::DurationOverflow { setting: "delay" })?;
-        let max_hint_ns = nanos_of(self.max_hint).ok_or(PolicyError::DurationOverflow { setting: "max_hint" })?;
+        let max_hint_ns = crate::decision::max_hint_ns(self.max_hint)?;
         Ok(HedgePolicy {
             max_attempts: self.max_attempts,
             delay_ns,
@@ -115,7 +117,7 @@ impl From<HedgePolicy> for HedgePolicyBuilder {
             max_attempts: policy.max_attempts,
             delay: Duration::from_nanos(policy.delay_ns),
             next_on_failure: policy.next_on_failure,
-            max_hint: Duration::from_nanos(policy.max_hint_ns),
+            max_hint: crate::decision::max_hint_of(policy.max_hint_ns),
         }
     }
 }
@@ -144,7 +146,7 @@ impl HedgePolicy {
 
     /// The longest pushback honoured.
     pub const fn max_hint(&self) -> Duration {
-        Duration::from_nanos(self.max_hint_ns)
+        crate::decision::max_hint_of(self.max_hint_ns)
     }
 }
 

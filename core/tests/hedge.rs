@@ -592,3 +592,17 @@ proptest! {
         prop_assert_eq!(seen.finishes, 1, "exactly one outcome");
     }
 }
+
+#[test]
+fn b6_a_hedge_policy_reads_max_hint_as_every_policy_does() {
+    let any = HedgePolicy::builder(3, Duration::from_millis(10)).max_hint(Duration::MAX).build().unwrap();
+    assert_eq!(any.max_hint(), Duration::MAX, "Duration::MAX honours any hint");
+    let retry = persevere::RetryPolicy::builder(persevere::Backoff::constant(Duration::ZERO).build().unwrap())
+        .max_attempts(3)
+        .max_hint(Duration::MAX)
+        .build()
+        .unwrap();
+    assert_eq!(any.max_hint(), retry.max_hint(), "as a retry policy reads it");
+    let zero = HedgePolicy::builder(3, Duration::from_millis(10)).max_hint(Duration::ZERO).build();
+    assert!(matches!(zero, Err(persevere::PolicyError::Zero { setting: "max_hint", .. })), "{zero:?}");
+}

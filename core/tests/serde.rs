@@ -126,7 +126,10 @@ fn refused(state: Value, why: &str) {
         Err(err) => err.to_string(),
     };
     // Refused by the retry, or by the backoff state it holds.
-    assert!(err.contains("invalid state of a Retry") || err.contains("invalid state of a BackoffState"), "{why}: {err}");
+    assert!(
+        err.contains("invalid state of a Retry") || err.contains("invalid state of a BackoffState"),
+        "{why}: {err}"
+    );
 }
 
 #[test]

@@ -158,8 +158,16 @@ pub(super) fn run(data: &[u8]) {
         .next_on_failure(config.next_on_failure)
         .max_hint(Duration::from_millis(u64::from(config.max_hint_ms)))
         .build();
-    let valid = (1..=16).contains(&config.max_attempts);
-    ensure!(SETUP, built.is_ok() == valid, "X1", "max_attempts {} built as {built:?}", config.max_attempts);
+    // A zero max_hint is refused, as by every policy (B6).
+    let valid = (1..=16).contains(&config.max_attempts) && config.max_hint_ms > 0;
+    ensure!(
+        SETUP,
+        built.is_ok() == valid,
+        "X1",
+        "max_attempts {} and max_hint {} ms built as {built:?}",
+        config.max_attempts,
+        config.max_hint_ms
+    );
     let Ok(policy) = built else { return };
     let ms = 1_000_000u64;
     let mut model = Model {
