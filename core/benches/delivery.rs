@@ -58,7 +58,7 @@ fn benches(c: &mut Criterion) {
             |t| {
                 t.handle_hand_out(&policy, now, black_box(3)).unwrap();
                 drain(t);
-                t.handle_completed(&policy, now, 1, &3).unwrap();
+                t.handle_success(&policy, now, 1, &3).unwrap();
                 drain(t);
             },
             BatchSize::SmallInput,
@@ -72,7 +72,7 @@ fn benches(c: &mut Criterion) {
                 drain(t);
                 t.handle_started(&policy, now, 1, &3).unwrap();
                 t.handle_heartbeat(&policy, now, 1, &3, Some(black_box(9))).unwrap();
-                t.handle_completed(&policy, now, 1, &3).unwrap();
+                t.handle_success(&policy, now, 1, &3).unwrap();
                 drain(t);
             },
             BatchSize::SmallInput,
@@ -84,7 +84,7 @@ fn benches(c: &mut Criterion) {
             |t| {
                 t.handle_hand_out(&policy, now, black_box(3)).unwrap();
                 drain(t);
-                t.handle_failed(&policy, now, 1, &3, Failure::retryable(black_box(5)), &mut rng).unwrap();
+                t.handle_failure(&policy, now, 1, &3, Failure::retryable(black_box(5)), &mut rng).unwrap();
                 drain(t);
             },
             BatchSize::SmallInput,

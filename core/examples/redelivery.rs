@@ -157,14 +157,14 @@ fn main() {
                     t.now = t.now.saturating_add(Duration::from_millis(300));
                     t.log(task, format!("{worker} fails attempt {attempt}: {error}"));
                     table
-                        .handle_failed(&policy, t.now, &task, attempt, &worker, Failure::timeout(error), &mut rng)
+                        .handle_failure(&policy, t.now, &task, attempt, &worker, Failure::timeout(error), &mut rng)
                         .map_err(|refused| refused.error)
                 }
                 Script::Complete => {
                     table.handle_started(&policy, t.now, &task, attempt, &worker).expect("started");
                     t.now = t.now.saturating_add(Duration::from_millis(400));
                     t.log(task, format!("{worker} completes attempt {attempt}"));
-                    table.handle_completed(&policy, t.now, &task, attempt, &worker)
+                    table.handle_success(&policy, t.now, &task, attempt, &worker)
                 }
             }
             .expect("the report is accepted");

@@ -97,7 +97,7 @@ type ActionQueue<K, W, C, E, R> = VecDeque<(K, DeliveryAction<K, W, C, E, R>)>;
 /// table.handle_returned(&policy, now, &1, 1, &"w1", FreeReturn::Declined)?; // w1 does no "pdf"
 /// assert_eq!(table.hand_out_next(&policy, now, &"w1"), Some(2)); // so it gets the email
 /// assert_eq!(table.hand_out_next(&policy, now, &"w2"), Some(1)); // and w2 the pdf, attempt 1 still
-/// table.handle_completed(&policy, now, &1, 1, &"w2")?;
+/// table.handle_success(&policy, now, &1, 1, &"w2")?;
 /// let counts = table.counts();
 /// assert_eq!((counts.handed_out, counts.completed, counts.total()), (1, 1, 2));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -280,10 +280,26 @@ where
         self.with(task, |d| d.handle_persisted(policy, now, attempt)).and_then(|r| r)
     }
 
-    /// See [`Delivery::handle_completed`].
+    /// See [`Delivery::handle_success`].
     ///
     /// # Errors
     /// [`DeliveryError::UnknownTask`], or what the task refuses; nothing changes.
+    pub fn handle_success(
+        &mut self,
+        policy: &DeliveryPolicy<R>,
+        now: Instant,
+        task: &K,
+        attempt: u64,
+        worker: &W,
+    ) -> Result<(), DeliveryError> {
+        self.with(task, |d| d.handle_success(policy, now, attempt, worker)).and_then(|r| r)
+    }
+
+    /// The former name of [`handle_success`](Self::handle_success).
+    ///
+    /// # Errors
+    /// As [`handle_success`](Self::handle_success).
+    #[deprecated(since = "0.1.0", note = "renamed `handle_success`, as every machine names it")]
     pub fn handle_completed(
         &mut self,
         policy: &DeliveryPolicy<R>,
@@ -292,16 +308,35 @@ where
         attempt: u64,
         worker: &W,
     ) -> Result<(), DeliveryError> {
-        self.with(task, |d| d.handle_completed(policy, now, attempt, worker)).and_then(|r| r)
+        self.handle_success(policy, now, task, attempt, worker)
     }
 
-    /// See [`Delivery::handle_failed`].
+    /// The former name of [`handle_failure`](Self::handle_failure).
+    ///
+    /// # Errors
+    /// As [`handle_failure`](Self::handle_failure).
+    #[deprecated(since = "0.1.0", note = "renamed `handle_failure`, as every machine names it")]
+    #[allow(clippy::too_many_arguments)]
+    pub fn handle_failed<G: Rng + ?Sized>(
+        &mut self,
+        policy: &DeliveryPolicy<R>,
+        now: Instant,
+        task: &K,
+        attempt: u64,
+        worker: &W,
+        failure: Failure<E>,
+        rng: &mut G,
+    ) -> Result<(), Refused<DeliveryError, Failure<E>>> {
+        self.handle_failure(policy, now, task, attempt, worker, failure, rng)
+    }
+
+    /// See [`Delivery::handle_failure`].
     ///
     /// # Errors
     /// [`DeliveryError::UnknownTask`], or what the task refuses; nothing changes and the failure
     /// is handed back.
     #[allow(clippy::too_many_arguments)]
-    pub fn handle_failed<G: Rng + ?Sized>(
+    pub fn handle_failure<G: Rng + ?Sized>(
         &mut self,
         policy: &DeliveryPolicy<R>,
         now: Instant,
@@ -315,7 +350,7 @@ where
             return Err(Refused { error: DeliveryError::UnknownTask, input: failure });
         };
         tracked(&mut self.actions, task, &mut entry.delivery, |d| {
-            d.handle_failed(policy, now, attempt, worker, failure, rng)
+            d.handle_failure(policy, now, attempt, worker, failure, rng)
         })
     }
 

@@ -11,8 +11,8 @@
 //!
 //! | the attempt ended by                                         | retry used | attempt number   | progress            |
 //! |--------------------------------------------------------------|------------|------------------|---------------------|
-//! | a result: success ([`Delivery::handle_completed`])           | —          | —                | (terminal)          |
-//! | a result: failure ([`Delivery::handle_failed`])              | yes (R-rules) | next          | `NotCompleted`      |
+//! | a result: success ([`Delivery::handle_success`])           | —          | —                | (terminal)          |
+//! | a result: failure ([`Delivery::handle_failure`])              | yes (R-rules) | next          | `NotCompleted`      |
 //! | an [`Interruption`]: crash, disconnect, missed lease or heartbeat, server failover | yes | next (never reused, D2) | `NotCompleted` |
 //! | a [`FreeReturn`]: declined, send failed, closed before start | no (D3), capped by `max_redeliveries` (D4) | same | unchanged for a failed send, else `NotCompleted` |
 //! | an `Async` rollback: the server failed over before the start was durable | no (D6) | same | `NotCompleted` |
@@ -363,7 +363,7 @@ pub enum FreeReturn {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum AttemptFailure<E> {
-    /// The worker reported this failure ([`Delivery::handle_failed`]).
+    /// The worker reported this failure ([`Delivery::handle_failure`]).
     Failed(E),
     /// The attempt was interrupted (D2).
     Interrupted(Interruption),
@@ -697,7 +697,7 @@ const FINISH: u8 = 8;
 ///
 /// task.handle_hand_out(&policy, now, "w2")?;
 /// assert!(matches!(task.poll_action(), Some(DeliveryAction::HandOut(_))));
-/// task.handle_completed(&policy, now, 2, &"w2")?;
+/// task.handle_success(&policy, now, 2, &"w2")?;
 /// assert_eq!(task.terminal(), Some(&Terminal::Completed { attempt: 2 }));
 /// assert_eq!(task.attempt_progress(), AttemptProgress::NotCompleted);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -881,7 +881,7 @@ impl<K, W, C, E, R> Delivery<K, W, C, E, R> {
     /// When `attempt` is not out, `worker` does not hold it, the task is finished (a second
     /// result), or actions wait to be drained; nothing changes.
     #[inline]
-    pub fn handle_completed(
+    pub fn handle_success(
         &mut self,
         policy: &DeliveryPolicy<R>,
         now: Instant,
@@ -904,13 +904,52 @@ impl<K, W, C, E, R> Delivery<K, W, C, E, R> {
         Ok(())
     }
 
+    /// The former name of [`handle_success`](Self::handle_success).
+    ///
+    /// # Errors
+    /// As [`handle_success`](Self::handle_success).
+    #[deprecated(since = "0.1.0", note = "renamed `handle_success`, as every machine names it")]
+    pub fn handle_completed(
+        &mut self,
+        policy: &DeliveryPolicy<R>,
+        now: Instant,
+        attempt: u64,
+        worker: &W,
+    ) -> Result<(), DeliveryError>
+    where
+        W: PartialEq,
+    {
+        self.handle_success(policy, now, attempt, worker)
+    }
+
+    /// The former name of [`handle_failure`](Self::handle_failure).
+    ///
+    /// # Errors
+    /// As [`handle_failure`](Self::handle_failure).
+    #[deprecated(since = "0.1.0", note = "renamed `handle_failure`, as every machine names it")]
+    pub fn handle_failed<G: Rng + ?Sized>(
+        &mut self,
+        policy: &DeliveryPolicy<R>,
+        now: Instant,
+        attempt: u64,
+        worker: &W,
+        failure: Failure<E>,
+        rng: &mut G,
+    ) -> Result<(), Refused<DeliveryError, Failure<E>>>
+    where
+        W: PartialEq,
+        R: Clone,
+    {
+        self.handle_failure(policy, now, attempt, worker, failure, rng)
+    }
+
     /// Attempt `attempt` failed with `failure`: it consumes a retry by the R-rules, or retries
     /// end and the failure policy decides (D8).
     ///
     /// # Errors
     /// When `attempt` is not out, `worker` does not hold it, the task is finished (a second
     /// result), or actions wait to be drained; nothing changes and the failure is handed back.
-    pub fn handle_failed<G: Rng + ?Sized>(
+    pub fn handle_failure<G: Rng + ?Sized>(
         &mut self,
         policy: &DeliveryPolicy<R>,
         now: Instant,

@@ -97,7 +97,7 @@ fn d1_a_task_goes_pending_handed_out_running_completed() {
     task.handle_heartbeat(&p, at(1_000), 1, &1, None).unwrap();
     assert_eq!(task.poll_timeout(), Some(at(3_000)), "a heartbeat moves the deadline");
 
-    task.handle_completed(&p, at(1_500), 1, &1).unwrap();
+    task.handle_success(&p, at(1_500), 1, &1).unwrap();
     assert_eq!(task.status(), &DeliveryStatus::Done(Terminal::Completed { attempt: 1 }));
     assert_eq!(drain(&mut task), vec![DeliveryAction::Finish(Terminal::Completed { attempt: 1 })]);
     assert_eq!(task.poll_timeout(), None);
@@ -109,7 +109,7 @@ fn d1_a_failed_attempt_retries_after_the_backoff() {
     let mut r = rng();
     let mut task = new_task(&p, at(0));
     hand_out(&mut task, &p, at(0), 1);
-    task.handle_failed(&p, at(50), 1, &1, Failure::retryable("503"), &mut r).unwrap();
+    task.handle_failure(&p, at(50), 1, &1, Failure::retryable("503"), &mut r).unwrap();
     assert_eq!(task.status(), &DeliveryStatus::Pending { attempt: 2, not_before: Some(at(150)) });
     assert_eq!(drain(&mut task), vec![], "not ready before the retry delay ends");
     assert_eq!(task.poll_timeout(), Some(at(150)));
@@ -143,7 +143,7 @@ fn d1_retries_are_counted_like_the_retry_machine() {
                 assert_eq!(drain(&mut task), vec![DeliveryAction::Ready { attempt }]);
             }
             assert_eq!(hand_out(&mut task, &p, now, 1).attempt, attempt);
-            task.handle_failed(&p, now, attempt, &1, Failure::retryable("busy"), &mut r).unwrap();
+            task.handle_failure(&p, now, attempt, &1, Failure::retryable("busy"), &mut r).unwrap();
         }
         let error = *task.recovery_error().expect("failed after the limit");
         assert_eq!(error.ended, OutcomeKind::Exhausted);
@@ -154,7 +154,7 @@ fn d1_retries_are_counted_like_the_retry_machine() {
     let p = policy(5);
     let mut task = new_task(&p, at(0));
     hand_out(&mut task, &p, at(0), 1);
-    task.handle_failed(&p, at(0), 1, &1, Failure::fatal("400"), &mut rng()).unwrap();
+    task.handle_failure(&p, at(0), 1, &1, Failure::fatal("400"), &mut rng()).unwrap();
     assert_eq!(task.recovery_error().unwrap().ended, OutcomeKind::Fatal);
 }
 
@@ -180,7 +180,7 @@ fn d2_every_interruption_consumes_a_retry_and_retires_its_attempt_number() {
         let out = hand_out(&mut task, &p, at(105), 2);
         assert_eq!(out.attempt, 2);
         let before = task;
-        assert_eq!(task.handle_completed(&p, at(110), 1, &1), Err(DeliveryError::StaleAttempt { current: 2, got: 1 }));
+        assert_eq!(task.handle_success(&p, at(110), 1, &1), Err(DeliveryError::StaleAttempt { current: 2, got: 1 }));
         assert_eq!(task, before);
     }
 }
@@ -418,7 +418,7 @@ fn d6_async_failover_before_the_start_is_durable_rolls_back_without_a_retry() {
     assert_eq!((second.attempt, second.key), (1, first.key));
     // Worker 1 may still be running attempt 1 (the documented overlap); its result is refused.
     let before = task;
-    assert_eq!(task.handle_completed(&p, at(40), 1, &1), Err(DeliveryError::WrongWorker { attempt: 1 }));
+    assert_eq!(task.handle_success(&p, at(40), 1, &1), Err(DeliveryError::WrongWorker { attempt: 1 }));
     assert_eq!(task, before);
     // Once the start is durable, a failover interrupts: a retry is used.
     task.handle_persisted(&p, at(40), 1).unwrap();
@@ -473,7 +473,7 @@ fn fail_twice(p: &Policy) -> Task {
     let mut task = new_task(p, at(0));
     hand_out(&mut task, p, at(0), 1);
     task.handle_started(p, at(0), 1, &1).unwrap();
-    task.handle_failed(p, at(0), 1, &1, Failure::retryable("first"), &mut r).unwrap();
+    task.handle_failure(p, at(0), 1, &1, Failure::retryable("first"), &mut r).unwrap();
     assert_eq!(
         task.last_failure(),
         Some(&LastFailure { class: FailureClass::Retryable, error: Some(AttemptFailure::Failed("first")) }),
@@ -483,7 +483,7 @@ fn fail_twice(p: &Policy) -> Task {
     task.handle_timeout(p, at(100), &mut r);
     assert_eq!(drain(&mut task), vec![DeliveryAction::Ready { attempt: 2 }]);
     hand_out(&mut task, p, at(100), 1);
-    task.handle_failed(p, at(100), 2, &1, Failure::retryable("second"), &mut r).unwrap();
+    task.handle_failure(p, at(100), 2, &1, Failure::retryable("second"), &mut r).unwrap();
     task
 }
 
@@ -526,13 +526,13 @@ fn d9_each_terminal_state_is_reached_once_and_is_final() {
     let p = policy(1);
     let mut t = new_task(&p, at(0));
     hand_out(&mut t, &p, at(0), 1);
-    t.handle_completed(&p, at(0), 1, &1).unwrap();
+    t.handle_success(&p, at(0), 1, &1).unwrap();
     terminals.push((p, t));
     for on_failure in [FailurePolicy::Fail, FailurePolicy::Proceed, FailurePolicy::Divert("x")] {
         let p = policy_with(|r| r.max_attempts(1), |d| d.on_failure(on_failure));
         let mut t = new_task(&p, at(0));
         hand_out(&mut t, &p, at(0), 1);
-        t.handle_failed(&p, at(0), 1, &1, Failure::retryable("e"), &mut r).unwrap();
+        t.handle_failure(&p, at(0), 1, &1, Failure::retryable("e"), &mut r).unwrap();
         terminals.push((p, t));
     }
     let p = policy_with(|r| r.max_attempts(1), |d| d.max_redeliveries(0));
@@ -562,8 +562,8 @@ fn d9_each_terminal_state_is_reached_once_and_is_final() {
         assert_eq!(t.handle_started(&p, at(9), 1, &1), Err(finished));
         assert_eq!(t.handle_heartbeat(&p, at(9), 1, &1, Some(1)).unwrap_err().error, finished);
         assert_eq!(t.handle_persisted(&p, at(9), 1), Err(finished));
-        assert_eq!(t.handle_completed(&p, at(9), 1, &1), Err(finished), "a second result");
-        assert_eq!(t.handle_failed(&p, at(9), 1, &1, Failure::fatal("x"), &mut r).unwrap_err().error, finished);
+        assert_eq!(t.handle_success(&p, at(9), 1, &1), Err(finished), "a second result");
+        assert_eq!(t.handle_failure(&p, at(9), 1, &1, Failure::fatal("x"), &mut r).unwrap_err().error, finished);
         assert_eq!(t.handle_interrupted(&p, at(9), 1, &1, Interruption::WorkerCrashed, &mut r), Err(finished));
         assert_eq!(t.handle_returned(&p, at(9), 1, &1, FreeReturn::Declined), Err(finished));
         assert_eq!(t.handle_failover(&p, at(9), &mut r), Ok(()), "a finished task is not affected");
@@ -598,15 +598,15 @@ fn d9_an_input_before_the_actions_are_drained_is_refused_and_changes_nothing() {
     let err = task.handle_heartbeat(&p, at(1), 1, &1, Some(4)).unwrap_err();
     assert_eq!((err.error, err.input), (undrained, Some(4)), "the checkpoint is handed back");
     assert_eq!(task.handle_persisted(&p, at(1), 1), Err(undrained));
-    assert_eq!(task.handle_completed(&p, at(1), 1, &1), Err(undrained));
-    let err = task.handle_failed(&p, at(1), 1, &1, Failure::retryable("x"), &mut r).unwrap_err();
+    assert_eq!(task.handle_success(&p, at(1), 1, &1), Err(undrained));
+    let err = task.handle_failure(&p, at(1), 1, &1, Failure::retryable("x"), &mut r).unwrap_err();
     assert_eq!((err.error, err.input), (undrained, Failure::retryable("x")), "the failure is handed back");
     assert_eq!(task.handle_interrupted(&p, at(1), 1, &1, Interruption::WorkerCrashed, &mut r), Err(undrained));
     assert_eq!(task.handle_returned(&p, at(1), 1, &1, FreeReturn::Declined), Err(undrained));
     assert_eq!(task.handle_failover(&p, at(1), &mut r), Err(undrained));
     // Validity errors take precedence over the drain rule.
-    assert_eq!(task.handle_completed(&p, at(1), 2, &1), Err(DeliveryError::StaleAttempt { current: 1, got: 2 }));
-    assert_eq!(task.handle_completed(&p, at(1), 1, &2), Err(DeliveryError::WrongWorker { attempt: 1 }));
+    assert_eq!(task.handle_success(&p, at(1), 2, &1), Err(DeliveryError::StaleAttempt { current: 1, got: 2 }));
+    assert_eq!(task.handle_success(&p, at(1), 1, &2), Err(DeliveryError::WrongWorker { attempt: 1 }));
     assert_eq!(task.handle_hand_out(&p, at(1), 2).unwrap_err().error, DeliveryError::AlreadyHandedOut { attempt: 1 });
     // Past the lease deadline, a timeout does nothing either: no revoke is mixed in unseen.
     task.handle_timeout(&p, at(5_000), &mut r);
@@ -619,9 +619,9 @@ fn d9_an_input_before_the_actions_are_drained_is_refused_and_changes_nothing() {
     };
     assert_eq!((out.attempt, out.worker, out.deadline), (1, 1, at(1_000)));
     task.handle_started(&p, at(1), 1, &1).unwrap();
-    task.handle_completed(&p, at(2), 1, &1).unwrap();
+    task.handle_success(&p, at(2), 1, &1).unwrap();
     // The `Finish` waits: a later input is refused as finished (validity first), not as undrained.
-    assert_eq!(task.handle_completed(&p, at(3), 1, &1), Err(DeliveryError::Finished(TerminalKind::Completed)));
+    assert_eq!(task.handle_success(&p, at(3), 1, &1), Err(DeliveryError::Finished(TerminalKind::Completed)));
     assert_eq!(drain(&mut task), vec![DeliveryAction::Finish(Terminal::Completed { attempt: 1 })]);
 }
 
@@ -656,7 +656,7 @@ fn g12_reports_for_attempts_not_out_or_from_the_wrong_worker_are_refused() {
     let mut r = rng();
     let mut task = new_task(&p, at(0));
     let before = task;
-    assert_eq!(task.handle_completed(&p, at(0), 1, &1), Err(DeliveryError::NotHandedOut { attempt: 1 }));
+    assert_eq!(task.handle_success(&p, at(0), 1, &1), Err(DeliveryError::NotHandedOut { attempt: 1 }));
     assert_eq!(task.handle_persisted(&p, at(0), 1), Err(DeliveryError::NotHandedOut { attempt: 1 }));
     assert_eq!(task.handle_started(&p, at(0), 2, &1), Err(DeliveryError::StaleAttempt { current: 1, got: 2 }));
     assert_eq!(task, before);
@@ -666,14 +666,14 @@ fn g12_reports_for_attempts_not_out_or_from_the_wrong_worker_are_refused() {
     assert_eq!(task.handle_started(&p, at(0), 1, &2), Err(DeliveryError::WrongWorker { attempt: 1 }));
     let err = task.handle_heartbeat(&p, at(0), 1, &2, Some(4)).unwrap_err();
     assert_eq!((err.error, err.input), (DeliveryError::WrongWorker { attempt: 1 }, Some(4)));
-    let err = task.handle_failed(&p, at(0), 1, &2, Failure::retryable("x"), &mut r).unwrap_err();
+    let err = task.handle_failure(&p, at(0), 1, &2, Failure::retryable("x"), &mut r).unwrap_err();
     assert_eq!((err.error, err.input), (DeliveryError::WrongWorker { attempt: 1 }, Failure::retryable("x")));
     assert_eq!(task, before);
     // A second result for one attempt.
-    task.handle_failed(&p, at(0), 1, &1, Failure::retryable("x"), &mut r).unwrap();
+    task.handle_failure(&p, at(0), 1, &1, Failure::retryable("x"), &mut r).unwrap();
     let before = task;
     assert_eq!(
-        task.handle_failed(&p, at(0), 1, &1, Failure::retryable("again"), &mut r).unwrap_err().error,
+        task.handle_failure(&p, at(0), 1, &1, Failure::retryable("again"), &mut r).unwrap_err().error,
         DeliveryError::StaleAttempt { current: 2, got: 1 }
     );
     assert_eq!(task, before);
@@ -686,7 +686,7 @@ fn time_never_runs_backwards_inside_a_task() {
     let mut task = new_task(&p, at(1_000));
     let out = hand_out(&mut task, &p, at(500), 1);
     assert_eq!(out.deadline, at(2_000), "an earlier now is read as the latest one");
-    task.handle_failed(&p, at(10), 1, &1, Failure::retryable("x"), &mut r).unwrap();
+    task.handle_failure(&p, at(10), 1, &1, Failure::retryable("x"), &mut r).unwrap();
     assert_eq!(task.status(), &DeliveryStatus::Pending { attempt: 2, not_before: Some(at(1_100)) });
 }
 
@@ -814,7 +814,7 @@ fn apply(task: &mut Task, p: &Policy, now: &mut Instant, op: Op, r: &mut ChaCha8
         Op::Start(a, w) => task.handle_started(p, *now, attempt(a), &worker(w)).is_ok(),
         Op::Heartbeat(a, w, c) => task.handle_heartbeat(p, *now, attempt(a), &worker(w), c).is_ok(),
         Op::Persist(a) => task.handle_persisted(p, *now, attempt(a)).is_ok(),
-        Op::Complete(a, w) => task.handle_completed(p, *now, attempt(a), &worker(w)).is_ok(),
+        Op::Complete(a, w) => task.handle_success(p, *now, attempt(a), &worker(w)).is_ok(),
         Op::Fail(a, w, k) => {
             let failure = match k {
                 0 => Failure::retryable("e"),
@@ -822,7 +822,7 @@ fn apply(task: &mut Task, p: &Policy, now: &mut Instant, op: Op, r: &mut ChaCha8
                 2 => Failure::fatal("f"),
                 _ => Failure::retry_after(ms(50), "h"),
             };
-            task.handle_failed(p, *now, attempt(a), &worker(w), failure, r).is_ok()
+            task.handle_failure(p, *now, attempt(a), &worker(w), failure, r).is_ok()
         }
         Op::Interrupt(a, w, k) => {
             let reason =
@@ -1023,4 +1023,22 @@ fn a_loaded_task_whose_attempt_is_not_its_retrys_is_refused() {
         let err = serde_json::from_str::<Owned>(&edited).unwrap_err().to_string();
         assert!(err.contains("invalid state of a Delivery"), "{err}");
     }
+}
+
+/// The verbs' former names still work for one release, deprecated.
+#[test]
+#[allow(deprecated)]
+fn the_former_verb_names_still_report_a_success_and_a_failure() {
+    let policy = policy(3);
+    let mut rng = ChaCha8Rng::seed_from_u64(1);
+    let mut task = new_task(&policy, at(0));
+    hand_out(&mut task, &policy, at(0), 1);
+    task.handle_failed(&policy, at(1), 1, &1, Failure::retryable("x"), &mut rng).unwrap();
+    drain(&mut task);
+    let due = task.poll_timeout().unwrap();
+    task.handle_timeout(&policy, due, &mut rng);
+    drain(&mut task);
+    hand_out(&mut task, &policy, due, 1);
+    task.handle_completed(&policy, due, 2, &1).unwrap();
+    assert_eq!(task.terminal(), Some(&Terminal::Completed { attempt: 2 }));
 }

@@ -199,7 +199,7 @@ fn handed_out(policy: &DeliveryPolicy) -> Task {
 /// A task whose attempt 1 failed at `at`: attempt 2 waits for its 100 ms retry delay.
 fn failed_once(policy: &DeliveryPolicy, at: Instant) -> Task {
     let mut task = handed_out(policy);
-    task.handle_failed(policy, at, 1, &1, Failure::retryable("x".to_owned()), &mut SplitMix64::new(1)).unwrap();
+    task.handle_failure(policy, at, 1, &1, Failure::retryable("x".to_owned()), &mut SplitMix64::new(1)).unwrap();
     drained(&mut task);
     task
 }
@@ -290,7 +290,7 @@ fn g12_loaded_states_with_actions_of_another_state_are_refused() {
         assert!(reloaded(&out, |j| j["pending"] = bits.into()).is_err(), "handed out with {bits}");
     }
     let mut done = out.clone();
-    done.handle_completed(&policy, Instant::ZERO, 1, &1).unwrap();
+    done.handle_success(&policy, Instant::ZERO, 1, &1).unwrap();
     let undrained = reloaded(&done, |_| {}).unwrap();
     assert_eq!(undrained, done, "a finish waiting to be drained loads");
     drained(&mut done);

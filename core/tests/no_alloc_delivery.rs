@@ -88,9 +88,9 @@ fn the_per_task_delivery_path_allocates_nothing() {
                 task.handle_hand_out(&policy, now, 5).unwrap();
                 drain(&mut task);
                 if task_id % 2 == 0 {
-                    task.handle_completed(&policy, now, attempt, &5).unwrap();
+                    task.handle_success(&policy, now, attempt, &5).unwrap();
                 } else {
-                    task.handle_failed(&policy, now, attempt, &5, Failure::retryable(1), &mut rng).unwrap();
+                    task.handle_failure(&policy, now, attempt, &5, Failure::retryable(1), &mut rng).unwrap();
                 }
                 finishes += drain(&mut task);
                 std::hint::black_box(&task);
@@ -130,7 +130,7 @@ fn the_table_allocates_nothing_per_hand_out_and_result_once_warm() {
             let id = table.hand_out_next(&policy, now, &worker).unwrap();
             while table.poll_action().is_some() {}
             table.handle_started(&policy, now, &id, 1, &worker).unwrap();
-            table.handle_completed(&policy, now, &id, 1, &worker).unwrap();
+            table.handle_success(&policy, now, &id, 1, &worker).unwrap();
             while table.poll_action().is_some() {}
         }
     });

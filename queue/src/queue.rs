@@ -273,11 +273,11 @@ fn decide(
         Report::Heartbeat(checkpoint) => {
             state.handle_heartbeat(policy, now, attempt, &job.worker, checkpoint.clone()).map_err(|r| refused(r.error))
         }
-        Report::Complete => state.handle_completed(policy, now, attempt, &job.worker).map_err(refused),
+        Report::Complete => state.handle_success(policy, now, attempt, &job.worker).map_err(refused),
         Report::Fail(failure) => {
             let mut rng = rng_for(id, attempt, now);
             state
-                .handle_failed(policy, now, attempt, &job.worker, failure.clone(), &mut rng)
+                .handle_failure(policy, now, attempt, &job.worker, failure.clone(), &mut rng)
                 .map_err(|r| refused(r.error))
         }
         Report::Decline => {

@@ -520,7 +520,7 @@ fn report(
             (got, answer, holds.is_some(), Cause::Progress)
         }
         Report::Completed => {
-            let got = table.handle_completed(policy, now, &task, attempt, &worker);
+            let got = table.handle_success(policy, now, &task, attempt, &worker);
             (got, model.completed(now, attempt, worker), holds.is_some(), Cause::Completed)
         }
         Report::Failed(kind) => {
@@ -529,7 +529,7 @@ fn report(
                 _ => kind,
             };
             let slept = table.get(&task).map(|t| t.stats().slept);
-            let got = table.handle_failed(
+            let got = table.handle_failure(
                 policy,
                 now,
                 &task,
@@ -967,13 +967,13 @@ fn misuse(
         (0, Some((_, Some((attempt, worker, _, _)))), Some(model)) => {
             // The right attempt from the wrong worker.
             let wrong = worker.wrapping_add(1);
-            (table.handle_completed(policy, now, &task, attempt, &wrong), model.completed(now, attempt, wrong))
+            (table.handle_success(policy, now, &task, attempt, &wrong), model.completed(now, attempt, wrong))
         }
         (1, Some((attempt, _)), Some(model)) => {
             // An attempt that is not out.
             let r = world.rng();
             let failure = Failure::retryable(0);
-            let got = table.handle_failed(policy, now, &task, attempt + 1, &0, failure, r);
+            let got = table.handle_failure(policy, now, &task, attempt + 1, &0, failure, r);
             world.check("G12", got.as_ref().is_err_and(|r| r.input == failure), || {
                 format!("task {task}: a wrong failure was not handed back: {got:?}")
             })?;

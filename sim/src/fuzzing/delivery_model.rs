@@ -208,13 +208,13 @@ pub(crate) fn run(data: &[u8]) {
                 let now = clock.at(at, machine.poll_timeout());
                 let (attempt, worker) = (attempt.get(current), worker_of(worker));
                 let expected = model.completed(now, attempt, worker);
-                compare(ctx, machine.handle_completed(&policy, now, attempt, &worker), expected)
+                compare(ctx, machine.handle_success(&policy, now, attempt, &worker), expected)
             }
             Op::Failed(at, attempt, worker, kind, error) => {
                 let now = clock.at(at, machine.poll_timeout());
                 let (attempt, worker) = (attempt.get(current), worker_of(worker));
                 let failure = Failure::new(kind.get(now), error);
-                let got = machine.handle_failed(&policy, now, attempt, &worker, failure, &mut rng);
+                let got = machine.handle_failure(&policy, now, attempt, &worker, failure, &mut rng);
                 let expected = model.failed(&policy, now, attempt, worker, failure, waits(&machine));
                 compare_returned(ctx, got, &failure, expected)
             }

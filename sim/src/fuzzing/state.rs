@@ -670,12 +670,12 @@ pub fn delivery(data: &[u8]) {
                 task.handle_persisted(&policy, clock.at(at, due), n.get(current)).err().map(|e| format!("{e:?}"))
             }
             DeliveryOp::Completed(at, n, w) => {
-                task.handle_completed(&policy, clock.at(at, due), n.get(current), &w).err().map(|e| format!("{e:?}"))
+                task.handle_success(&policy, clock.at(at, due), n.get(current), &w).err().map(|e| format!("{e:?}"))
             }
             DeliveryOp::Failed(at, n, w, kind, error) => {
                 let now = clock.at(at, due);
                 let failure = Failure::new(kind.get(now), error);
-                task.handle_failed(&policy, now, n.get(current), &w, failure, &mut rng).err().map(|e| format!("{e:?}"))
+                task.handle_failure(&policy, now, n.get(current), &w, failure, &mut rng).err().map(|e| format!("{e:?}"))
             }
             DeliveryOp::Interrupted(at, n, w, why) => task
                 .handle_interrupted(&policy, clock.at(at, due), n.get(current), &w, interruption(why), &mut rng)
@@ -882,14 +882,14 @@ pub fn deliveries(data: &[u8]) {
                 .err()
                 .map(|e| format!("{e:?}")),
             DeliveriesOp::Completed(task, at, n, w) => table
-                .handle_completed(&policy, clock.at(at, due), &task, n.get(current(&table, task)), &w)
+                .handle_success(&policy, clock.at(at, due), &task, n.get(current(&table, task)), &w)
                 .err()
                 .map(|e| format!("{e:?}")),
             DeliveriesOp::Failed(task, at, n, w, kind, error) => {
                 let now = clock.at(at, due);
                 let attempt = n.get(current(&table, task));
                 table
-                    .handle_failed(&policy, now, &task, attempt, &w, Failure::new(kind.get(now), error), &mut rng)
+                    .handle_failure(&policy, now, &task, attempt, &w, Failure::new(kind.get(now), error), &mut rng)
                     .err()
                     .map(|e| format!("{e:?}"))
             }
@@ -1117,10 +1117,10 @@ fn seed_states() -> Vec<(&'static str, Vec<u8>)> {
     }
     let _ = table.hand_out_next(&delivery_policy, Instant::from_millis(1), &7);
     let _ = table.hand_out_next(&delivery_policy, Instant::from_millis(1), &8);
-    let _ = table.handle_completed(&delivery_policy, Instant::from_millis(2), &1, 1, &7);
+    let _ = table.handle_success(&delivery_policy, Instant::from_millis(2), &1, 1, &7);
     seeds.push(("deliveries_state", encode(&table)));
     while table.poll_action().is_some() {}
-    let _ = table.handle_failed(&delivery_policy, Instant::from_millis(3), &2, 1, &8, Failure::retryable(4), &mut rng);
+    let _ = table.handle_failure(&delivery_policy, Instant::from_millis(3), &2, 1, &8, Failure::retryable(4), &mut rng);
     seeds.push(("deliveries_state", encode(&table)));
 
     let mut budget = ConcurrencyBudget::new();
