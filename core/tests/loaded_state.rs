@@ -181,6 +181,7 @@ mod on_load {
     }
 }
 
+#[cfg(feature = "serde")]
 #[test]
 fn r1_a_loaded_retry_at_the_last_attempt_number_never_hands_it_out_again() {
     let mut rng = ChaCha8Rng::seed_from_u64(1);
