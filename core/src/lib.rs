@@ -168,6 +168,7 @@ mod attempt;
 mod backoff;
 mod breaker;
 mod budget;
+mod bulkhead;
 mod concurrency_budget;
 mod decision;
 #[cfg(feature = "alloc")]
@@ -179,6 +180,8 @@ mod failure;
 mod flow;
 mod hedge;
 mod jitter_rng;
+mod limit_policy;
+mod limiter;
 mod outbox;
 pub mod presets;
 mod random;
@@ -195,6 +198,9 @@ pub use breaker::{
 pub use budget::{
     BudgetEvent, BudgetRefused, Grant, MAX_BUDGET_BUCKETS, MAX_RATIO, RatioBudget, RatioBudgetPolicy,
     RatioBudgetPolicyBuilder, RetryClass, TokenBucket, TokenBucketPolicy, TokenBucketPolicyBuilder,
+};
+pub use bulkhead::{
+    Bulkhead, BulkheadError, BulkheadPermit, BulkheadPolicy, BulkheadPolicyBuilder, Full, MAX_WAITERS, Shed, Ticket,
 };
 pub use concurrency_budget::{
     ConcurrencyBudget, ConcurrencyBudgetPolicy, ConcurrencyBudgetPolicyBuilder, ConcurrencyError,
@@ -218,6 +224,8 @@ pub use flow::{
 };
 pub use hedge::{Hedge, HedgeAction, HedgeError, HedgePolicy, HedgePolicyBuilder, HedgeStats, MAX_HEDGED_ATTEMPTS};
 pub use jitter_rng::SplitMix64;
+pub use limit_policy::{LimitAlgorithm, LimiterPolicy, LimiterPolicyBuilder, MAX_LIMIT, MinRttProbe};
+pub use limiter::{Completion, Limiter, LimiterError, LimiterPermit};
 pub use retry::{
     Outcome, OutcomeKind, Retry, RetryAction, RetryError, RetryPolicy, RetryPolicyBuilder, RetryStatus, Stats,
 };
