@@ -117,6 +117,12 @@ pub struct LimiterPolicyBuilder {
 }
 
 impl LimiterPolicyBuilder {
+    /// Another algorithm, the bounds and the probe kept.
+    pub const fn algorithm(mut self, algorithm: LimitAlgorithm) -> Self {
+        self.algorithm = algorithm;
+        self
+    }
+
     /// The bounds and the starting limit.
     pub const fn limits(mut self, min: u32, initial: u32, max: u32) -> Self {
         self.min_limit = min;

@@ -33,6 +33,7 @@ pub mod fuzzing;
 pub mod hedge;
 pub mod model;
 pub mod outage;
+pub mod overload;
 pub mod plot;
 pub mod retry;
 pub mod scheduler;

@@ -2,8 +2,9 @@
 //!
 //! - `cargo run -p sim --release` — every scenario family, `SIM_RUNS` scenarios each (default
 //!   20 000), with core events per second and the checks per guarantee, then the contention
-//!   table and the outage experiment's; the plots go to `target/sim/contention.svg`,
-//!   `contention-time.svg` and `outage.svg`.
+//!   table, the outage experiment's and the overload experiment's (L5); the plots go to
+//!   `target/sim/contention.svg`, `contention-time.svg`, `outage.svg` and `overload.svg`.
+//! - `cargo run -p sim --release -- overload` — the overload experiment only.
 //! - `cargo run -p sim --release -- sweep <family> <count> [first seed]` — one family only.
 //! - `cargo run -p sim --release -- replay <family> <seed>` — one scenario, with its trace hash,
 //!   or its violation with the recent trace.
@@ -22,8 +23,12 @@ fn main() -> ExitCode {
         Some("replay") => replay(&args[1..]),
         Some("sweep") => sweep(&args[1..]),
         None | Some("report") => report(),
+        Some("overload") => {
+            overload_report();
+            ExitCode::SUCCESS
+        }
         Some(other) => {
-            eprintln!("unknown command {other:?}; use `replay <family> <seed>` or no argument");
+            eprintln!("unknown command {other:?}; use `replay <family> <seed>`, `sweep`, `overload` or no argument");
             ExitCode::FAILURE
         }
     }
@@ -212,6 +217,7 @@ fn report() -> ExitCode {
         ),
     );
     outage_report();
+    overload_report();
     if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS }
 }
 
@@ -248,6 +254,55 @@ fn outage_report() {
     write_plot(
         "outage.svg",
         &line_chart("Calls reaching the dependency during an outage", "seconds", "calls per 100 ms", &series, false),
+    );
+}
+
+/// The overload experiment's table (L5) and its latency timeline at 5× overload.
+fn overload_report() {
+    use sim::overload::{self, Guard};
+    println!(
+        "\noverload: a server of capacity C = {:.0} requests/s ({} workers, {:?} ± 10% each: the no-load latency), \
+         Poisson arrivals at 1x, 2x and 5x C for {:?}, clients giving up after {:?}; measured after the first {:?}\n",
+        overload::capacity(),
+        overload::WORKERS,
+        overload::SERVICE,
+        overload::DURATION,
+        overload::CLIENT_TIMEOUT,
+        overload::WARMUP
+    );
+    let loads = [1.0, 2.0, 5.0];
+    print!("{:<18}", "limit");
+    for load in loads {
+        print!(" {:>26}", format!("{load}x: goodput p50 / p99"));
+    }
+    println!();
+    let mut series = Vec::new();
+    for guard in Guard::ALL {
+        print!("{:<18}", guard.name());
+        for load in loads {
+            let run = overload::run(guard, load, overload::DURATION, 1);
+            let cell = format!(
+                "{:.0}% {:.1}x / {:.1}x",
+                100.0 * run.goodput(overload::DURATION),
+                run.latency(0.5),
+                run.latency(0.99)
+            );
+            print!(" {cell:>26}");
+            if load == 5.0 && !matches!(guard, Guard::AimdPreset | Guard::VegasPreset | Guard::Gradient2Preset) {
+                let points =
+                    run.p99_per_window.iter().enumerate().map(|(w, &p99)| (w as f64 / 10.0, p99.max(1.0))).collect();
+                series.push(Series { name: guard.name(), points });
+            }
+        }
+        println!();
+    }
+    println!(
+        "(goodput: answers within the client's timeout per second, as a share of C; latency of the answered requests \
+         as a multiple of the no-load latency; the presets are the published defaults unchanged)"
+    );
+    write_plot(
+        "overload.svg",
+        &line_chart("p99 latency at 5x overload, by arrival time", "seconds", "p99 latency, ms (log)", &series, true),
     );
 }
 
