@@ -402,6 +402,11 @@ impl Limiter {
         self.in_flight
     }
 
+    /// The id its permits carry.
+    pub const fn id(&self) -> u32 {
+        self.id
+    }
+
     /// The minimum RTT measured, if any.
     pub fn min_rtt(&self) -> Option<Duration> {
         (self.min_rtt_ns != 0).then(|| Duration::from_nanos(self.min_rtt_ns))

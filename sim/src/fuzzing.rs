@@ -23,7 +23,7 @@
 //! | [`budget`]        | `TokenBucket`, `RatioBudget`         | U1–U3, G9, against exact models                                  |
 //! | [`delivery`]      | `Delivery`                           | D1–D9, G10–G12, against a model built on the retry model         |
 //! | [`hedge`]         | `Hedge`                              | X1–X5, G12: every output against a reference written from the rules |
-//! | [`retry_state`], [`supervision_state`], [`flow_state`], [`breaker_state`], [`budget_state`], [`delivery_state`], [`backoff_state`], [`flows_state`], [`deliveries_state`], [`concurrency_state`] | a *loaded* state of each | any state that loads is safe to drive: a state decoded from arbitrary bytes is refused or driven, under an arbitrary policy, without a panic or an overflow; it stays loadable after every operation; refused inputs change nothing (see [`state`]) |
+//! | [`retry_state`], [`supervision_state`], [`flow_state`], [`breaker_state`], [`budget_state`], [`delivery_state`], [`backoff_state`], [`flows_state`], [`deliveries_state`], [`concurrency_state`], [`limits_state`] | a *loaded* state of each | any state that loads is safe to drive: a state decoded from arbitrary bytes is refused or driven, under an arbitrary policy, without a panic or an overflow; it stays loadable after every operation; refused inputs change nothing (see [`state`]) |
 
 use core::fmt::Debug;
 use core::time::Duration;
@@ -39,6 +39,7 @@ mod budget_model;
 mod delivery_model;
 mod flow_model;
 mod hedge_model;
+mod limits_state;
 mod retry_model;
 pub mod state;
 mod supervision_model;
@@ -137,8 +138,14 @@ pub fn concurrency_state(data: &[u8]) {
     state::concurrency(data);
 }
 
+/// A loaded [`persevere::Limiter`] and [`persevere::Bulkhead`] driven under any policies: L1, L3,
+/// L4 besides the state checks (see [`state`]).
+pub fn limits_state(data: &[u8]) {
+    limits_state::run(data);
+}
+
 /// The fuzz targets, by name, in report order.
-pub const TARGETS: [&str; 18] = [
+pub const TARGETS: [&str; 19] = [
     "backoff",
     "retry",
     "supervision",
@@ -157,6 +164,7 @@ pub const TARGETS: [&str; 18] = [
     "flows_state",
     "deliveries_state",
     "concurrency_state",
+    "limits_state",
 ];
 
 /// Runs the target `name` on `data`; `false` for an unknown name.
@@ -180,6 +188,7 @@ pub fn run(name: &str, data: &[u8]) -> bool {
         "flows_state" => flows_state(data),
         "deliveries_state" => deliveries_state(data),
         "concurrency_state" => concurrency_state(data),
+        "limits_state" => limits_state(data),
         _ => return false,
     }
     true

@@ -40,7 +40,9 @@ const MAX_STATE_BYTES: usize = 1024;
 /// Splits `data` into a state (two little-endian bytes of length, then the state's postcard
 /// encoding), a policy input and operations. `None` when the machine refuses the state or the
 /// input runs out first.
-fn decode<'a, S: DeserializeOwned, P: Arbitrary<'a>, O: Arbitrary<'a>>(data: &'a [u8]) -> Option<(S, P, Vec<O>)> {
+pub(super) fn decode<'a, S: DeserializeOwned, P: Arbitrary<'a>, O: Arbitrary<'a>>(
+    data: &'a [u8],
+) -> Option<(S, P, Vec<O>)> {
     let mut u = Unstructured::new(data);
     let len = u.bytes(2).ok()?;
     let len = usize::from(u16::from_le_bytes([len[0], len[1]])) % MAX_STATE_BYTES;
@@ -58,7 +60,7 @@ fn decode<'a, S: DeserializeOwned, P: Arbitrary<'a>, O: Arbitrary<'a>>(data: &'a
 }
 
 /// `state-load`: the state encodes, and loads back equal to itself.
-fn reloads<S: Serialize + DeserializeOwned + PartialEq + Debug>(ctx: Ctx<'_>, state: &S) {
+pub(super) fn reloads<S: Serialize + DeserializeOwned + PartialEq + Debug>(ctx: Ctx<'_>, state: &S) {
     let bytes = postcard::to_allocvec(state).expect("every state encodes");
     match postcard::from_bytes::<S>(&bytes) {
         Ok(back) => ensure!(ctx, back == *state, "state-load", "reloaded as {back:?}, not {state:?}"),
@@ -78,7 +80,7 @@ fn reloads<S: Serialize + DeserializeOwned + PartialEq + Debug>(ctx: Ctx<'_>, st
 }
 
 /// `G12`: a refused input changed nothing.
-fn unchanged<S: PartialEq + Debug, T: Debug>(ctx: Ctx<'_>, before: &S, after: &S, refused: &T) {
+pub(super) fn unchanged<S: PartialEq + Debug, T: Debug>(ctx: Ctx<'_>, before: &S, after: &S, refused: &T) {
     ensure!(
         ctx,
         before == after,
@@ -1129,6 +1131,32 @@ fn seed_states() -> Vec<(&'static str, Vec<u8>)> {
     budget.record_request_start();
     let _ = budget.try_acquire(&ConcurrencyBudgetPolicy::envoy());
     seeds.push(("concurrency_state", encode(&budget)));
+
+    let limiter_policy = persevere::LimiterPolicy::vegas()
+        .to_builder()
+        .min_rtt_probe(persevere::MinRttProbe::envoy(Duration::from_secs(1)))
+        .build()
+        .expect("valid");
+    let bulkhead_policy =
+        persevere::BulkheadPolicy::builder(2).max_wait(Duration::from_millis(5), 3).build().expect("valid");
+    let (mut limiter, mut bulkhead) = (persevere::Limiter::new(&limiter_policy, 1), persevere::Bulkhead::new());
+    seeds.push(("limits_state", encode(&(limiter.clone(), bulkhead.clone()))));
+    for i in 0..4 {
+        let _held = bulkhead.try_acquire(&bulkhead_policy, Instant::from_millis(i));
+        if let Ok(permit) = limiter.try_acquire(&limiter_policy, Instant::from_millis(i)) {
+            let _ = limiter.release(
+                &limiter_policy,
+                Instant::from_millis(i + 5),
+                permit,
+                persevere::Completion::Success,
+                &mut rng,
+            );
+        }
+    }
+    let _in_flight = limiter.try_acquire(&limiter_policy, Instant::from_millis(9));
+    seeds.push(("limits_state", encode(&(limiter.clone(), bulkhead.clone()))));
+    limiter.handle_timeout(&limiter_policy, Instant::from_secs(3));
+    seeds.push(("limits_state", encode(&(limiter, bulkhead))));
     seeds
 }
 
