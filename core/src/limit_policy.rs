@@ -97,6 +97,8 @@ pub struct LimiterPolicy {
     /// AIMD's timeout in ns (u64::MAX for the other algorithms).
     pub(crate) timeout_ns: u64,
     pub(crate) probe_interval_ns: u64,
+    /// Gradient2's long-RTT weight, `2 / (long_window + 1)` (0 for the other algorithms).
+    pub(crate) long_factor: f64,
 }
 
 /// The settings of a [`LimiterPolicy`] before validation.
@@ -171,6 +173,10 @@ impl LimiterPolicyBuilder {
             probe: self.probe,
             timeout_ns,
             probe_interval_ns,
+            long_factor: match self.algorithm {
+                LimitAlgorithm::Gradient2 { long_window, .. } => 2.0 / (f64::from(long_window) + 1.0),
+                _ => 0.0,
+            },
         })
     }
 }

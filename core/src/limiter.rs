@@ -253,8 +253,8 @@ impl Limiter {
                 Some(target) => (1.0 - smoothing) * limit + smoothing * target,
                 None => return,
             },
-            LimitAlgorithm::Gradient2 { smoothing, rtt_tolerance, queue_size, long_window } => {
-                let long = self.long_rtt(rtt_ns, long_window);
+            LimitAlgorithm::Gradient2 { smoothing, rtt_tolerance, queue_size, .. } => {
+                let long = self.long_rtt(rtt_ns, policy.long_factor);
                 if f64::from(in_flight) < limit / 2.0 {
                     return;
                 }
@@ -274,12 +274,12 @@ impl Limiter {
             return None;
         }
         let limit = self.estimate;
+        if !dropped && f64::from(in_flight) * 2.0 < limit {
+            return None;
+        }
         let a = f64::from(log10_floor(limit as u32).max(1));
         if dropped {
             return Some(limit - a);
-        }
-        if f64::from(in_flight) * 2.0 < limit {
-            return None;
         }
         let queue = ceil(limit * (1.0 - self.min_rtt_ns as f64 / rtt_ns as f64));
         if queue <= a {
@@ -294,17 +294,18 @@ impl Limiter {
     }
 
     /// Adds a sample to Gradient2's long RTT (the first 10 averaged, then an exponential
-    /// average over `window`), pulling it down when it is more than twice the sample.
-    fn long_rtt(&mut self, rtt_ns: u64, window: u32) -> f64 {
+    /// average with weight `factor`, `2 / (long_window + 1)`), pulling it down when it is more
+    /// than twice the sample.
+    #[inline]
+    fn long_rtt(&mut self, rtt_ns: u64, factor: f64) -> f64 {
         let sample = rtt_ns as f64;
         if self.long_count < 10 {
             self.long_count += 1;
             self.long_rtt_ns += (sample - self.long_rtt_ns) / f64::from(self.long_count);
         } else {
-            let factor = 2.0 / (f64::from(window) + 1.0);
-            self.long_rtt_ns = self.long_rtt_ns * (1.0 - factor) + sample * factor;
+            self.long_rtt_ns += (sample - self.long_rtt_ns) * factor;
         }
-        if self.long_rtt_ns / sample > 2.0 {
+        if self.long_rtt_ns > 2.0 * sample {
             self.long_rtt_ns *= 0.95;
         }
         self.long_rtt_ns
