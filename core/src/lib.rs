@@ -49,6 +49,10 @@
 //!   it is exhausted and where it recovers. An outbox is written on transitions only (nothing on
 //!   the closed or granted path), holds a few events in place, counts any it had to push out
 //!   unseen (`dropped_events`), and is not serialized: events are outputs, not state.
+//!   The concurrency limits, a [`Bulkhead`] (L1) and an adaptive [`Limiter`] (L2–L4), are
+//!   driven by calls as well: `try_acquire` answers with a permit or [`Shed`] (with
+//!   `retry_after`), the permit is handed back once to `release`, and `poll_timeout` /
+//!   `handle_timeout` cover a bulkhead's waits and a limiter's minimum-RTT windows.
 //! - **Domain outcomes are outputs; only caller mistakes are `Err`.** Exhausted, tripped, open,
 //!   dead-lettered are actions or statuses. A mistake (a result for an attempt that is not
 //!   running, an unknown id) is refused with [`Refused`]`<Error, Input>` — the reason and the

@@ -29,7 +29,7 @@ fn rule_prefix(name: &str) -> Option<String> {
     let mut chars = head.chars();
     let family = chars.next()?;
     let number: String = chars.collect();
-    let is_id = "brsfkudgxthoq".contains(family) && !number.is_empty() && number.chars().all(|c| c.is_ascii_digit());
+    let is_id = "brsfkuldgxthoq".contains(family) && !number.is_empty() && number.chars().all(|c| c.is_ascii_digit());
     (is_id || head == "p").then(|| head.to_uppercase())
 }
 
