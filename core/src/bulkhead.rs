@@ -271,8 +271,8 @@ impl Bulkhead {
     }
 
     /// Asks for a place at `now`: a permit while fewer than `max_concurrent` calls are in
-    /// flight and nobody waits; else a ticket while fewer than `max_waiting` wait; else
-    /// [`Shed`].
+    /// flight and nobody waits (waits that ended by `now` are swept first); else a ticket while
+    /// fewer than `max_waiting` wait; else [`Shed`].
     ///
     /// # Errors
     /// [`Full`]: queued or shed. A queued caller's wait ends at `now + max_wait`.
@@ -282,23 +282,30 @@ impl Bulkhead {
             self.in_flight += 1;
             return Ok(BulkheadPermit { acquired_at: now });
         }
-        Err(self.queue(policy, now))
+        self.queue(policy, now)
     }
 
+    /// Every place taken or someone queued: sweeps the waits that ended (the work due at
+    /// `now`), then admits, queues or sheds.
     #[cold]
-    fn queue(&mut self, policy: &BulkheadPolicy, now: Instant) -> Full {
+    fn queue(&mut self, policy: &BulkheadPolicy, now: Instant) -> Result<BulkheadPermit, Full> {
+        self.handle_timeout(now);
+        if self.len == 0 && self.in_flight < policy.max_concurrent {
+            self.in_flight += 1;
+            return Ok(BulkheadPermit { acquired_at: now });
+        }
         let end = self.head.saturating_add(u64::from(self.len));
         if self.waiting() >= policy.max_waiting || self.len >= MAX_WAITERS || end == u64::MAX {
             let retry_after = match self.earliest() {
                 Some(deadline) => deadline.saturating_duration_since(now),
                 None => Duration::from_nanos(policy.retry_after_ns),
             };
-            return Full::Shed(Shed { retry_after });
+            return Err(Full::Shed(Shed { retry_after }));
         }
         let deadline = now.saturating_add(Duration::from_nanos(policy.max_wait_ns));
         self.ring[slot(end)] = Some(deadline);
         self.len += 1;
-        Full::Queued(Ticket { number: end, deadline })
+        Err(Full::Queued(Ticket { number: end, deadline }))
     }
 
     /// The call made with `permit` ended, however it ended: its place frees, for the first

@@ -82,6 +82,17 @@ fn l1_a_wait_ends_at_its_deadline_and_a_full_queue_says_when_a_place_frees() {
 }
 
 #[test]
+fn l1_a_newcomer_takes_a_free_place_once_the_waits_before_it_ended() {
+    let policy = BulkheadPolicy::builder(1).max_wait(Duration::from_millis(10), 2).build().unwrap();
+    let mut bulkhead = Bulkhead::new();
+    let running = bulkhead.try_acquire(&policy, ms(0)).unwrap();
+    let _gone = queued(bulkhead.try_acquire(&policy, ms(0)));
+    bulkhead.release(running).unwrap();
+    assert!(bulkhead.try_acquire(&policy, ms(5)).is_err(), "the waiter's turn comes first");
+    assert!(bulkhead.try_acquire(&policy, ms(20)).is_ok(), "its wait ended unswept: the place is free");
+}
+
+#[test]
 fn l1_bulkhead_policies_are_validated() {
     assert!(matches!(BulkheadPolicy::builder(0).build(), Err(PolicyError::Zero { .. })));
     assert!(matches!(

@@ -172,25 +172,31 @@ fn bulkhead_op(
     clock: &mut Clock,
 ) {
     match op {
-        LimitsOp::Enter(at) => match bulkhead.try_acquire(policy, clock.at(at, bulkhead.poll_timeout())) {
-            Ok(place) => {
-                let free = before.in_flight() < policy.max_concurrent() && before.waiting() == 0;
-                ensure!(
-                    ctx,
-                    free,
-                    "L1",
-                    "admitted with {} in flight, {} waiting",
-                    before.in_flight(),
-                    before.waiting()
-                );
-                held.places.push(place);
+        LimitsOp::Enter(at) => {
+            let now = clock.at(at, bulkhead.poll_timeout());
+            // Admission first sweeps the waits that ended: judge it against the swept state.
+            let mut swept = before.clone();
+            swept.handle_timeout(now);
+            match bulkhead.try_acquire(policy, now) {
+                Ok(place) => {
+                    let free = swept.in_flight() < policy.max_concurrent() && swept.waiting() == 0;
+                    ensure!(
+                        ctx,
+                        free,
+                        "L1",
+                        "admitted with {} in flight, {} waiting",
+                        swept.in_flight(),
+                        swept.waiting()
+                    );
+                    held.places.push(place);
+                }
+                Err(Full::Queued(ticket)) => {
+                    ensure!(ctx, swept.waiting() < policy.max_waiting(), "L1", "queued past max_waiting");
+                    held.tickets.push(ticket);
+                }
+                Err(Full::Shed(_)) => unchanged(ctx, &swept, bulkhead, &"shed"),
             }
-            Err(Full::Queued(ticket)) => {
-                ensure!(ctx, before.waiting() < policy.max_waiting(), "L1", "queued past max_waiting");
-                held.tickets.push(ticket);
-            }
-            Err(Full::Shed(_)) => unchanged(ctx, before, bulkhead, &"shed"),
-        },
+        }
         LimitsOp::Leave(i) => {
             if !held.places.is_empty() {
                 let place = held.places.swap_remove(usize::from(i) % held.places.len());
