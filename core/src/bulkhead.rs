@@ -210,7 +210,7 @@ pub enum BulkheadError {
         /// The ticket's number.
         number: u64,
     },
-    /// The ticket's wait ended at `deadline`: the caller is refused.
+    /// The ticket's wait ended (its deadline passed): the caller is refused.
     #[error("ticket {number}'s wait ended")]
     Expired {
         /// The ticket's number.

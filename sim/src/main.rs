@@ -289,8 +289,14 @@ fn overload_report() {
             );
             print!(" {cell:>26}");
             if load == 5.0 && !matches!(guard, Guard::AimdPreset | Guard::VegasPreset | Guard::Gradient2Preset) {
-                let points =
-                    run.p99_per_window.iter().enumerate().map(|(w, &p99)| (w as f64 / 10.0, p99.max(1.0))).collect();
+                // Windows with no measured answer (the warm-up's) are left out.
+                let points = run
+                    .p99_per_window
+                    .iter()
+                    .enumerate()
+                    .filter(|&(_, &p99)| p99 > 0.0)
+                    .map(|(w, &p99)| (w as f64 / 10.0, p99))
+                    .collect();
                 series.push(Series { name: guard.name(), points });
             }
         }
