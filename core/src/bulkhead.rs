@@ -7,8 +7,9 @@
 //! claim a freed place. Deadlines cannot be derived from the ticket numbers alone (a policy
 //! loaded with another `max_wait` changes them, and a waiter may give up in the middle of the
 //! queue), and an `alloc`-gated queue would make the bulkhead unavailable to `no_std` users
-//! without an allocator. The ring is never touched on the uncontended path (a free place and
-//! nobody waiting): admission there reads and writes two counters.
+//! without an allocator. The ring is 32 `u64`s (256 bytes of the state's 272), and it is never
+//! touched on the uncontended path (a free place and nobody waiting): admission there reads and
+//! writes two counters.
 
 use core::time::Duration;
 
@@ -252,8 +253,9 @@ pub struct Bulkhead {
     head: u64,
     /// Tickets the ring holds, from `head` on (waiting ones, and given-up ones behind them).
     len: u32,
-    /// Slot `number % MAX_WAITERS`: the ticket's deadline, `None` once it left the queue.
-    ring: [Option<Instant>; RING],
+    /// Slot `number % MAX_WAITERS`: the ticket's deadline in ns, 0 once it left the queue (a
+    /// deadline is never 0: a queued caller waits a positive `max_wait`).
+    ring: [u64; RING],
 }
 
 crate::serde_validated!(Bulkhead, "Bulkhead");
@@ -267,7 +269,7 @@ impl Default for Bulkhead {
 impl Bulkhead {
     /// Nothing in flight, nobody waiting.
     pub const fn new() -> Self {
-        Bulkhead { in_flight: 0, head: 0, len: 0, ring: [None; RING] }
+        Bulkhead { in_flight: 0, head: 0, len: 0, ring: [0; RING] }
     }
 
     /// Asks for a place at `now`: a permit while fewer than `max_concurrent` calls are in
@@ -303,7 +305,7 @@ impl Bulkhead {
             return Err(Full::Shed(Shed { retry_after }));
         }
         let deadline = now.saturating_add(Duration::from_nanos(policy.max_wait_ns));
-        self.ring[slot(end)] = Some(deadline);
+        self.ring[slot(end)] = deadline.as_nanos().max(1);
         self.len += 1;
         Err(Full::Queued(Ticket { number: end, deadline }))
     }
@@ -349,7 +351,7 @@ impl Bulkhead {
         match self.ready(policy, now) {
             Some(first) if first.number == ticket.number => {
                 for number in self.head..=ticket.number {
-                    self.ring[slot(number)] = None;
+                    self.ring[slot(number)] = 0;
                 }
                 self.compact();
                 self.in_flight += 1;
@@ -365,7 +367,7 @@ impl Bulkhead {
     /// [`BulkheadError::NotWaiting`]; nothing changes.
     pub fn cancel(&mut self, ticket: Ticket) -> Result<(), BulkheadError> {
         self.deadline_of(ticket.number).ok_or(BulkheadError::NotWaiting { number: ticket.number })?;
-        self.ring[slot(ticket.number)] = None;
+        self.ring[slot(ticket.number)] = 0;
         self.compact();
         Ok(())
     }
@@ -375,8 +377,8 @@ impl Bulkhead {
     pub fn handle_timeout(&mut self, now: Instant) {
         for i in 0..self.len {
             let s = slot(self.head + u64::from(i));
-            if self.ring[s].is_some_and(|deadline| deadline <= now) {
-                self.ring[s] = None;
+            if self.at(s).is_some_and(|deadline| deadline <= now) {
+                self.ring[s] = 0;
             }
         }
         self.compact();
@@ -395,17 +397,17 @@ impl Bulkhead {
 
     /// Tickets waiting (those whose wait ended count until swept).
     pub fn waiting(&self) -> u32 {
-        (0..self.len).filter(|&i| self.ring[slot(self.head + u64::from(i))].is_some()).count() as u32
+        (0..self.len).filter(|&i| self.at(slot(self.head + u64::from(i))).is_some()).count() as u32
     }
 
     fn earliest(&self) -> Option<Instant> {
-        (0..self.len).filter_map(|i| self.ring[slot(self.head + u64::from(i))]).min()
+        (0..self.len).filter_map(|i| self.at(slot(self.head + u64::from(i)))).min()
     }
 
     fn first_alive(&self, now: Instant) -> Option<(u64, Instant)> {
         (0..self.len)
             .map(|i| self.head + u64::from(i))
-            .find_map(|number| self.ring[slot(number)].filter(|&d| d > now).map(|d| (number, d)))
+            .find_map(|number| self.at(slot(number)).filter(|&d| d > now).map(|d| (number, d)))
     }
 
     fn deadline_of(&self, number: u64) -> Option<Instant> {
@@ -413,12 +415,17 @@ impl Bulkhead {
         if offset >= u64::from(self.len) {
             return None;
         }
-        self.ring[slot(number)]
+        self.at(slot(number))
+    }
+
+    /// The deadline in slot `s`, if a ticket waits there.
+    fn at(&self, s: usize) -> Option<Instant> {
+        (self.ring[s] != 0).then(|| Instant::from_nanos(self.ring[s]))
     }
 
     /// Drops the given-up tickets at the head, so that the head is a waiting ticket.
     fn compact(&mut self) {
-        while self.len > 0 && self.ring[slot(self.head)].is_none() {
+        while self.len > 0 && self.ring[slot(self.head)] == 0 {
             self.head += 1;
             self.len -= 1;
         }
@@ -434,11 +441,11 @@ impl Bulkhead {
         if self.head.checked_add(u64::from(self.len)).is_none() {
             return Err("ticket numbers overflow");
         }
-        if self.len > 0 && self.ring[slot(self.head)].is_none() {
+        if self.len > 0 && self.ring[slot(self.head)] == 0 {
             return Err("the oldest ticket held is not waiting");
         }
         let held = |s: usize| (0..self.len).any(|i| slot(self.head + u64::from(i)) == s);
-        if (0..RING).any(|s| self.ring[s].is_some() && !held(s)) {
+        if (0..RING).any(|s| self.ring[s] != 0 && !held(s)) {
             return Err("a deadline outside the queue");
         }
         Ok(())

@@ -216,3 +216,46 @@ fn budget_paths_allocate_nothing() {
     });
     assert_eq!(n, 0, "{n} allocations on the budgets' paths");
 }
+
+#[test]
+fn bulkhead_and_limiter_paths_allocate_nothing() {
+    use persevere::{Bulkhead, BulkheadPolicy, Completion, Full, Limiter, LimiterPolicy, MinRttProbe};
+
+    let policy = BulkheadPolicy::builder(2).max_wait(Duration::from_millis(5), 4).build().unwrap();
+    let mut bulkhead = Bulkhead::new();
+    let n = allocations(|| {
+        for i in 0..1_000u64 {
+            let now = Instant::from_micros(i * 100);
+            let a = bulkhead.try_acquire(&policy, now).unwrap();
+            let b = bulkhead.try_acquire(&policy, now).unwrap();
+            // Both places taken: the third waits, and takes a place once one frees.
+            let Err(Full::Queued(ticket)) = bulkhead.try_acquire(&policy, now) else { panic!("queued") };
+            bulkhead.release(a).unwrap();
+            let c = bulkhead.try_claim(&policy, now, ticket).unwrap().unwrap();
+            bulkhead.handle_timeout(now);
+            bulkhead.release(b).unwrap();
+            bulkhead.release(c).unwrap();
+        }
+    });
+    assert_eq!(n, 0, "bulkhead");
+    let sizes = (std::mem::size_of::<Bulkhead>(), std::mem::size_of::<Limiter>());
+    println!("Bulkhead, Limiter: {sizes:?}");
+    // The bulkhead is its ring of 32 deadlines and three counters.
+    assert!(sizes.0 <= 8 * 32 + 16 && sizes.1 <= 96, "{sizes:?}");
+    let mut rng = ChaCha8Rng::seed_from_u64(3);
+    for policy in [LimiterPolicy::aimd(), LimiterPolicy::vegas(), LimiterPolicy::gradient2()] {
+        let policy = policy.to_builder().min_rtt_probe(MinRttProbe::envoy(Duration::from_millis(50))).build().unwrap();
+        let mut limiter = Limiter::new(&policy, 1);
+        let n = allocations(|| {
+            for i in 0..10_000u64 {
+                let now = Instant::from_micros(i * 10);
+                limiter.handle_timeout(&policy, now);
+                if let Ok(permit) = limiter.try_acquire(&policy, now) {
+                    let done = now.saturating_add(Duration::from_micros(5 + i % 7));
+                    limiter.release(&policy, done, permit, Completion::Success, &mut rng).unwrap();
+                }
+            }
+        });
+        assert_eq!(n, 0, "{:?}", policy.algorithm());
+    }
+}
