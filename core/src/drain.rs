@@ -9,8 +9,10 @@ use crate::Instant;
 /// [`Deliveries`](crate::Deliveries) collections). Drivers, tests and the simulator drain any of
 /// them through it; each type documents its drain order.
 ///
-/// The breaker and the budgets are driven by calls whose answer is the output (an admission or
-/// a refusal), so they are not `Drain`: their transitions come out of `poll_event` (O1).
+/// The breaker, the budgets and the concurrency limits ([`Bulkhead`](crate::Bulkhead),
+/// [`Limiter`](crate::Limiter)) are driven by calls whose answer is the output (an admission or
+/// a refusal), so they are not `Drain`: the breaker's and the budgets' transitions come out of
+/// `poll_event` (O1).
 ///
 /// ```
 /// use persevere::{Backoff, Drain, Instant, Retry, RetryAction, RetryPolicy};
