@@ -64,12 +64,13 @@ pub struct MinRttProbe {
 }
 
 impl MinRttProbe {
-    /// Envoy's `MinimumRTTCalculationParams` defaults (`request_count` 50, `jitter` 10 %,
-    /// `min_concurrency` 3) every `interval` (Envoy requires one; its example uses 60 s).
-    /// Source: <https://www.envoyproxy.io/docs/envoy/latest/configuration/http/http_filters/adaptive_concurrency_filter>
-    /// and the v3 `adaptive_concurrency.proto`.
+    /// Envoy's `MinimumRTTCalculationParams` defaults (`request_count` 50, `jitter` 15 %,
+    /// `min_concurrency` 3) every `interval` (which Envoy requires: it has no default). Source:
+    /// envoyproxy/envoy,
+    /// `api/envoy/extensions/filters/http/adaptive_concurrency/v3/adaptive_concurrency.proto`,
+    /// and <https://www.envoyproxy.io/docs/envoy/latest/configuration/http/http_filters/adaptive_concurrency_filter>.
     pub const fn envoy(interval: Duration) -> MinRttProbe {
-        MinRttProbe { interval, jitter: 0.1, samples: 50, floor: 3 }
+        MinRttProbe { interval, jitter: 0.15, samples: 50, floor: 3 }
     }
 }
 

@@ -190,7 +190,7 @@ fn l2_presets_reproduce_the_published_defaults() {
         LimitAlgorithm::Gradient2 { smoothing: 0.2, rtt_tolerance: 1.5, queue_size: 4, long_window: 600 }
     );
     let probe = MinRttProbe::envoy(Duration::from_secs(60));
-    assert_eq!((probe.samples, probe.floor, probe.jitter), (50, 3, 0.1));
+    assert_eq!((probe.samples, probe.floor, probe.jitter), (50, 3, 0.15));
 }
 
 #[test]
