@@ -34,8 +34,9 @@ pub use persevere_driver::Runtime;
 #[cfg(feature = "http")]
 pub use persevere_driver::retry_after;
 pub use persevere_driver::{
-    BreakerCall, BreakerEvent, BudgetRequest, BudgetTicket, ByResult, ByTrait, CallClassifier, CallError, Classifier,
-    Classify, GaveUp, Hedged, Notify, Operation, Retried, RetryAll, RetryEvent, RetryGate, Stats,
+    BreakerCall, BreakerEvent, BudgetRequest, BudgetTicket, ByCompletion, ByResult, ByTrait, CallClassifier, CallError,
+    Classifier, Classify, CompletionClassifier, GaveUp, Hedged, LimiterCall, LimiterGuard, Notify, Operation, Retried,
+    RetryAll, RetryEvent, RetryGate, ShedError, Stats,
 };
 #[cfg(feature = "supervisor")]
 pub use persevere_driver::{
@@ -124,6 +125,10 @@ pub type Breaker = persevere_driver::Breaker<SmolRuntime>;
 /// Build one with `Budget::tokens(SmolRuntime::new(), policy)` or `Budget::ratio(..)`; attach it with
 /// `retry(..).gate(budget.clone())`. See [`persevere_driver::Budget`].
 pub type Budget = persevere_driver::Budget<SmolRuntime>;
+
+/// An adaptive concurrency limit shared by many tasks (cheap to clone), on this runtime's
+/// clock: `Limiter::new(LimiterPolicy::vegas())`. See [`persevere_driver::Limiter`].
+pub type Limiter = persevere_driver::Limiter<SmolRuntime>;
 
 #[cfg(any(feature = "supervisor", feature = "scheduler"))]
 /// Spawns the supervisor's tasks and the scheduler's runs: on persevere's own global executor

@@ -13,6 +13,8 @@
 //!   attempts in flight, a new one every delay while none has answered, the first success wins;
 //! - [`Breaker`]: a shared circuit breaker over the core's [`persevere::Breaker`], with a
 //!   lock-free closed path;
+//! - [`Limiter`]: a shared adaptive concurrency limit over the core's [`persevere::Limiter`]
+//!   (AIMD, Vegas, Gradient2): calls beyond it are shed with how long to wait;
 //! - [`Budget`]: a shared retry budget (token bucket or ratio) that [`retry`] consults;
 //! - [`retry_after`]: an HTTP `Retry-After` value as a [`persevere::Hint`];
 //! - [`Supervisor`] + [`TaskSpec`]: long-running tasks restarted by policy (S1–S6), with
@@ -41,6 +43,7 @@ mod fault;
 mod hedge;
 #[cfg(any(feature = "supervisor", feature = "scheduler"))]
 mod job;
+mod limiter;
 mod listeners;
 mod operation;
 mod refusal;
@@ -67,6 +70,7 @@ pub use fault::Fault;
 pub use hedge::{HedgeFuture, Hedged, hedge};
 #[cfg(any(feature = "supervisor", feature = "scheduler"))]
 pub use job::JobError;
+pub use limiter::{ByCompletion, CompletionClassifier, Limiter, LimiterCall, LimiterGuard, ShedError};
 pub use operation::Operation;
 pub use persevere::BreakerEvent;
 pub use persevere::Stats;

@@ -11,6 +11,8 @@ pub enum Gate {
     Breaker,
     /// A retry budget ([`Budget`](crate::Budget)): spent.
     Budget,
+    /// A concurrency limit ([`Limiter`](crate::Limiter)): full.
+    Limiter,
     /// A gate of another kind (one of your own), which did not say which it is.
     Other,
 }
@@ -21,6 +23,7 @@ impl fmt::Display for Gate {
         f.write_str(match self {
             Gate::Breaker => "the circuit breaker",
             Gate::Budget => "the retry budget",
+            Gate::Limiter => "the concurrency limit",
             Gate::Other => "a gate",
         })
     }
@@ -55,7 +58,8 @@ impl Refusal {
         self.gate
     }
 
-    /// How long until the gate may let a call through again: a breaker's remaining open time;
+    /// How long until the gate may let a call through again: a breaker's remaining open time,
+    /// a limiter's minimum RTT;
     /// `None` when the gate cannot tell (a budget grants again as the calls to come earn it; a
     /// breaker isolated by hand stays so until reset).
     pub const fn retry_after(&self) -> Option<Duration> {
@@ -69,6 +73,7 @@ impl fmt::Display for Refusal {
             (Gate::Breaker, None) => f.write_str("the circuit breaker is isolated")?,
             (Gate::Breaker, Some(_)) => f.write_str("the circuit breaker is open")?,
             (Gate::Budget, _) => f.write_str("the retry budget is spent")?,
+            (Gate::Limiter, _) => f.write_str("the concurrency limit is full")?,
             (Gate::Other, _) => f.write_str("a gate refused")?,
         }
         match self.retry_after {
