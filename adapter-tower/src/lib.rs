@@ -16,6 +16,9 @@
 //!   success wins and the others are dropped (X1–X5); the gate is asked before each hedge.
 //! - [`BreakerLayer`]: every call goes through a shared `Breaker`; while it is open, calls fail
 //!   at once with its `retry_after` (T3).
+//! - [`LoadShedLayer`]: every call takes a place in a shared adaptive `Limiter` (AIMD, Vegas,
+//!   Gradient2); beyond the limit it learned, calls fail at once with [`ShedError::Shed`] and
+//!   its `retry_after`, so the calls admitted keep their latency under overload.
 //!
 //! The order that works: the retry outside, the breaker inside, and the same breaker (then the
 //! budget) as the retry's gate. Each attempt is then one call of the breaker, no retry is
@@ -95,6 +98,7 @@ mod replay;
 #[cfg(feature = "reqwest")]
 mod reqwest;
 mod retry;
+mod shed;
 
 pub use breaker::{BreakerFuture, BreakerLayer, BreakerService};
 #[cfg(feature = "http")]
@@ -106,10 +110,14 @@ pub use http::Http;
 #[cfg(feature = "http")]
 pub use http::{ByStatus, IDEMPOTENCY_KEY};
 pub use persevere::{
-    Backoff, BreakerPolicy, BreakerStatus, CallOutcome, ConcurrencyBudgetPolicy, FailureClass, FailureKind,
-    HedgePolicy, Hint, Jitter, OutcomeKind, PolicyError, RatioBudgetPolicy, RetryPolicy, Stats, TokenBucketPolicy,
+    Backoff, BreakerPolicy, BreakerStatus, CallOutcome, Completion, ConcurrencyBudgetPolicy, FailureClass, FailureKind,
+    HedgePolicy, Hint, Jitter, LimitAlgorithm, LimiterPolicy, OutcomeKind, PolicyError, RatioBudgetPolicy, RetryPolicy,
+    Stats, TokenBucketPolicy,
 };
-pub use persevere_driver::{BreakerEvent, ByResult, CallClassifier, CallError, Gate, Refusal, RetryGate, Runtime};
+pub use persevere_driver::{
+    BreakerEvent, ByCompletion, ByResult, CallClassifier, CallError, CompletionClassifier, Gate, Refusal, RetryGate,
+    Runtime, ShedError,
+};
 #[cfg(feature = "tokio")]
 pub use persevere_tokio::TokioRuntime;
 #[cfg(feature = "http")]
@@ -125,11 +133,18 @@ pub type Breaker = persevere_driver::Breaker<TokioRuntime>;
 #[cfg(feature = "tokio")]
 pub type Budget = persevere_driver::Budget<TokioRuntime>;
 
-/// The breaker and the budget on any [`Runtime`] (`Breaker<Rt>`, `Budget<Rt>`), for a stack
-/// that does not run on tokio. With the `tokio` feature, the crate root's [`Breaker`] and
-/// [`Budget`] are these on tokio's clock.
+/// An adaptive concurrency limit on tokio's clock, shared by clones: give it to a
+/// [`LoadShedLayer`] (and, to refuse retries while it is full, to the retry layer's
+/// [`gate`](RetryLayer::gate)). `Limiter::new(LimiterPolicy::vegas())` needs no annotation.
+#[cfg(feature = "tokio")]
+pub type Limiter = persevere_driver::Limiter<TokioRuntime>;
+
+/// The breaker, the budget and the limiter on any [`Runtime`] (`Breaker<Rt>`, `Budget<Rt>`,
+/// `Limiter<Rt>`), for a stack that does not run on tokio. With the `tokio` feature, the crate
+/// root's [`Breaker`], [`Budget`] and [`Limiter`] are these on tokio's clock.
 pub mod any_runtime {
-    pub use persevere_driver::{Breaker, Budget};
+    pub use persevere_driver::{Breaker, Budget, Limiter};
 }
 pub use policy::SharedPolicy;
 pub use retry::{ResponseFuture, Retry, RetryLayer};
+pub use shed::{LoadShedFuture, LoadShedLayer, LoadShedService};
