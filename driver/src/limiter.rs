@@ -26,8 +26,9 @@ use crate::sync::shared::{Mutex, MutexGuard, lock};
 pub enum ShedError<E> {
     /// The limit was full: the call was shed, not made.
     Shed {
-        /// How long until a place is likely to be free: the minimum RTT measured (zero before
-        /// any call has completed).
+        /// How long until a place is likely to be free: the minimum RTT the limiter has
+        /// measured (Vegas measures it from its completions, any algorithm with a
+        /// [`MinRttProbe`](persevere::MinRttProbe) in its windows); zero until one is measured.
         retry_after: Duration,
     },
     /// The call was made and failed.

@@ -99,3 +99,26 @@ fn o2_breaker_transitions_and_budget_refusals_are_events_with_stable_fields() {
         ]
     );
 }
+
+#[test]
+fn o2_a_shed_call_and_a_limit_change_are_events_with_stable_fields() {
+    use persevere::{LimitAlgorithm, LimiterPolicy};
+
+    let lines = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let rt = Virtual::default();
+    let algorithm = LimitAlgorithm::Aimd { backoff_ratio: 0.5, timeout: Duration::from_millis(50) };
+    let limiter = persevere_driver::Limiter::with_runtime(
+        rt.clone(),
+        LimiterPolicy::builder(algorithm).limits(1, 2, 2).build().unwrap(),
+    );
+    tracing::subscriber::with_default(Lines(lines.clone()), || {
+        let held = limiter.try_acquire().unwrap();
+        let _second = limiter.try_acquire().unwrap();
+        assert!(limiter.try_acquire().is_err());
+        held.dropped();
+    });
+    assert_eq!(
+        *lines.lock().unwrap(),
+        ["persevere::limiter: call shed limit=2 retry_after_ns=0", "persevere::limiter: limit changed from=2 to=1",]
+    );
+}
