@@ -131,3 +131,68 @@ unsafe impl GlobalAlloc for CountingEverywhere {
         unsafe { System.realloc(ptr, layout, new_size) }
     }
 }
+
+/// What glibc's `malloc` holds, from `mallinfo2` (glibc 2.33 or later): the bytes it has taken
+/// from the system for its heaps and mapped blocks, and how much of that is in use and free. A
+/// soak reads it to tell memory the program holds from memory the allocator keeps.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MallocStats {
+    /// Bytes of the arenas' heaps (`arena`) and of blocks mapped on their own (`hblkhd`).
+    pub held: u64,
+    /// Bytes in chunks handed out and not freed (`uordblks` + `hblkhd`).
+    pub in_use: u64,
+    /// Bytes in free chunks the allocator keeps (`fordblks`).
+    pub free: u64,
+}
+
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+mod glibc {
+    /// glibc's `struct mallinfo2`.
+    #[repr(C)]
+    pub(crate) struct Mallinfo2 {
+        pub(crate) arena: usize,
+        pub(crate) ordblks: usize,
+        pub(crate) smblks: usize,
+        pub(crate) hblks: usize,
+        pub(crate) hblkhd: usize,
+        pub(crate) usmblks: usize,
+        pub(crate) fsmblks: usize,
+        pub(crate) uordblks: usize,
+        pub(crate) fordblks: usize,
+        pub(crate) keepcost: usize,
+    }
+
+    unsafe extern "C" {
+        pub(crate) fn mallinfo2() -> Mallinfo2;
+        pub(crate) fn malloc_trim(pad: usize) -> i32;
+    }
+}
+
+/// glibc's figures for every arena (`None` off glibc). Under another allocator preloaded
+/// (`LD_PRELOAD`), these are glibc's own, unused arenas, not the allocator's.
+pub fn malloc_stats() -> Option<MallocStats> {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: `mallinfo2` takes no argument and returns a plain struct by value.
+        let info = unsafe { glibc::mallinfo2() };
+        Some(MallocStats {
+            held: (info.arena + info.hblkhd) as u64,
+            in_use: (info.uordblks + info.hblkhd) as u64,
+            free: info.fordblks as u64,
+        })
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    None
+}
+
+/// Asks glibc to give free memory at the top of its heaps, and free whole pages inside them,
+/// back to the system (`malloc_trim(0)`); returns whether any was released (`false` off glibc).
+pub fn malloc_trim() -> bool {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: `malloc_trim` only walks the allocator's own state, under its locks.
+        unsafe { glibc::malloc_trim(0) == 1 }
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    false
+}

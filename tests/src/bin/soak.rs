@@ -467,6 +467,137 @@ async fn supervisor(secs: u64) -> bool {
 }
 
 // ---------------------------------------------------------------------------------------------
+// slots / churn: many slots of `once` tasks, memory printed once a second.
+
+/// How the `slots` and `churn` scenarios run.
+#[derive(Clone, Copy, Debug)]
+struct SlotOptions {
+    slots: u64,
+    /// Each task sleeps a duration drawn in `[min, max]` ms, then succeeds; `None`: it succeeds
+    /// at once.
+    sleep: Option<(u64, u64)>,
+    /// Calls `malloc_trim(0)` once a second, before each sample.
+    trim: bool,
+}
+
+/// A sample: `(seconds, rss, live heap, glibc's figures, tasks finished so far)`.
+type SlotSample = (f64, u64, u64, Option<alloc_counter::MallocStats>, u64);
+
+/// RSS (MiB) at `at` seconds: the last sample at or before it.
+fn rss_at(samples: &[SlotSample], at: f64) -> Option<f64> {
+    samples
+        .iter()
+        .take_while(|s| s.0 <= at + 0.5)
+        .last()
+        .filter(|_| samples.last().unwrap().0 >= at - 0.5)
+        .map(|s| s.1 as f64 / MIB)
+}
+
+/// Least-squares slope of RSS (MiB/min) over the samples of the last `window` seconds.
+fn rss_slope(samples: &[SlotSample], window: f64) -> f64 {
+    let end = samples.last().map_or(0.0, |s| s.0);
+    let tail: Vec<_> = samples.iter().filter(|s| s.0 >= end - window).collect();
+    let n = tail.len() as f64;
+    if n < 2.0 {
+        return 0.0;
+    }
+    let (mx, my) = (tail.iter().map(|s| s.0).sum::<f64>() / n, tail.iter().map(|s| s.1 as f64).sum::<f64>() / n);
+    let (sxy, sxx) = tail
+        .iter()
+        .fold((0.0, 0.0), |(sxy, sxx), s| (sxy + (s.0 - mx) * (s.1 as f64 - my), sxx + (s.0 - mx) * (s.0 - mx)));
+    if sxx > 0.0 { sxy / sxx * 60.0 / MIB } else { 0.0 }
+}
+
+/// `slots` slots each add a `once` task and await its exit, then add the next, for `secs`
+/// seconds; prints RSS, the live heap and glibc's figures once a second, then a summary.
+async fn slots(secs: u64, options: SlotOptions) -> bool {
+    let SlotOptions { slots, sleep, trim } = options;
+    let title = match sleep {
+        Some((min, max)) => format!("slots: {slots} slots of `once` tasks sleeping {min}–{max} ms"),
+        None => format!("churn: {slots} slots of `once` tasks that end at once"),
+    };
+    println!("\n## {title}{}\n", if trim { ", malloc_trim(0) once a second" } else { "" });
+    println!("| s | RSS MiB | live heap MiB | glibc held / free MiB | tasks/s |\n|---|---|---|---|---|");
+    let started = StdInstant::now();
+    let end = started + Duration::from_secs(secs);
+    let sup: Supervisor<u64, String> = SupervisorBuilder::new(TaskDefaults::new()).seed(1).build();
+    let next_id = Arc::new(AtomicU64::new(0));
+    let (finished, wrong) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let mut tasks = Vec::new();
+    for slot in 0..slots {
+        let (sup, next_id, finished, wrong) = (sup.clone(), next_id.clone(), finished.clone(), wrong.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut dice = Dice(slot * 0x9E37_79B9 + 1);
+            while StdInstant::now() < end {
+                let nap = sleep.map(|(min, max)| ms(min + dice.below(max - min + 1)));
+                let id = next_id.fetch_add(1, Relaxed);
+                let handle = sup
+                    .add(id, TaskSpec::once(), move || async move {
+                        if let Some(nap) = nap {
+                            tokio::time::sleep(nap).await;
+                        }
+                        Ok(())
+                    })
+                    .expect("a fresh id");
+                let exit = handle.await;
+                if exit.outcome.kind() != TaskOutcomeKind::Completed || exit.attempts != 1 {
+                    wrong.fetch_add(1, Relaxed);
+                }
+                finished.fetch_add(1, Relaxed);
+            }
+        }));
+    }
+    let sample = |finished: u64| -> SlotSample {
+        if trim {
+            alloc_counter::malloc_trim();
+        }
+        let at = started.elapsed().as_secs_f64();
+        (at, rss_bytes(), alloc_counter::live_bytes(), alloc_counter::malloc_stats(), finished)
+    };
+    let mut samples = vec![sample(0)];
+    let mut max_heap = 0u64;
+    let mut next = started;
+    while StdInstant::now() < end {
+        next += Duration::from_secs(1);
+        tokio::time::sleep_until(next.into()).await;
+        let s = sample(finished.load(Relaxed));
+        let previous = samples.last().unwrap();
+        let rate = (s.4 - previous.4) as f64 / (s.0 - previous.0);
+        let glibc = s.3.map_or("-".to_string(), |m| format!("{:.1} / {:.1}", m.held as f64 / MIB, m.free as f64 / MIB));
+        println!("| {:.0} | {:.1} | {:.1} | {glibc} | {rate:.0} |", s.0, s.1 as f64 / MIB, s.2 as f64 / MIB);
+        max_heap = max_heap.max(s.2);
+        samples.push(s);
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let total = finished.load(Relaxed);
+    let last = *samples.last().unwrap();
+    let at = |t: f64| rss_at(&samples, t).map_or("-".to_string(), |v| format!("{v:.1}"));
+    println!("\n| what | figure |\n|---|---|");
+    println!("| tasks finished | {total} ({:.0}/s) |", total as f64 / secs.max(1) as f64);
+    println!("| RSS at 30 / 60 / 120 / 180 s | {} / {} / {} / {} MiB |", at(30.0), at(60.0), at(120.0), at(180.0));
+    println!("| RSS slope over the last minute | {:+.2} MiB/min |", rss_slope(&samples, 60.0));
+    println!("| live heap at the end / at most | {:.1} / {:.1} MiB |", last.2 as f64 / MIB, max_heap as f64 / MIB);
+    if let Some(m) = last.3 {
+        println!(
+            "| glibc: held / in use / free at the end | {:.1} / {:.1} / {:.1} MiB |",
+            m.held as f64 / MIB,
+            m.in_use as f64 / MIB,
+            m.free as f64 / MIB
+        );
+    }
+    let wrong = wrong.load(Relaxed);
+    let ok = wrong == 0 && sup.is_empty();
+    println!(
+        "| {}: every task completed after one attempt, none left | {wrong} otherwise, {} left |",
+        if ok { "PASS" } else { "FAIL" },
+        sup.len()
+    );
+    ok
+}
+
+// ---------------------------------------------------------------------------------------------
 // scheduler: 10,000 flows and concurrent status / trigger / reset_flow.
 
 async fn scheduler(secs: u64) -> bool {
@@ -782,15 +913,32 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let mut scenario = String::from("all");
     let mut secs = 10;
+    let mut slot_count = 10_000;
+    let mut sleep = (200, 2_000);
+    let mut trim = false;
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--secs" => {
                 secs = args.next().and_then(|s| s.parse().ok()).expect("--secs takes a whole number of seconds")
             }
-            "breaker" | "supervisor" | "scheduler" | "cancel" | "allocations" | "all" => scenario = arg,
+            "--slots" => slot_count = args.next().and_then(|s| s.parse().ok()).expect("--slots takes a number"),
+            "--sleep-ms" => {
+                sleep = args
+                    .next()
+                    .and_then(|s| {
+                        let (min, max) = s.split_once("..")?;
+                        Some((min.parse().ok()?, max.parse().ok()?)).filter(|(min, max)| min <= max)
+                    })
+                    .expect("--sleep-ms takes MIN..MAX milliseconds")
+            }
+            "--trim" => trim = true,
+            "breaker" | "supervisor" | "slots" | "churn" | "scheduler" | "cancel" | "allocations" | "all" => {
+                scenario = arg
+            }
             other => {
                 eprintln!(
-                    "unknown argument {other:?}\nusage: soak <breaker|supervisor|scheduler|cancel|allocations|all> [--secs N]"
+                    "unknown argument {other:?}\nusage: soak <breaker|supervisor|slots|churn|scheduler|cancel|allocations|all> \
+                     [--secs N] [--slots N] [--sleep-ms MIN..MAX] [--trim]"
                 );
                 std::process::exit(2);
             }
@@ -820,6 +968,12 @@ fn main() {
     }
     if run("supervisor") {
         ok &= rt.block_on(supervisor(secs));
+    }
+    if run("slots") {
+        ok &= rt.block_on(slots(secs, SlotOptions { slots: slot_count, sleep: Some(sleep), trim }));
+    }
+    if run("churn") {
+        ok &= rt.block_on(slots(secs, SlotOptions { slots: slot_count, sleep: None, trim }));
     }
     if run("scheduler") {
         ok &= rt.block_on(scheduler(secs));
