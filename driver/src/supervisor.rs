@@ -761,14 +761,22 @@ enum Step<E> {
     Cancel(bool),
 }
 
-/// One task's driving loop.
-async fn drive<Rt, Sp, K, E, C, F, Fut>(
+/// One task's driving loop: the future each task spawns.
+///
+/// Written as a function returning an `async move` block, not an `async fn`, and reading the
+/// policy in place: an `async fn` moves its arguments into locals, so the future would hold the
+/// guard twice (once as the argument, once as the local) and a copy of the policy (some 770
+/// bytes) on top. Each task's spawned allocation is this future: 1.3 KB with a small job, where
+/// it was 3 KB (`a_tasks_future_holds_its_policy_once` in tests/tests/supervisor.rs).
+#[allow(clippy::manual_async_fn, reason = "an `async fn` would hold its arguments twice")]
+fn drive<Rt, Sp, K, E, C, F, Fut>(
     mut guard: TaskGuard<Rt, Sp, K, E>,
     cell: Arc<TaskCell<TaskExit<E>>>,
     mut rng: SplitMix64,
     mut classifier: C,
     mut task: F,
-) where
+) -> impl Future<Output = ()>
+where
     Rt: Runtime,
     K: Ord + Clone + fmt::Debug,
     E: Clone,
@@ -776,140 +784,153 @@ async fn drive<Rt, Sp, K, E, C, F, Fut>(
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<(), E>>,
 {
-    let inner = guard.inner.clone();
-    let control = &cell.control;
-    let policy = guard.policy;
-    let rt = &inner.rt;
-    let mut attempt = pin!(None::<Fut>);
-    let mut timer = pin!(None::<Rt::Sleep>);
-    let mut now = rt.now();
-    let mut current = 0;
-    if control.level() >= STOP {
-        // Stopped before its first attempt: finishes Canceled without one.
-        let _ = guard.machine.handle_cancel(&policy, now);
-    } else {
-        // A fresh machine accepts its start.
-        let _ = guard.machine.handle_start(&policy, now);
-    }
-    loop {
-        while let Some(event) = guard.machine.poll_action() {
-            match event {
-                SupervisionAction::AttemptStarting { attempt: n, deadline } => {
-                    guard.emit(now, event);
-                    current = n;
-                    match catch_create(&mut task) {
-                        Ok(future) => {
-                            attempt.set(Some(future));
-                            timer.set(deadline.map(|d| rt.sleep_until(d)));
+    async move {
+        let inner = guard.inner.clone();
+        let control = &cell.control;
+        let rt = &inner.rt;
+        let mut attempt = pin!(None::<Fut>);
+        let mut timer = pin!(None::<Rt::Sleep>);
+        let mut now = rt.now();
+        let mut current = 0;
+        if control.level() >= STOP {
+            // Stopped before its first attempt: finishes Canceled without one.
+            let _ = guard.machine.handle_cancel(&guard.policy, now);
+        } else {
+            // A fresh machine accepts its start.
+            let _ = guard.machine.handle_start(&guard.policy, now);
+        }
+        loop {
+            while let Some(event) = guard.machine.poll_action() {
+                match event {
+                    SupervisionAction::AttemptStarting { attempt: n, deadline } => {
+                        guard.emit(now, event);
+                        current = n;
+                        match catch_create(&mut task) {
+                            Ok(future) => {
+                                attempt.set(Some(future));
+                                timer.set(deadline.map(|d| rt.sleep_until(d)));
+                            }
+                            Err(message) => {
+                                let failure = Failure::panicked(JobError::Panicked(message));
+                                // Attempt `n` is the running one, so the machine accepts its failure.
+                                let _ = guard.machine.handle_failure(&guard.policy, now, n, failure, &mut rng);
+                            }
+                        }
+                    }
+                    SupervisionAction::AttemptTimedOut { attempt: n } => {
+                        guard.emit(now, event);
+                        timer.set(None);
+                        let panic = drop_caught(|| attempt.set(None));
+                        // The machine waits for exactly this drop.
+                        let _ = guard.machine.handle_abandoned(
+                            &guard.policy,
+                            now,
+                            n,
+                            panic.map(JobError::Panicked),
+                            &mut rng,
+                        );
+                    }
+                    SupervisionAction::BackoffScheduled { until, .. } => {
+                        if control.level() >= STOP {
+                            // No attempt follows after all: the task is being stopped.
+                            let _ = guard.machine.handle_cancel(&guard.policy, now);
+                        } else {
+                            guard.emit(now, event);
+                            if until <= now {
+                                // A zero wait never touches the timer.
+                                guard.machine.handle_timeout(&guard.policy, now, &mut rng);
+                            } else {
+                                timer.set(Some(rt.sleep_until(until)));
+                            }
+                        }
+                    }
+                    SupervisionAction::TaskFinished { outcome, attempts } => {
+                        // Compiled only with the feature: the extra attempt's await would otherwise
+                        // take room in every task's future.
+                        #[cfg(feature = "fault-injection")]
+                        if inner.faults.has(Fault::RestartAfterFatal) && outcome.kind() == TaskOutcomeKind::Fatal {
+                            // The injected defect: one more attempt, unseen by the machine (polled
+                            // once, then dropped: it may hang).
+                            if let Ok(extra) = catch_create(&mut task) {
+                                let mut extra = pin!(extra);
+                                let _ = poll_fn(|cx| Poll::Ready(poll_caught(extra.as_mut(), cx))).await;
+                            }
+                        }
+                        guard.finish(now, outcome, attempts);
+                        return;
+                    }
+                    other => guard.emit(now, other),
+                }
+            }
+
+            let step = poll_fn(|cx| {
+                let level = control.poll(cx);
+                if level >= CANCEL {
+                    return Poll::Ready(Step::Cancel(level >= ABORT));
+                }
+                match attempt.as_mut().as_pin_mut() {
+                    Some(running) => {
+                        if let Poll::Ready(result) = poll_caught(running, cx) {
+                            return Poll::Ready(Step::Ended(result));
+                        }
+                    }
+                    None if level >= STOP => return Poll::Ready(Step::Stop),
+                    None => {}
+                }
+                match timer.as_mut().as_pin_mut() {
+                    Some(sleep) => sleep.poll(cx).map(|_| Step::Timer),
+                    None => Poll::Pending,
+                }
+            })
+            .await;
+
+            now = rt.now().later(now);
+            match step {
+                Step::Ended(result) => {
+                    timer.set(None);
+                    // A panic while dropping a finished attempt is the attempt's own business.
+                    let _ = drop_caught(|| attempt.set(None));
+                    // `current` is the running attempt, so the machine accepts its result.
+                    let _ = match result {
+                        Ok(Ok(())) => guard.machine.handle_success(&guard.policy, now, current),
+                        Ok(Err(error)) => {
+                            let kind = classifier.classify(&error);
+                            let failure = Failure::new(kind, JobError::Error(error));
+                            guard
+                                .machine
+                                .handle_failure(&guard.policy, now, current, failure, &mut rng)
+                                .map_err(|r| r.error)
                         }
                         Err(message) => {
                             let failure = Failure::panicked(JobError::Panicked(message));
-                            // Attempt `n` is the running one, so the machine accepts its failure.
-                            let _ = guard.machine.handle_failure(&policy, now, n, failure, &mut rng);
+                            guard
+                                .machine
+                                .handle_failure(&guard.policy, now, current, failure, &mut rng)
+                                .map_err(|r| r.error)
                         }
-                    }
+                    };
                 }
-                SupervisionAction::AttemptTimedOut { attempt: n } => {
-                    guard.emit(now, event);
+                Step::Timer => {
                     timer.set(None);
-                    let panic = drop_caught(|| attempt.set(None));
-                    // The machine waits for exactly this drop.
-                    let _ = guard.machine.handle_abandoned(&policy, now, n, panic.map(JobError::Panicked), &mut rng);
-                }
-                SupervisionAction::BackoffScheduled { until, .. } => {
-                    if control.level() >= STOP {
-                        // No attempt follows after all: the task is being stopped.
-                        let _ = guard.machine.handle_cancel(&policy, now);
+                    if let Some(due) = guard.machine.poll_timeout() {
+                        now = now.later(due);
+                    }
+                    if control.level() >= STOP && attempt.is_none() {
+                        let _ = guard.machine.handle_cancel(&guard.policy, now);
                     } else {
-                        guard.emit(now, event);
-                        if until <= now {
-                            // A zero wait never touches the timer.
-                            guard.machine.handle_timeout(&policy, now, &mut rng);
-                        } else {
-                            timer.set(Some(rt.sleep_until(until)));
-                        }
+                        guard.machine.handle_timeout(&guard.policy, now, &mut rng);
                     }
                 }
-                SupervisionAction::TaskFinished { outcome, attempts } => {
-                    // Compiled only with the feature: the extra attempt's await would otherwise
-                    // take room in every task's future.
-                    #[cfg(feature = "fault-injection")]
-                    if inner.faults.has(Fault::RestartAfterFatal) && outcome.kind() == TaskOutcomeKind::Fatal {
-                        // The injected defect: one more attempt, unseen by the machine (polled
-                        // once, then dropped: it may hang).
-                        if let Ok(extra) = catch_create(&mut task) {
-                            let mut extra = pin!(extra);
-                            let _ = poll_fn(|cx| Poll::Ready(poll_caught(extra.as_mut(), cx))).await;
-                        }
-                    }
-                    guard.finish(now, outcome, attempts);
-                    return;
+                Step::Stop => {
+                    timer.set(None);
+                    let _ = guard.machine.handle_cancel(&guard.policy, now);
                 }
-                other => guard.emit(now, other),
-            }
-        }
-
-        let step = poll_fn(|cx| {
-            let level = control.poll(cx);
-            if level >= CANCEL {
-                return Poll::Ready(Step::Cancel(level >= ABORT));
-            }
-            match attempt.as_mut().as_pin_mut() {
-                Some(running) => {
-                    if let Poll::Ready(result) = poll_caught(running, cx) {
-                        return Poll::Ready(Step::Ended(result));
-                    }
+                Step::Cancel(abort) => {
+                    timer.set(None);
+                    let _ = drop_caught(|| attempt.set(None));
+                    guard.aborted = abort;
+                    let _ = guard.machine.handle_cancel(&guard.policy, now);
                 }
-                None if level >= STOP => return Poll::Ready(Step::Stop),
-                None => {}
-            }
-            match timer.as_mut().as_pin_mut() {
-                Some(sleep) => sleep.poll(cx).map(|_| Step::Timer),
-                None => Poll::Pending,
-            }
-        })
-        .await;
-
-        now = rt.now().later(now);
-        match step {
-            Step::Ended(result) => {
-                timer.set(None);
-                // A panic while dropping a finished attempt is the attempt's own business.
-                let _ = drop_caught(|| attempt.set(None));
-                // `current` is the running attempt, so the machine accepts its result.
-                let _ = match result {
-                    Ok(Ok(())) => guard.machine.handle_success(&policy, now, current),
-                    Ok(Err(error)) => {
-                        let kind = classifier.classify(&error);
-                        let failure = Failure::new(kind, JobError::Error(error));
-                        guard.machine.handle_failure(&policy, now, current, failure, &mut rng).map_err(|r| r.error)
-                    }
-                    Err(message) => {
-                        let failure = Failure::panicked(JobError::Panicked(message));
-                        guard.machine.handle_failure(&policy, now, current, failure, &mut rng).map_err(|r| r.error)
-                    }
-                };
-            }
-            Step::Timer => {
-                timer.set(None);
-                if let Some(due) = guard.machine.poll_timeout() {
-                    now = now.later(due);
-                }
-                if control.level() >= STOP && attempt.is_none() {
-                    let _ = guard.machine.handle_cancel(&policy, now);
-                } else {
-                    guard.machine.handle_timeout(&policy, now, &mut rng);
-                }
-            }
-            Step::Stop => {
-                timer.set(None);
-                let _ = guard.machine.handle_cancel(&policy, now);
-            }
-            Step::Cancel(abort) => {
-                timer.set(None);
-                let _ = drop_caught(|| attempt.set(None));
-                guard.aborted = abort;
-                let _ = guard.machine.handle_cancel(&policy, now);
             }
         }
     }

@@ -502,3 +502,42 @@ async fn s4_a_task_ending_at_the_shutdown_limit_is_reported_once_as_its_exit_say
     assert!(reported > 0, "no round called shutdown before its tasks ended");
     eprintln!("rounds where the limit split the tasks between both lists: {mixed} of 12");
 }
+
+/// Spawns on tokio and records the size of the largest future it was given.
+#[derive(Clone, Default)]
+struct MeasuringSpawn(Arc<std::sync::atomic::AtomicUsize>);
+
+impl persevere_driver::Spawn for MeasuringSpawn {
+    fn spawn<F: std::future::Future<Output = ()> + Send + 'static>(&self, future: F) {
+        self.0.fetch_max(size_of_val(&future), Ordering::Relaxed);
+        tokio::spawn(future);
+    }
+}
+
+/// A task's spawned future (its one allocation besides the cell it shares with its handle)
+/// holds its policy once: the driving loop keeps its arguments in place and reads the policy
+/// there, instead of moving them into locals (which held the guard twice and a copy of the
+/// policy, near 3 KB a task for a trivial job).
+#[test]
+fn a_tasks_future_holds_its_policy_once() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+    rt.block_on(async {
+        let spawn = MeasuringSpawn::default();
+        let sup: Supervisor<persevere_tokio::TokioRuntime, MeasuringSpawn, u64, String> =
+            SupervisorBuilder::<persevere_tokio::TokioRuntime, persevere_tokio::TokioSpawn>::new(TaskDefaults::new())
+                .spawner(spawn.clone())
+                .build();
+        let exit = sup
+            .add(1, TaskSpec::once(), || async {
+                tokio::time::sleep(ms(1)).await;
+                Ok(())
+            })
+            .unwrap()
+            .await;
+        assert_eq!(exit.outcome.kind(), TaskOutcomeKind::Completed);
+        let size = spawn.0.load(Ordering::Relaxed);
+        let policy = size_of::<persevere::SupervisionPolicy>();
+        println!("a task's future: {size} bytes (its policy: {policy})");
+        assert!(size < 2 * policy, "a task's future is {size} bytes, its policy {policy}");
+    });
+}
