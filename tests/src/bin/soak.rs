@@ -587,7 +587,10 @@ async fn slots(secs: u64, options: SlotOptions) -> bool {
     // The harness's own share is nearly nothing: the slots are spawned once, before the count.
     println!("| allocations per task (every thread) | {:.2} |", allocations as f64 / total.max(1) as f64);
     println!("| RSS at 30 / 60 / 120 / 180 s | {} / {} / {} / {} MiB |", at(30.0), at(60.0), at(120.0), at(180.0));
-    println!("| RSS slope over the last minute | {:+.2} MiB/min |", rss_slope(&samples, 60.0));
+    // Over a shorter run the last minute holds the start-up.
+    let slope =
+        if last.0 >= 120.0 { format!("{:+.2} MiB/min", rss_slope(&samples, 60.0)) } else { "- (under 2 min)".into() };
+    println!("| RSS slope over the last minute | {slope} |");
     println!("| live heap at {secs} s / at most | {:.1} / {:.1} MiB |", last.2 as f64 / MIB, max_heap as f64 / MIB);
     if let Some(m) = last.3 {
         let secs = last.0.round();
