@@ -1,0 +1,318 @@
+//! persevere's side of the side-by-side benchmark with graphile-worker (`queue/peer-bench/`):
+//! the same modes and the same one line of JSON as `queue/peer-bench/graphile.mjs`.
+//!
+//! ```text
+//! cargo run --release -p persevere-queue --example peer_bench --features postgres -- \
+//!     MODE --store postgres:<libpq params>|sqlite:<path> [options]
+//! ```
+//!
+//! - `enqueue-single`: `--tasks` no-op tasks, one `enqueue` each.
+//! - `enqueue-batch`: the same tasks in one batch.
+//! - `execute`: runs the `--tasks` tasks already in the store (run `enqueue-batch` first) on
+//!   `--concurrency` handlers; tasks/s from the first handler start until every task is
+//!   complete.
+//! - `latency`: an idle worker; `--samples` tasks enqueued `--interval-ms` apart; pick-up
+//!   latency from the call to `enqueue` to the start of the handler (the producer writes its
+//!   clock's reading into the payload, the handler subtracts it from its own).
+//!
+//! `queue/peer-bench/run.sh` runs it beside graphile-worker and prints the table.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use persevere::{Backoff, DeliveryPolicy, RetryPolicy};
+use persevere_queue::{Handled, NewTask, Postgres, Queue, QueueError, Sqlite, Status, Store, Worker};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The command line.
+struct Args {
+    mode: String,
+    store: String,
+    tasks: u64,
+    concurrency: usize,
+    samples: usize,
+    warmup: usize,
+    interval: Duration,
+}
+
+fn usage(message: &str) -> ! {
+    eprintln!(
+        "{message}\nusage: peer_bench enqueue-single|enqueue-batch|execute|latency --store postgres:PARAMS|sqlite:PATH \
+         [--tasks N] [--concurrency N] [--samples N] [--interval-ms MS]"
+    );
+    std::process::exit(2)
+}
+
+fn parse_args() -> Args {
+    let mut argv = std::env::args().skip(1);
+    let mode = argv.next().unwrap_or_else(|| usage("no mode"));
+    let mut args = Args {
+        mode,
+        store: String::new(),
+        tasks: 20_000,
+        concurrency: 1,
+        samples: 200,
+        warmup: 5,
+        interval: Duration::from_millis(20),
+    };
+    while let Some(key) = argv.next() {
+        let value = argv.next().unwrap_or_else(|| usage(&format!("{key} needs a value")));
+        let number = || value.parse::<u64>().unwrap_or_else(|_| usage(&format!("{key}: not a number: {value}")));
+        match key.as_str() {
+            "--store" => args.store = value.clone(),
+            "--tasks" => args.tasks = number(),
+            "--concurrency" => args.concurrency = usize::try_from(number()).unwrap_or(usize::MAX),
+            "--samples" => args.samples = usize::try_from(number()).unwrap_or(usize::MAX),
+            "--warmup" => args.warmup = usize::try_from(number()).unwrap_or(usize::MAX),
+            "--interval-ms" => args.interval = Duration::from_millis(number()),
+            _ => usage(&format!("unknown option {key}")),
+        }
+    }
+    args
+}
+
+/// Where the queue is: each call opens a connection of its own.
+trait Db: Sync {
+    type S: Store + Send + 'static;
+    /// `postgres` or `sqlite`, for the output.
+    const NAME: &'static str;
+    fn open(&self) -> Result<Queue<Self::S>, QueueError>;
+}
+
+struct Pg(String);
+
+impl Db for Pg {
+    type S = Postgres;
+    const NAME: &'static str = "postgres";
+    fn open(&self) -> Result<Queue<Postgres>, QueueError> {
+        Ok(Queue::new(Postgres::connect(&self.0)?))
+    }
+}
+
+struct Lite(String);
+
+impl Db for Lite {
+    type S = Sqlite;
+    const NAME: &'static str = "sqlite";
+    fn open(&self) -> Result<Queue<Sqlite>, QueueError> {
+        Ok(Queue::new(Sqlite::open(&self.0)?))
+    }
+}
+
+/// A no-op task's policy: five attempts, exponential backoff from 100 ms (the crate's
+/// throughput bench uses the same).
+fn policy() -> DeliveryPolicy {
+    let backoff = Backoff::exponential(Duration::from_millis(100), 2.0).build().expect("a valid backoff");
+    let retry = RetryPolicy::builder(backoff).max_attempts(5).build().expect("a valid retry policy");
+    DeliveryPolicy::builder(retry).build().expect("a valid delivery policy")
+}
+
+fn noop_tasks(n: u64) -> Vec<NewTask> {
+    let policy = policy();
+    (0..n).map(|_| NewTask::new("noop", "{}", policy)).collect()
+}
+
+fn emit<D: Db>(mode: &str, mut fields: serde_json::Value) {
+    let object = fields.as_object_mut().expect("an object");
+    object.insert("system".into(), format!("persevere-{}", D::NAME).into());
+    object.insert("mode".into(), mode.into());
+    println!("{fields}");
+}
+
+fn enqueue<D: Db>(db: &D, args: &Args, batch: bool) -> Result<(), BoxError> {
+    let mut queue = db.open()?;
+    let tasks = noop_tasks(args.tasks);
+    let started = Instant::now();
+    if batch {
+        enqueue_batch(&mut queue, tasks)?;
+    } else {
+        for task in tasks {
+            queue.enqueue(task)?;
+        }
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    emit::<D>(
+        &args.mode,
+        serde_json::json!({ "tasks": args.tasks, "seconds": seconds, "tasks_per_s": args.tasks as f64 / seconds }),
+    );
+    Ok(())
+}
+
+/// All of `tasks` at once. (No batch enqueue in the queue yet: one `enqueue` each.)
+fn enqueue_batch<S: Store>(queue: &mut Queue<S>, tasks: Vec<NewTask>) -> Result<(), QueueError> {
+    for task in tasks {
+        queue.enqueue(task)?;
+    }
+    Ok(())
+}
+
+/// What the handlers of one run share.
+struct Shared {
+    /// When the first handler started.
+    first_start: OnceLock<Instant>,
+    /// Tasks whose completion has been written.
+    completed: AtomicU64,
+    /// When the last completion was written.
+    end: OnceLock<Instant>,
+    /// Attempts whose report failed (a lease lost while waiting for the store, ...).
+    errors: AtomicU64,
+    /// Set when the run is over: the handlers' loops stop.
+    stop: AtomicBool,
+}
+
+impl Shared {
+    fn new() -> Arc<Shared> {
+        Arc::new(Shared {
+            first_start: OnceLock::new(),
+            completed: AtomicU64::new(0),
+            end: OnceLock::new(),
+            errors: AtomicU64::new(0),
+            stop: AtomicBool::new(false),
+        })
+    }
+}
+
+/// Runs `handler` on `concurrency` workers until `shared.stop` is set: each worker is a thread
+/// with a connection of its own that claims one task at a time, and sleeps 1 ms when none is
+/// due. Each completion written counts in `shared.completed`.
+fn work<D: Db>(
+    db: &D,
+    concurrency: usize,
+    shared: &Arc<Shared>,
+    handler: impl Fn(&[u8]) + Sync,
+    total: u64,
+) -> Result<(), BoxError> {
+    std::thread::scope(|scope| {
+        let threads: Vec<_> = (0..concurrency)
+            .map(|i| {
+                let handler = &handler;
+                scope.spawn(move || -> Result<(), QueueError> {
+                    let mut worker = Worker::new(db.open()?, format!("worker-{i}"), &["noop"]);
+                    while !shared.stop.load(Ordering::Acquire) {
+                        match worker.work_one(|job, _lease| {
+                            handler(&job.payload);
+                            Handled::Completed
+                        }) {
+                            Ok(Some(worked)) if worked.status == Status::Completed => {
+                                if shared.completed.fetch_add(1, Ordering::AcqRel) + 1 == total {
+                                    let _ = shared.end.set(Instant::now());
+                                    shared.stop.store(true, Ordering::Release);
+                                }
+                            }
+                            Ok(Some(_)) => {}
+                            Ok(None) => std::thread::sleep(Duration::from_millis(1)),
+                            Err(QueueError::Refused { .. } | QueueError::Conflict(_)) => {
+                                shared.errors.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Err(e) => return Err(e),
+                        }
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        for thread in threads {
+            thread.join().expect("a worker panicked")?;
+        }
+        Ok(())
+    })
+}
+
+fn execute<D: Db>(db: &D, args: &Args) -> Result<(), BoxError> {
+    let shared = Shared::new();
+    let handler = |_: &[u8]| {
+        shared.first_start.get_or_init(Instant::now);
+    };
+    work(db, args.concurrency, &shared, handler, args.tasks)?;
+    let first = *shared.first_start.get().ok_or("no task ran")?;
+    let end = *shared.end.get().ok_or("the run ended before every task completed")?;
+    let seconds = (end - first).as_secs_f64();
+    emit::<D>(
+        &args.mode,
+        serde_json::json!({
+            "concurrency": args.concurrency,
+            "tasks": args.tasks,
+            "seconds": seconds,
+            "tasks_per_s": args.tasks as f64 / seconds,
+            "errors": shared.errors.load(Ordering::Relaxed),
+        }),
+    );
+    Ok(())
+}
+
+/// Microseconds since the Unix epoch on this machine's wall clock.
+fn wall_micros() -> u64 {
+    u64::try_from(SystemTime::now().duration_since(UNIX_EPOCH).expect("after 1970").as_micros()).unwrap_or(u64::MAX)
+}
+
+/// Nearest rank.
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    let rank = (p / 100.0 * sorted.len() as f64).ceil() as usize;
+    sorted[rank.saturating_sub(1).min(sorted.len() - 1)]
+}
+
+fn latency<D: Db>(db: &D, args: &Args) -> Result<(), BoxError> {
+    let total = args.warmup + args.samples;
+    let delays: Mutex<Vec<Option<f64>>> = Mutex::new(vec![None; total]);
+    let shared = Shared::new();
+    // The payload is "<index> <wall-clock microseconds at the call to enqueue>".
+    let handler = |payload: &[u8]| {
+        let received = wall_micros();
+        let text = std::str::from_utf8(payload).expect("a text payload");
+        let (index, sent) = text.split_once(' ').expect("an index and a time");
+        let (index, sent): (usize, u64) = (index.parse().expect("an index"), sent.parse().expect("a time"));
+        delays.lock().expect("not poisoned")[index] = Some(received.saturating_sub(sent) as f64 / 1000.0);
+    };
+    let mut producer = db.open()?;
+    let policy = policy();
+    std::thread::scope(|scope| -> Result<(), BoxError> {
+        let worker = scope.spawn(|| work(db, 1, &shared, handler, total as u64));
+        // Let the worker connect and find nothing: it is idle when the first task comes.
+        std::thread::sleep(Duration::from_millis(500));
+        let origin = Instant::now();
+        for i in 0..total {
+            let at = origin + args.interval * u32::try_from(i).unwrap_or(u32::MAX);
+            std::thread::sleep(at.saturating_duration_since(Instant::now()));
+            producer.enqueue(NewTask::new("noop", format!("{i} {}", wall_micros()), policy))?;
+        }
+        worker.join().expect("the worker panicked")
+    })?;
+    let mut samples: Vec<f64> =
+        delays.into_inner().expect("not poisoned")[args.warmup..].iter().map(|d| d.expect("every task ran")).collect();
+    samples.sort_by(f64::total_cmp);
+    emit::<D>(
+        &args.mode,
+        serde_json::json!({
+            "samples": samples.len(),
+            "interval_ms": args.interval.as_secs_f64() * 1000.0,
+            "p50_ms": percentile(&samples, 50.0),
+            "p99_ms": percentile(&samples, 99.0),
+            "max_ms": samples[samples.len() - 1],
+            "errors": shared.errors.load(Ordering::Relaxed),
+        }),
+    );
+    Ok(())
+}
+
+fn run<D: Db>(db: &D, args: &Args) -> Result<(), BoxError> {
+    match args.mode.as_str() {
+        "enqueue-single" => enqueue(db, args, false),
+        "enqueue-batch" => enqueue(db, args, true),
+        "execute" => execute(db, args),
+        "latency" => latency(db, args),
+        other => usage(&format!("unknown mode {other}")),
+    }
+}
+
+fn main() -> Result<(), BoxError> {
+    let args = parse_args();
+    if let Some(params) = args.store.strip_prefix("postgres:") {
+        run(&Pg(params.to_owned()), &args)
+    } else if let Some(path) = args.store.strip_prefix("sqlite:") {
+        run(&Lite(path.to_owned()), &args)
+    } else {
+        usage("--store is postgres:<libpq params> or sqlite:<path>")
+    }
+}
