@@ -6,8 +6,9 @@
 //!     MODE --store postgres:<libpq params>|sqlite:<path> [options]
 //! ```
 //!
+//! - `migrate`: opens the store, which creates the queue's table.
 //! - `enqueue-single`: `--tasks` no-op tasks, one `enqueue` each.
-//! - `enqueue-batch`: the same tasks in one batch.
+//! - `enqueue-batch`: the same tasks in one `enqueue_batch` call.
 //! - `execute`: runs the `--tasks` tasks already in the store (run `enqueue-batch` first) on
 //!   `--concurrency` handlers; tasks/s from the first handler start until every task is
 //!   complete.
@@ -39,7 +40,7 @@ struct Args {
 
 fn usage(message: &str) -> ! {
     eprintln!(
-        "{message}\nusage: peer_bench enqueue-single|enqueue-batch|execute|latency --store postgres:PARAMS|sqlite:PATH \
+        "{message}\nusage: peer_bench migrate|enqueue-single|enqueue-batch|execute|latency --store postgres:PARAMS|sqlite:PATH \
          [--tasks N] [--concurrency N] [--samples N] [--interval-ms MS]"
     );
     std::process::exit(2)
@@ -140,11 +141,11 @@ fn enqueue<D: Db>(db: &D, args: &Args, batch: bool) -> Result<(), BoxError> {
     Ok(())
 }
 
-/// All of `tasks` at once. (No batch enqueue in the queue yet: one `enqueue` each.)
+/// All of `tasks` in one transaction.
 fn enqueue_batch<S: Store>(queue: &mut Queue<S>, tasks: Vec<NewTask>) -> Result<(), QueueError> {
-    for task in tasks {
-        queue.enqueue(task)?;
-    }
+    let n = tasks.len();
+    let enqueued = queue.enqueue_batch(tasks)?;
+    assert_eq!(enqueued.len(), n, "enqueue_batch returned {} tasks, not {n}", enqueued.len());
     Ok(())
 }
 
@@ -285,6 +286,7 @@ fn latency<D: Db>(db: &D, args: &Args) -> Result<(), BoxError> {
     emit::<D>(
         &args.mode,
         serde_json::json!({
+            "tasks": total,
             "samples": samples.len(),
             "interval_ms": args.interval.as_secs_f64() * 1000.0,
             "p50_ms": percentile(&samples, 50.0),
@@ -298,6 +300,11 @@ fn latency<D: Db>(db: &D, args: &Args) -> Result<(), BoxError> {
 
 fn run<D: Db>(db: &D, args: &Args) -> Result<(), BoxError> {
     match args.mode.as_str() {
+        "migrate" => {
+            db.open()?;
+            emit::<D>(&args.mode, serde_json::json!({}));
+            Ok(())
+        }
         "enqueue-single" => enqueue(db, args, false),
         "enqueue-batch" => enqueue(db, args, true),
         "execute" => execute(db, args),

@@ -4,6 +4,7 @@
 //   node graphile.mjs MODE --db CONNECTION_STRING [options]
 //
 // Modes (each prints one line of JSON on stdout):
+//   migrate         install or update graphile-worker's schema (its own migrations)
 //   enqueue-single  migrate, then add --tasks no-op jobs one `addJob` call at a time
 //   enqueue-batch   migrate, then add --tasks no-op jobs in one `addJobs` call
 //   execute         run the --tasks jobs already in the database (enqueue-batch first) with
@@ -38,7 +39,7 @@ if (!opts.db) usage("--db is required");
 if (!["default", "batched"].includes(opts.preset)) usage(`unknown preset ${opts.preset}`);
 
 function usage(message) {
-  console.error(`${message}\nusage: graphile.mjs enqueue-single|enqueue-batch|execute|latency --db CONN [--tasks N] [--concurrency N] [--preset default|batched] [--samples N] [--interval-ms MS]`);
+  console.error(`${message}\nusage: graphile.mjs migrate|enqueue-single|enqueue-batch|execute|latency --db CONN [--tasks N] [--concurrency N] [--preset default|batched] [--samples N] [--interval-ms MS]`);
   process.exit(2);
 }
 
@@ -163,6 +164,7 @@ async function latency() {
   await utils.release();
   const samples = delays.slice(opts.warmup).sort((a, b) => a - b);
   emit({
+    tasks: total,
     samples: samples.length,
     interval_ms: opts["interval-ms"],
     p50_ms: percentile(samples, 50),
@@ -172,6 +174,10 @@ async function latency() {
 }
 
 switch (mode) {
+  case "migrate":
+    await runMigrations(options(1));
+    emit({});
+    break;
   case "enqueue-single":
     await enqueue(false);
     break;
