@@ -157,7 +157,8 @@ struct Shared {
     completed: AtomicU64,
     /// When the last completion was written.
     end: OnceLock<Instant>,
-    /// Attempts whose report failed (a lease lost while waiting for the store, ...).
+    /// Attempts whose report was refused (a lease lost while waiting for the store) or met a
+    /// conflict.
     errors: AtomicU64,
     /// Set when the run is over: the handlers' loops stop.
     stop: AtomicBool,
@@ -196,6 +197,11 @@ fn work<D: Db>(
                             handler(&job.payload);
                             Handled::Completed
                         }) {
+                            // A refused report (the lease was lost while waiting for the
+                            // store): another attempt runs the task and is counted then.
+                            Ok(Some(worked)) if worked.refused.is_some() => {
+                                shared.errors.fetch_add(1, Ordering::Relaxed);
+                            }
                             Ok(Some(worked)) if worked.status == Status::Completed => {
                                 if shared.completed.fetch_add(1, Ordering::AcqRel) + 1 == total {
                                     let _ = shared.end.set(Instant::now());
@@ -204,7 +210,7 @@ fn work<D: Db>(
                             }
                             Ok(Some(_)) => {}
                             Ok(None) => std::thread::sleep(Duration::from_millis(1)),
-                            Err(QueueError::Refused { .. } | QueueError::Conflict(_)) => {
+                            Err(QueueError::Conflict(_)) => {
                                 shared.errors.fetch_add(1, Ordering::Relaxed);
                             }
                             Err(e) => return Err(e),

@@ -24,8 +24,9 @@ const fmtCommits = (x) => (Number.isFinite(x) ? (x >= 10 ? x.toFixed(0) : x >= 0
 
 // A row: persevere's series against graphile-worker's, on one metric.
 const rows = [];
-const flags = [];
-const problems = [];
+// Sets: a series shows in more than one row.
+const flags = new Set();
+const problems = new Set();
 
 function stat(key, metric, lowerIsBetter) {
   const s = series(key);
@@ -36,8 +37,9 @@ function stat(key, metric, lowerIsBetter) {
   for (const r of s) {
     const v = r.result[metric];
     const off = lowerIsBetter ? v > 2 * med : v < med / 2;
-    if (off) flags.push(`${key} ${metric}, round ${r.round}: ${v.toFixed(1)} against a median of ${med.toFixed(1)}`);
-    if (r.result.errors) problems.push(`${key}, round ${r.round}: ${r.result.errors} attempt(s) refused (lease lost or conflict)`);
+    const load = r.load == null ? "" : ` (load average ${r.load})`;
+    if (off) flags.add(`${key} ${metric}, round ${r.round}: ${v.toFixed(1)} against a median of ${med.toFixed(1)}${load}`);
+    if (r.result.errors) problems.add(`${key}, round ${r.round}: ${r.result.errors} attempt(s) refused (lease lost or conflict)`);
   }
   const perTask = (field) => median(s.filter((r) => r[field] !== undefined).map((r) => r[field] / r.result.tasks));
   return { med, best, worst, n: values.length, wal: perTask("wal_bytes"), commits: perTask("commits") };
@@ -97,11 +99,11 @@ out.push(
 );
 out.push("");
 out.push(
-  flags.length === 0
+  flags.size === 0
     ? "No round is below half its row's median (nor a latency above twice it)."
-    : `Rounds below half their row's median (latency: above twice it): ${flags.join("; ")}.`,
+    : `Rounds below half their row's median (latency: above twice it): ${[...flags].join("; ")}.`,
 );
-if (problems.length > 0) out.push(`Refused reports: ${problems.join("; ")}.`);
+if (problems.size > 0) out.push(`Refused reports: ${[...problems].join("; ")}.`);
 if (footnote) {
   out.push("");
   out.push(footnote);

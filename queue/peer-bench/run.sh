@@ -96,7 +96,11 @@ run() {
     read -r wb1 ws1 xc1 <<<"$after"
     stats=",\"wal_bytes\":$((wb1 - wb0)),\"wal_syncs\":$((ws1 - ws0)),\"commits\":$((xc1 - xc0))"
   fi
-  echo "{\"round\":$round,\"key\":\"$key\",\"result\":$line$stats}" >>"$results"
+  # The machine's load average as the run ends: a flagged round on a shared machine often
+  # coincides with someone else's build.
+  local load
+  load=$(cut -d' ' -f1 /proc/loadavg 2>/dev/null || echo null)
+  echo "{\"round\":$round,\"key\":\"$key\",\"load\":$load,\"result\":$line$stats}" >>"$results"
   log "round $round $key: $line"
 }
 
