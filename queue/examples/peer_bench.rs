@@ -9,21 +9,23 @@
 //! - `migrate`: opens the store, which creates the queue's table.
 //! - `enqueue-single`: `--tasks` no-op tasks, one `enqueue` each.
 //! - `enqueue-batch`: the same tasks in one `enqueue_batch` call.
-//! - `execute`: runs the `--tasks` tasks already in the store (run `enqueue-batch` first) on
-//!   `--concurrency` handlers; tasks/s from the first handler start until every task is
+//! - `execute`: runs the `--tasks` tasks already in the store (run `enqueue-batch` first) on a
+//!   [`Runner`] with `--concurrency` handlers (threads) and, with `--buffer`, that many claimed
+//!   jobs buffered; tasks/s from the first handler start until the store shows every task
 //!   complete.
-//! - `latency`: an idle worker; `--samples` tasks enqueued `--interval-ms` apart; pick-up
-//!   latency from the call to `enqueue` to the start of the handler (the producer writes its
-//!   clock's reading into the payload, the handler subtracts it from its own).
+//! - `latency`: an idle runner (concurrency 1); `--samples` tasks enqueued `--interval-ms`
+//!   apart; pick-up latency from the call to `enqueue` to the start of the handler (the
+//!   producer writes its clock's reading into the payload, the handler subtracts it from its
+//!   own).
 //!
 //! `queue/peer-bench/run.sh` runs it beside graphile-worker and prints the table.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use persevere::{Backoff, DeliveryPolicy, RetryPolicy};
-use persevere_queue::{Handled, NewTask, Postgres, Queue, QueueError, Sqlite, Status, Store, Worker};
+use persevere_queue::{Handled, NewTask, Postgres, Queue, QueueError, Runner, Sqlite, Status, Store};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -36,12 +38,14 @@ struct Args {
     samples: usize,
     warmup: usize,
     interval: Duration,
+    /// The runner's buffer of claimed jobs (`None`: its default, as many as `concurrency`).
+    buffer: Option<usize>,
 }
 
 fn usage(message: &str) -> ! {
     eprintln!(
         "{message}\nusage: peer_bench migrate|enqueue-single|enqueue-batch|execute|latency --store postgres:PARAMS|sqlite:PATH \
-         [--tasks N] [--concurrency N] [--samples N] [--interval-ms MS]"
+         [--tasks N] [--concurrency N] [--buffer N] [--samples N] [--interval-ms MS]"
     );
     std::process::exit(2)
 }
@@ -57,6 +61,7 @@ fn parse_args() -> Args {
         samples: 200,
         warmup: 5,
         interval: Duration::from_millis(20),
+        buffer: None,
     };
     while let Some(key) = argv.next() {
         let value = argv.next().unwrap_or_else(|| usage(&format!("{key} needs a value")));
@@ -68,6 +73,7 @@ fn parse_args() -> Args {
             "--samples" => args.samples = usize::try_from(number()).unwrap_or(usize::MAX),
             "--warmup" => args.warmup = usize::try_from(number()).unwrap_or(usize::MAX),
             "--interval-ms" => args.interval = Duration::from_millis(number()),
+            "--buffer" => args.buffer = Some(usize::try_from(number()).unwrap_or(usize::MAX)),
             _ => usage(&format!("unknown option {key}")),
         }
     }
@@ -150,89 +156,75 @@ fn enqueue_batch<S: Store>(queue: &mut Queue<S>, tasks: Vec<NewTask>) -> Result<
 }
 
 /// What the handlers of one run share.
+#[derive(Default)]
 struct Shared {
     /// When the first handler started.
     first_start: OnceLock<Instant>,
-    /// Tasks whose completion has been written.
-    completed: AtomicU64,
-    /// When the last completion was written.
+    /// Handlers that have returned.
+    handled: AtomicU64,
+    /// When the store first showed every task complete.
     end: OnceLock<Instant>,
-    /// Attempts whose report was refused (a lease lost while waiting for the store) or met a
-    /// conflict.
+    /// Reports refused (a lease lost while waiting), interrupted or not written.
     errors: AtomicU64,
-    /// Set when the run is over: the handlers' loops stop.
-    stop: AtomicBool,
 }
 
-impl Shared {
-    fn new() -> Arc<Shared> {
-        Arc::new(Shared {
-            first_start: OnceLock::new(),
-            completed: AtomicU64::new(0),
-            end: OnceLock::new(),
-            errors: AtomicU64::new(0),
-            stop: AtomicBool::new(false),
-        })
-    }
-}
-
-/// Runs `handler` on `concurrency` workers until `shared.stop` is set: each worker is a thread
-/// with a connection of its own that claims one task at a time, and sleeps 1 ms when none is
-/// due. Each completion written counts in `shared.completed`.
+/// Runs `handler` on a [`Runner`] with `concurrency` handlers (threads) until it has run
+/// `total` times and the store shows no task left to run, then shuts the runner down.
 fn work<D: Db>(
     db: &D,
     concurrency: usize,
+    buffer: Option<usize>,
     shared: &Arc<Shared>,
-    handler: impl Fn(&[u8]) + Sync,
+    handler: impl Fn(&[u8]) + Send + Sync + 'static,
     total: u64,
 ) -> Result<(), BoxError> {
+    let mut builder = Runner::builder(db.open()?, "worker-1", &["noop"]).concurrency(concurrency);
+    if let Some(buffer) = buffer {
+        builder = builder.buffer(buffer);
+    }
+    let runner = builder.build();
+    let stop = runner.shutdown_handle();
+    let counts = Arc::clone(shared);
     std::thread::scope(|scope| {
-        let threads: Vec<_> = (0..concurrency)
-            .map(|i| {
-                let handler = &handler;
-                scope.spawn(move || -> Result<(), QueueError> {
-                    let mut worker = Worker::new(db.open()?, format!("worker-{i}"), &["noop"]);
-                    while !shared.stop.load(Ordering::Acquire) {
-                        match worker.work_one(|job, _lease| {
-                            handler(&job.payload);
-                            Handled::Completed
-                        }) {
-                            // A refused report (the lease was lost while waiting for the
-                            // store): another attempt runs the task and is counted then.
-                            Ok(Some(worked)) if worked.refused.is_some() => {
-                                shared.errors.fetch_add(1, Ordering::Relaxed);
-                            }
-                            Ok(Some(worked)) if worked.status == Status::Completed => {
-                                if shared.completed.fetch_add(1, Ordering::AcqRel) + 1 == total {
-                                    let _ = shared.end.set(Instant::now());
-                                    shared.stop.store(true, Ordering::Release);
-                                }
-                            }
-                            Ok(Some(_)) => {}
-                            Ok(None) => std::thread::sleep(Duration::from_millis(1)),
-                            Err(QueueError::Conflict(_)) => {
-                                shared.errors.fetch_add(1, Ordering::Relaxed);
-                            }
-                            Err(e) => return Err(e),
-                        }
-                    }
-                    Ok(())
-                })
-            })
-            .collect();
-        for thread in threads {
-            thread.join().expect("a worker panicked")?;
-        }
-        Ok(())
+        let watcher = scope.spawn(|| {
+            let done = watch(db, shared, total);
+            stop.shutdown(Duration::from_secs(10));
+            done
+        });
+        let report = runner.run_blocking(move |job| {
+            counts.first_start.get_or_init(Instant::now);
+            handler(&job.payload);
+            counts.handled.fetch_add(1, Ordering::AcqRel);
+            Handled::Completed
+        });
+        shared.errors.fetch_add(report.leases_lost + report.interrupted + report.unreported, Ordering::Relaxed);
+        watcher.join().expect("the watcher panicked")
     })
 }
 
+/// Waits until `total` handlers have returned, then until the store (on a connection of its
+/// own) shows no task pending or leased: every completion is written. Notes when in `shared`.
+fn watch<D: Db>(db: &D, shared: &Shared, total: u64) -> Result<(), BoxError> {
+    let mut queue = db.open()?;
+    while shared.handled.load(Ordering::Acquire) < total {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    loop {
+        let mut left = false;
+        for status in [Status::Pending, Status::HandedOut, Status::Running] {
+            left |= !queue.tasks(status, 1)?.is_empty();
+        }
+        if !left {
+            let _ = shared.end.set(Instant::now());
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 fn execute<D: Db>(db: &D, args: &Args) -> Result<(), BoxError> {
-    let shared = Shared::new();
-    let handler = |_: &[u8]| {
-        shared.first_start.get_or_init(Instant::now);
-    };
-    work(db, args.concurrency, &shared, handler, args.tasks)?;
+    let shared = Arc::new(Shared::default());
+    work(db, args.concurrency, args.buffer, &shared, |_: &[u8]| {}, args.tasks)?;
     let first = *shared.first_start.get().ok_or("no task ran")?;
     let end = *shared.end.get().ok_or("the run ended before every task completed")?;
     let seconds = (end - first).as_secs_f64();
@@ -240,6 +232,7 @@ fn execute<D: Db>(db: &D, args: &Args) -> Result<(), BoxError> {
         &args.mode,
         serde_json::json!({
             "concurrency": args.concurrency,
+            "buffer": args.buffer,
             "tasks": args.tasks,
             "seconds": seconds,
             "tasks_per_s": args.tasks as f64 / seconds,
@@ -262,21 +255,22 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 
 fn latency<D: Db>(db: &D, args: &Args) -> Result<(), BoxError> {
     let total = args.warmup + args.samples;
-    let delays: Mutex<Vec<Option<f64>>> = Mutex::new(vec![None; total]);
-    let shared = Shared::new();
+    let delays = Arc::new(Mutex::new(vec![None::<f64>; total]));
+    let shared = Arc::new(Shared::default());
     // The payload is "<index> <wall-clock microseconds at the call to enqueue>".
-    let handler = |payload: &[u8]| {
+    let recorded = Arc::clone(&delays);
+    let handler = move |payload: &[u8]| {
         let received = wall_micros();
         let text = std::str::from_utf8(payload).expect("a text payload");
         let (index, sent) = text.split_once(' ').expect("an index and a time");
         let (index, sent): (usize, u64) = (index.parse().expect("an index"), sent.parse().expect("a time"));
-        delays.lock().expect("not poisoned")[index] = Some(received.saturating_sub(sent) as f64 / 1000.0);
+        recorded.lock().expect("not poisoned")[index] = Some(received.saturating_sub(sent) as f64 / 1000.0);
     };
     let mut producer = db.open()?;
     let policy = policy();
     std::thread::scope(|scope| -> Result<(), BoxError> {
-        let worker = scope.spawn(|| work(db, 1, &shared, handler, total as u64));
-        // Let the worker connect and find nothing: it is idle when the first task comes.
+        let worker = scope.spawn(|| work(db, 1, args.buffer, &shared, handler, total as u64));
+        // Let the runner connect, listen and find nothing: it is idle when the first task comes.
         std::thread::sleep(Duration::from_millis(500));
         let origin = Instant::now();
         for i in 0..total {
@@ -287,7 +281,7 @@ fn latency<D: Db>(db: &D, args: &Args) -> Result<(), BoxError> {
         worker.join().expect("the worker panicked")
     })?;
     let mut samples: Vec<f64> =
-        delays.into_inner().expect("not poisoned")[args.warmup..].iter().map(|d| d.expect("every task ran")).collect();
+        delays.lock().expect("not poisoned")[args.warmup..].iter().map(|d| d.expect("every task ran")).collect();
     samples.sort_by(f64::total_cmp);
     emit::<D>(
         &args.mode,

@@ -68,9 +68,9 @@ row(`… on SQLite`, "persevere-sqlite enqueue-single", "graphile-default enqueu
 row(`enqueue ${n} in one batch (\`enqueue_batch\` / \`addJobs\`), tasks/s`, "persevere-pg enqueue-batch", "graphile-default enqueue-batch");
 row(`… on SQLite`, "persevere-sqlite enqueue-batch", "graphile-default enqueue-batch");
 for (const c of [1, 4, 16]) {
-  row(`execute ${n}, concurrency ${c}, tasks/s: graphile-worker's defaults`, `persevere-pg execute c${c}`, `graphile-default execute c${c}`);
-  row(`… graphile-worker batched`, `persevere-pg execute c${c}`, `graphile-batched execute c${c}`);
-  row(`… persevere on SQLite, against batched`, `persevere-sqlite execute c${c}`, `graphile-batched execute c${c}`);
+  row(`execute ${n}, concurrency ${c}, tasks/s: both with their defaults`, `persevere-pg execute c${c}`, `graphile-default execute c${c}`);
+  row(`… both batched (a buffer of 500)`, `persevere-pg-buffered execute c${c}`, `graphile-batched execute c${c}`);
+  row(`… persevere on SQLite, both batched`, `persevere-sqlite execute c${c}`, `graphile-batched execute c${c}`);
 }
 row("pick-up latency p50, ms (lower is better)", "persevere-pg latency", "graphile-default latency", "p50_ms");
 row("pick-up latency p99, ms (lower is better)", "persevere-pg latency", "graphile-default latency", "p99_ms");
@@ -93,6 +93,9 @@ out.push("");
 out.push(
   "Throughput rows: a ratio above 1 is persevere faster. Latency rows: a ratio below 1 is persevere faster " +
     "(from the call to add/enqueue to the handler's start, an idle worker, concurrency 1). " +
+    "Execute rows: defaults are graphile-worker's and persevere's `Runner` as built with only `concurrency(n)` " +
+    "(a buffer of n claimed jobs); batched is graphile-worker with `localQueue: { size: 500 }`, `completeJobBatchDelay: 0`, " +
+    "`failJobBatchDelay: 0` and persevere's `Runner` with `buffer(500)` (its results are always written in batches). " +
     "Best is the highest throughput or the lowest latency of the rounds. WAL and commits are medians over the rounds, " +
     "read from pg_stat_wal and pg_stat_database around the measured run only (latency rows: per task added, idle polling included); " +
     "SQLite rows show graphile-worker's PostgreSQL figures.",

@@ -119,13 +119,18 @@ measure() {
   local db="r${round}_${system//-/_}_${what//-/_}${c:+_c$c}"
   local key="$system $what${c:+ c$c}"
   case $system in
-    persevere-pg | graphile-*) fresh_db "$db" ;;
+    persevere-pg* | graphile-*) fresh_db "$db" ;;
     persevere-sqlite) fresh_sqlite "$db" ;;
   esac
+  # How each system runs tasks: graphile-worker's defaults, or batched (its local queue of 500
+  # jobs, completions and failures written in batches); persevere's Runner with its defaults
+  # (a buffer of as many jobs as handlers), or with a buffer of 500 like graphile-worker's
+  # local queue (on SQLite always).
   local side preset=()
   case $system in
     persevere-pg) side=persevere_pg ;;
-    persevere-sqlite) side=persevere_sqlite ;;
+    persevere-pg-buffered) side=persevere_pg preset=(--buffer 500) ;;
+    persevere-sqlite) side=persevere_sqlite preset=(--buffer 500) ;;
     graphile-default) side=graphile preset=(--preset default) ;;
     graphile-batched) side=graphile preset=(--preset batched) ;;
   esac
@@ -170,7 +175,7 @@ for round in $(seq 1 "$rounds"); do
     done
   done
   for c in 1 4 16; do
-    for system in $(ordered "$round" persevere-pg persevere-sqlite graphile-default graphile-batched); do
+    for system in $(ordered "$round" persevere-pg graphile-default persevere-pg-buffered graphile-batched persevere-sqlite); do
       measure "$round" "$system" execute "$c"
     done
   done
