@@ -538,6 +538,9 @@ fn a_tasks_future_holds_its_policy_once() {
         let size = spawn.0.load(Ordering::Relaxed);
         let policy = size_of::<persevere::SupervisionPolicy>();
         println!("a task's future: {size} bytes (its policy: {policy})");
-        assert!(size < 2 * policy, "a task's future is {size} bytes, its policy {policy}");
+        // The policy once, plus the loop's own state (larger with `tracing` and `metrics` on:
+        // 1,248 bytes without them, 1,632 with every feature). Holding it twice, as before,
+        // took 2,936 bytes without them.
+        assert!(size <= 5 * policy / 2, "a task's future is {size} bytes, its policy {policy}");
     });
 }
