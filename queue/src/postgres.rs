@@ -20,14 +20,21 @@ use crate::{QueueError, Status};
 use reconnect::{Recovery, Session};
 
 mod listen;
+mod policies;
 
-const SCHEMA: &str = "
+const TABLES: &str = "
+CREATE TABLE IF NOT EXISTS persevere_policies (
+    id BIGSERIAL PRIMARY KEY,
+    policy TEXT NOT NULL
+);
+CREATE UNIQUE INDEX IF NOT EXISTS persevere_policies_text ON persevere_policies (md5(policy));
 CREATE TABLE IF NOT EXISTS persevere_tasks (
     id BIGSERIAL PRIMARY KEY,
     queue TEXT NOT NULL,
     task_type TEXT NOT NULL,
     payload BYTEA NOT NULL,
-    policy TEXT NOT NULL,
+    policy TEXT,
+    policy_id BIGINT,
     state TEXT NOT NULL,
     version BIGINT NOT NULL,
     status TEXT NOT NULL,
@@ -37,24 +44,67 @@ CREATE TABLE IF NOT EXISTS persevere_tasks (
     declined_by TEXT NOT NULL DEFAULT '',
     corrupt_reason TEXT,
     created_at BIGINT NOT NULL,
-    updated_at BIGINT NOT NULL,
-    UNIQUE (queue, idempotency_key)
+    updated_at BIGINT NOT NULL
 );
-CREATE INDEX IF NOT EXISTS persevere_tasks_due_order ON persevere_tasks (queue, task_type, due_at, id);
-CREATE INDEX IF NOT EXISTS persevere_tasks_status_order ON persevere_tasks (queue, status, due_at, id);
 ";
-// The indexes end with the id: tasks due at the same microsecond (the clock's precision) are
-// claimed in the order they were enqueued, by an ordered index scan with no sort.
 
-/// The columns a queue's table must have: a table made by an earlier version lacks some.
+/// The indexes of [`TABLES`], created once a table made by an earlier version is known to have
+/// their columns.
+const INDEXES: &str = "
+CREATE UNIQUE INDEX IF NOT EXISTS persevere_tasks_key ON persevere_tasks (queue, idempotency_key)
+    WHERE idempotency_key IS NOT NULL;
+CREATE INDEX IF NOT EXISTS persevere_tasks_due ON persevere_tasks (queue, task_type, due_at, id)
+    WHERE due_at IS NOT NULL;
+CREATE INDEX IF NOT EXISTS persevere_tasks_unfinished ON persevere_tasks (queue, status, due_at, id)
+    WHERE status IN ('pending', 'handed_out', 'running');
+CREATE INDEX IF NOT EXISTS persevere_tasks_finished ON persevere_tasks (queue, updated_at, id)
+    WHERE status IN ('completed', 'proceeded', 'diverted');
+CREATE INDEX IF NOT EXISTS persevere_tasks_set_aside ON persevere_tasks (queue, id) WHERE status = 'corrupt';
+";
+// What the table and its indexes cost is what a task costs: every write of a row writes the
+// whole row again and an entry in each index whose condition it meets (no write can be a HOT
+// update: each one moves `due_at` or `status`). So:
+// - a policy, the same for most tasks, is stored once in `persevere_policies` and named by its
+//   id (`policy` on a task's row is for rows of earlier versions, and for a hand edit: it wins
+//   over the id);
+// - the indexes hold only the rows their queries look for. A claimed task's write adds to
+//   three (the primary key, `due` and `unfinished`), a completion's to two (the primary key
+//   and `finished`), and a key only indexes tasks that have one.
+// The indexes that order by `due_at` end with the id: tasks due at the same microsecond (the
+// clock's precision) are claimed in the order they were enqueued, by an ordered index scan with
+// no sort.
+
+/// Brings a table made by 0.x versions before the policies table up to date (run when its
+/// `policy_id` column is missing): its rows keep their policy text, and the indexes of every
+/// row give way to the ones above.
+const MIGRATE_POLICIES: &str = "
+ALTER TABLE persevere_tasks ADD COLUMN IF NOT EXISTS policy_id BIGINT, ALTER COLUMN policy DROP NOT NULL;
+DROP INDEX IF EXISTS persevere_tasks_due_order;
+DROP INDEX IF EXISTS persevere_tasks_status_order;
+";
+
 const REQUIRED_COLUMNS: &str = "ARRAY['queue', 'declined_by', 'corrupt_reason']";
+
+/// How many of `columns` (an SQL array of names) the queue's table lacks.
+fn missing_columns(columns: &str) -> String {
+    format!(
+        "SELECT count(*) FROM unnest({columns}) AS required(name) WHERE NOT EXISTS
+         (SELECT 1 FROM information_schema.columns WHERE table_name = 'persevere_tasks'
+          AND table_schema = current_schema() AND column_name = required.name)"
+    )
+}
 
 /// The clock in nanoseconds since 1970 (at microsecond precision): the server's
 /// `statement_timestamp()` (Q2), which is stable within a statement, so a bound written with it
 /// can use an index. `$1` is the connection's skew (`Store::advance_clock`, tests only).
 const CLOCK: &str = "((extract(epoch FROM statement_timestamp()) * 1000000)::bigint * 1000 + $1::bigint)";
 
-const COLUMNS: &str = "id, task_type, payload, policy, state, version, idempotency_key, created_at, due_at";
+const COLUMNS: &str =
+    "t.id, t.task_type, t.payload, coalesce(t.policy, p.policy), t.state, t.version, t.idempotency_key,
+     t.created_at, t.due_at";
+
+/// The tasks, as `t`, with their policies (a row's own text wins over its id: see [`TABLES`]).
+const TASKS: &str = "persevere_tasks t LEFT JOIN persevere_policies p ON p.id = t.policy_id";
 
 /// The channel an insert notifies, with its queue's name as the payload, at its commit: every
 /// connection that ran `LISTEN persevere_tasks` hears it ([`Store::listen`]).
@@ -184,6 +234,8 @@ pub struct Postgres {
     params: String,
     /// How to connect again when the connection is lost (Q9).
     recovery: Recovery,
+    /// The ids of the policies it has stored or found.
+    policy_ids: policies::PolicyIds,
 }
 
 impl core::fmt::Debug for Postgres {
@@ -225,31 +277,40 @@ impl Postgres {
             clock: None,
             params: params.to_owned(),
             recovery,
+            policy_ids: policies::PolicyIds::default(),
         };
+        store.create_schema(params)?;
+        Ok(store)
+    }
+
+    /// Creates the queue's tables and indexes if they are missing, and brings a table made by
+    /// an earlier version up to date, or refuses it.
+    fn create_schema(&self, params: &str) -> Result<(), QueueError> {
         // Two workers creating the schema at once race on `CREATE ... IF NOT EXISTS`; a
         // transaction-level advisory lock makes it one at a time.
-        store.block_on(
-            store.client.batch_execute(&format!("BEGIN; SELECT pg_advisory_xact_lock(7202611); {SCHEMA} COMMIT;")),
-        )?;
-        let missing: i64 = store
-            .block_on(store.client.query_one(
-                &format!(
-                    "SELECT count(*) FROM unnest({REQUIRED_COLUMNS}) AS required(name) WHERE NOT EXISTS
-                     (SELECT 1 FROM information_schema.columns WHERE table_name = 'persevere_tasks'
-                      AND table_schema = current_schema() AND column_name = required.name)"
-                ),
-                &[],
-            ))?
-            .try_get(0)?;
-        if missing > 0 {
-            return Err(QueueError::NotAQueue {
-                path: params.into(),
-                reason: "its persevere_tasks table was made by an earlier version of persevere-queue (it lacks \
-                         the queue, declined_by and corrupt_reason columns): drain that queue and drop the table"
-                    .to_owned(),
-            });
+        let client = &self.client;
+        self.block_on(client.batch_execute(&format!("BEGIN; SELECT pg_advisory_xact_lock(7202611); {TABLES}")))?;
+        let missing = |columns: &str| -> Result<i64, QueueError> {
+            Ok(self.block_on(client.query_one(&missing_columns(columns), &[]))?.try_get(0)?)
+        };
+        let created = (|| {
+            if missing(REQUIRED_COLUMNS)? > 0 {
+                return Err(QueueError::NotAQueue {
+                    path: params.into(),
+                    reason: "its persevere_tasks table was made by an earlier version of persevere-queue (it lacks \
+                             the queue, declined_by and corrupt_reason columns): drain that queue and drop the table"
+                        .to_owned(),
+                });
+            }
+            if missing("ARRAY['policy_id']")? > 0 {
+                self.block_on(client.batch_execute(MIGRATE_POLICIES))?;
+            }
+            Ok(self.block_on(client.batch_execute(&format!("{INDEXES} COMMIT;")))?)
+        })();
+        if created.is_err() {
+            self.roll_back();
         }
-        Ok(store)
+        created
     }
 
     fn block_on<F: Future>(&self, future: F) -> F::Output {
@@ -276,7 +337,7 @@ impl Postgres {
     /// Task `id` and the clock, read in one statement (a report's read).
     fn read_row(&mut self, id: i64) -> ReadWithClock {
         let select = self.prepared(&format!(
-            "SELECT {COLUMNS}, {CLOCK} FROM persevere_tasks WHERE id = $2 AND queue = '{}'",
+            "SELECT {COLUMNS}, {CLOCK} FROM {TASKS} WHERE t.id = $2 AND t.queue = '{}'",
             self.queue
         ))?;
         let skew = self.skew_ns();
@@ -354,20 +415,20 @@ impl Postgres {
             // One type: an ordered scan of the (queue, task_type, due_at) index that stops at
             // `limit`; `= ANY` would sort every due row first.
             Candidates::Due { types: [_], .. } => format!(
-                "SELECT {COLUMNS}, {CLOCK} FROM persevere_tasks WHERE queue = '{queue}' AND due_at <= {CLOCK}
-                 AND task_type = $2 AND strpos(declined_by, $3) = 0
-                 ORDER BY due_at, id LIMIT {limit} FOR UPDATE SKIP LOCKED"
+                "SELECT {COLUMNS}, {CLOCK} FROM {TASKS} WHERE t.queue = '{queue}' AND t.due_at <= {CLOCK}
+                 AND t.task_type = $2 AND strpos(t.declined_by, $3) = 0
+                 ORDER BY t.due_at, t.id LIMIT {limit} FOR UPDATE OF t SKIP LOCKED"
             ),
             Candidates::Due { .. } => format!(
-                "SELECT {COLUMNS}, {CLOCK} FROM persevere_tasks WHERE queue = '{queue}' AND due_at <= {CLOCK}
-                 AND task_type = ANY($2) AND strpos(declined_by, $3) = 0
-                 ORDER BY due_at, id LIMIT {limit} FOR UPDATE SKIP LOCKED"
+                "SELECT {COLUMNS}, {CLOCK} FROM {TASKS} WHERE t.queue = '{queue}' AND t.due_at <= {CLOCK}
+                 AND t.task_type = ANY($2) AND strpos(t.declined_by, $3) = 0
+                 ORDER BY t.due_at, t.id LIMIT {limit} FOR UPDATE OF t SKIP LOCKED"
             ),
             Candidates::Expired => format!(
-                "SELECT {COLUMNS}, {CLOCK} FROM persevere_tasks WHERE queue = '{queue}'
-                 AND status IN ('pending', 'handed_out', 'running')
-                 AND (due_at IS NULL OR (status != 'pending' AND (due_at <= {CLOCK} OR due_at > {CLOCK} + {AHEAD})))
-                 ORDER BY due_at, id LIMIT {limit} FOR UPDATE SKIP LOCKED",
+                "SELECT {COLUMNS}, {CLOCK} FROM {TASKS} WHERE t.queue = '{queue}'
+                 AND t.status IN ('pending', 'handed_out', 'running')
+                 AND (t.due_at IS NULL OR (t.status != 'pending' AND (t.due_at <= {CLOCK} OR t.due_at > {CLOCK} + {AHEAD})))
+                 ORDER BY t.due_at, t.id LIMIT {limit} FOR UPDATE OF t SKIP LOCKED",
                 AHEAD = crate::store::FAR_AHEAD_NS
             ),
         };
@@ -504,18 +565,19 @@ impl Session for Postgres {
         // task's state is built from `created_at` when it is first loaded), and a row it adds
         // wakes the queue's listening runners at its commit (Q8).
         let insert_statement = self.prepared(&format!(
-            "WITH inserted AS (INSERT INTO persevere_tasks (queue, task_type, payload, policy, state, version,
+            "WITH inserted AS (INSERT INTO persevere_tasks (queue, task_type, payload, policy_id, state, version,
              status, due_at, attempt, idempotency_key, created_at, updated_at)
-             SELECT '{queue}', $2::text, $3::bytea, $4::text, '', 0, $5::text,
+             SELECT '{queue}', $2::text, $3::bytea, $4::bigint, '', 0, $5::text,
                     GREATEST(CASE WHEN clock.now > {MAX} - $6::bigint THEN {MAX} ELSE clock.now + $6::bigint END,
                              $9::bigint),
                     $7::bigint, $8::text, clock.now, clock.now
              FROM (SELECT {CLOCK} AS now) AS clock
-             ON CONFLICT (queue, idempotency_key) DO NOTHING RETURNING id)
+             ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING RETURNING id)
              SELECT id, pg_notify('{NOTIFY_CHANNEL}', '{queue}') FROM inserted",
             MAX = i64::MAX,
             queue = self.queue
         ))?;
+        let policy = self.policy_ids(&[&insert.policy])?[0];
         let skew = self.skew_ns();
         // One statement, so no transaction: the row appears whole or not at all.
         let inserted = self.block_on(self.client.query_opt(
@@ -524,7 +586,7 @@ impl Session for Postgres {
                 &skew,
                 &insert.task_type,
                 &insert.payload,
-                &insert.policy,
+                &policy,
                 &insert.status.as_str(),
                 &insert.delay_ns,
                 &insert.attempt,
@@ -581,15 +643,15 @@ impl Session for Postgres {
     }
 
     fn get(&mut self, id: i64) -> Result<Option<Row>, QueueError> {
-        let statement = self
-            .prepared(&format!("SELECT {COLUMNS} FROM persevere_tasks WHERE id = $1 AND queue = '{}'", self.queue))?;
+        let statement =
+            self.prepared(&format!("SELECT {COLUMNS} FROM {TASKS} WHERE t.id = $1 AND t.queue = '{}'", self.queue))?;
         let row = self.block_on(self.client.query_opt(&statement, &[&id]))?;
         row.as_ref().map(row_of).transpose()
     }
 
     fn list(&mut self, status: Status, limit: u32) -> Result<Vec<Row>, QueueError> {
         let statement = self.prepared(&format!(
-            "SELECT {COLUMNS} FROM persevere_tasks WHERE queue = '{}' AND status = $1 ORDER BY id LIMIT $2",
+            "SELECT {COLUMNS} FROM {TASKS} WHERE t.queue = '{}' AND t.status = $1 ORDER BY t.id LIMIT $2",
             self.queue
         ))?;
         let rows = self.block_on(self.client.query(&statement, &[&status.as_str(), &i64::from(limit)]))?;
@@ -629,18 +691,19 @@ impl Session for Postgres {
         // The rows it adds wake the queue's listening runners at its commit (Q8): the server
         // sends one notification for the statement's identical ones.
         let statement = self.prepared(&format!(
-            "WITH inserted AS (INSERT INTO persevere_tasks (queue, task_type, payload, policy, state, version,
+            "WITH inserted AS (INSERT INTO persevere_tasks (queue, task_type, payload, policy_id, state, version,
              status, due_at, attempt, idempotency_key, created_at, updated_at)
-             SELECT '{queue}', t.task_type, t.payload, t.policy, '', 0, t.status,
+             SELECT '{queue}', t.task_type, t.payload, t.policy_id, '', 0, t.status,
                     GREATEST(CASE WHEN clock.now > {MAX} - t.delay_ns THEN {MAX} ELSE clock.now + t.delay_ns END,
                              t.not_before),
                     t.attempt, t.key, clock.now, clock.now
              FROM (SELECT {CLOCK} AS now) AS clock,
-                  unnest($2::text[], $3::bytea[], $4::text[], $5::text[], $6::bigint[], $7::bigint[], $8::text[],
+                  unnest($2::text[], $3::bytea[], $4::bigint[], $5::text[], $6::bigint[], $7::bigint[], $8::text[],
                          $9::bigint[]) WITH ORDINALITY
-                  AS t(task_type, payload, policy, status, delay_ns, attempt, key, not_before, ord)
+                  AS t(task_type, payload, policy_id, status, delay_ns, attempt, key, not_before, ord)
              ORDER BY t.ord
-             ON CONFLICT (queue, idempotency_key) DO NOTHING RETURNING id, idempotency_key)
+             ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+             RETURNING id, idempotency_key)
              SELECT id, idempotency_key, pg_notify('{NOTIFY_CHANNEL}', '{queue}') FROM inserted",
             MAX = i64::MAX,
             queue = self.queue
@@ -648,6 +711,7 @@ impl Session for Postgres {
         let types: Vec<&str> = inserts.iter().map(|i| i.task_type.as_str()).collect();
         let payloads: Vec<&[u8]> = inserts.iter().map(|i| i.payload.as_slice()).collect();
         let policies: Vec<&str> = inserts.iter().map(|i| i.policy.as_str()).collect();
+        let policies = self.policy_ids(&policies)?;
         let statuses: Vec<&str> = inserts.iter().map(|i| i.status.as_str()).collect();
         let delays: Vec<i64> = inserts.iter().map(|i| i.delay_ns).collect();
         let attempts: Vec<i64> = inserts.iter().map(|i| i.attempt).collect();
@@ -689,7 +753,7 @@ impl Session for Postgres {
     fn prune(&mut self, finished_before_ns: i64, limit: u32) -> Result<usize, QueueError> {
         let statement = self.prepared(&format!(
             "DELETE FROM persevere_tasks WHERE id IN (SELECT id FROM persevere_tasks WHERE queue = '{}'
-             AND status IN ('completed', 'proceeded', 'diverted') AND updated_at <= $1 ORDER BY id LIMIT $2)",
+             AND status IN ('completed', 'proceeded', 'diverted') AND updated_at <= $1 ORDER BY updated_at, id LIMIT $2)",
             self.queue
         ))?;
         let deleted = self.block_on(self.client.execute(&statement, &[&finished_before_ns, &i64::from(limit)]))?;

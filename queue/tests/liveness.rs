@@ -404,7 +404,7 @@ fn q9_a_postgres_error_shows_the_servers_own_message() {
     assert!(error.contains("index row") && error.contains("maximum size"), "{error}");
     db.execute("ALTER TABLE persevere_tasks RENAME COLUMN task_type TO kind");
     let error = queue.claim("w", &["t"]).unwrap_err().to_string();
-    assert!(error.contains("column \"task_type\" does not exist"), "{error}");
+    assert!(error.contains("column t.task_type does not exist"), "{error}");
 }
 
 #[test]
