@@ -11,8 +11,9 @@
 //! - `enqueue-batch`: the same tasks in one `enqueue_batch` call.
 //! - `execute`: runs the `--tasks` tasks already in the store (run `enqueue-batch` first) on a
 //!   [`Runner`] with `--concurrency` handlers (threads) and, with `--buffer`, that many claimed
-//!   jobs buffered; tasks/s from the first handler start until the store shows every task
-//!   complete.
+//!   jobs buffered, and with `--retention-s`, finished rows kept that long (0: deleted with
+//!   their completion, as graphile-worker does); tasks/s from the first handler start until the
+//!   store shows every task done.
 //! - `latency`: an idle runner (concurrency 1); `--samples` tasks enqueued `--interval-ms`
 //!   apart; pick-up latency from the call to `enqueue` to the start of the handler (the
 //!   producer writes its clock's reading into the payload, the handler subtracts it from its
@@ -40,12 +41,15 @@ struct Args {
     interval: Duration,
     /// The runner's buffer of claimed jobs (`None`: its default, as many as `concurrency`).
     buffer: Option<usize>,
+    /// How long the runner keeps finished tasks (`None`: its default, a day); zero deletes
+    /// each row with its completion, as graphile-worker does.
+    retention: Option<Duration>,
 }
 
 fn usage(message: &str) -> ! {
     eprintln!(
         "{message}\nusage: peer_bench migrate|enqueue-single|enqueue-batch|execute|latency --store postgres:PARAMS|sqlite:PATH \
-         [--tasks N] [--concurrency N] [--buffer N] [--samples N] [--interval-ms MS]"
+         [--tasks N] [--concurrency N] [--buffer N] [--retention-s S] [--samples N] [--interval-ms MS]"
     );
     std::process::exit(2)
 }
@@ -62,6 +66,7 @@ fn parse_args() -> Args {
         warmup: 5,
         interval: Duration::from_millis(20),
         buffer: None,
+        retention: None,
     };
     while let Some(key) = argv.next() {
         let value = argv.next().unwrap_or_else(|| usage(&format!("{key} needs a value")));
@@ -74,6 +79,7 @@ fn parse_args() -> Args {
             "--warmup" => args.warmup = usize::try_from(number()).unwrap_or(usize::MAX),
             "--interval-ms" => args.interval = Duration::from_millis(number()),
             "--buffer" => args.buffer = Some(usize::try_from(number()).unwrap_or(usize::MAX)),
+            "--retention-s" => args.retention = Some(Duration::from_secs(number())),
             _ => usage(&format!("unknown option {key}")),
         }
     }
@@ -174,6 +180,7 @@ fn work<D: Db>(
     db: &D,
     concurrency: usize,
     buffer: Option<usize>,
+    retention: Option<Duration>,
     shared: &Arc<Shared>,
     handler: impl Fn(&[u8]) + Send + Sync + 'static,
     total: u64,
@@ -181,6 +188,9 @@ fn work<D: Db>(
     let mut builder = Runner::builder(db.open()?, "worker-1", &["noop"]).concurrency(concurrency);
     if let Some(buffer) = buffer {
         builder = builder.buffer(buffer);
+    }
+    if let Some(retention) = retention {
+        builder = builder.retention(Some(retention));
     }
     let runner = builder.build();
     let stop = runner.shutdown_handle();
@@ -224,7 +234,7 @@ fn watch<D: Db>(db: &D, shared: &Shared, total: u64) -> Result<(), BoxError> {
 
 fn execute<D: Db>(db: &D, args: &Args) -> Result<(), BoxError> {
     let shared = Arc::new(Shared::default());
-    work(db, args.concurrency, args.buffer, &shared, |_: &[u8]| {}, args.tasks)?;
+    work(db, args.concurrency, args.buffer, args.retention, &shared, |_: &[u8]| {}, args.tasks)?;
     let first = *shared.first_start.get().ok_or("no task ran")?;
     let end = *shared.end.get().ok_or("the run ended before every task completed")?;
     let seconds = (end - first).as_secs_f64();
@@ -233,6 +243,7 @@ fn execute<D: Db>(db: &D, args: &Args) -> Result<(), BoxError> {
         serde_json::json!({
             "concurrency": args.concurrency,
             "buffer": args.buffer,
+            "retention_s": args.retention.map(|r| r.as_secs()),
             "tasks": args.tasks,
             "seconds": seconds,
             "tasks_per_s": args.tasks as f64 / seconds,
@@ -269,7 +280,7 @@ fn latency<D: Db>(db: &D, args: &Args) -> Result<(), BoxError> {
     let mut producer = db.open()?;
     let policy = policy();
     std::thread::scope(|scope| -> Result<(), BoxError> {
-        let worker = scope.spawn(|| work(db, 1, args.buffer, &shared, handler, total as u64));
+        let worker = scope.spawn(|| work(db, 1, args.buffer, args.retention, &shared, handler, total as u64));
         // Let the runner connect, listen and find nothing: it is idle when the first task comes.
         std::thread::sleep(Duration::from_millis(500));
         let origin = Instant::now();

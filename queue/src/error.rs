@@ -19,7 +19,9 @@ pub enum QueueError {
         error: DeliveryError,
     },
     /// No task has this id.
-    #[error("no task {0}; it was never enqueued in this database")]
+    #[error(
+        "no task {0}: it was never enqueued in this queue, or it finished and its row was deleted (`prune`, `keep_finished(false)`)"
+    )]
     UnknownTask(TaskId),
     /// A re-drive of a task that has not failed or been dead-lettered.
     #[error("task {task} is {status}; only failed and dead-lettered tasks can be re-driven")]

@@ -55,11 +55,10 @@ CREATE UNIQUE INDEX IF NOT EXISTS persevere_tasks_key ON persevere_tasks (queue,
     WHERE idempotency_key IS NOT NULL;
 CREATE INDEX IF NOT EXISTS persevere_tasks_due ON persevere_tasks (queue, task_type, due_at, id)
     WHERE due_at IS NOT NULL;
-CREATE INDEX IF NOT EXISTS persevere_tasks_unfinished ON persevere_tasks (queue, status, due_at, id)
-    WHERE status IN ('pending', 'handed_out', 'running');
+CREATE INDEX IF NOT EXISTS persevere_tasks_status ON persevere_tasks (queue, status, due_at, id)
+    WHERE status NOT IN ('completed', 'proceeded', 'diverted');
 CREATE INDEX IF NOT EXISTS persevere_tasks_finished ON persevere_tasks (queue, updated_at, id)
     WHERE status IN ('completed', 'proceeded', 'diverted');
-CREATE INDEX IF NOT EXISTS persevere_tasks_set_aside ON persevere_tasks (queue, id) WHERE status = 'corrupt';
 ";
 // What the table and its indexes cost is what a task costs: every write of a row writes the
 // whole row again and an entry in each index whose condition it meets (no write can be a HOT
@@ -67,9 +66,11 @@ CREATE INDEX IF NOT EXISTS persevere_tasks_set_aside ON persevere_tasks (queue, 
 // - a policy, the same for most tasks, is stored once in `persevere_policies` and named by its
 //   id (`policy` on a task's row is for rows of earlier versions, and for a hand edit: it wins
 //   over the id);
-// - the indexes hold only the rows their queries look for. A claimed task's write adds to
-//   three (the primary key, `due` and `unfinished`), a completion's to two (the primary key
-//   and `finished`), and a key only indexes tasks that have one.
+// - the indexes hold only the rows their queries look for: `due` the claims', `status` the
+//   sweeps' and the lists' of tasks not finished well (their statuses are written into the
+//   statements, so that the planner can use it), `finished` the prunes'. A claimed task's write
+//   adds to three (the primary key, `due` and `status`), a completion's to two (the primary
+//   key and `finished`), and a key only indexes tasks that have one.
 // The indexes that order by `due_at` end with the id: tasks due at the same microsecond (the
 // clock's precision) are claimed in the order they were enqueued, by an ordered index scan with
 // no sort.
@@ -129,20 +130,44 @@ static WRITE_IF_LEASED: std::sync::LazyLock<String> = std::sync::LazyLock::new(|
     )
 });
 
-/// Writes many rows in one statement, each guarded by its version: `$2..$7` are arrays of ids,
-/// versions, states, statuses, due instants and attempts; `extra` adds to the guard. Returns
-/// the ids written.
-fn write_many(extra: &str) -> String {
+/// [`WRITE_IF_LEASED`]'s delete, for a write that finishes the task when the queue keeps no
+/// finished rows (`$1` is the skew, `$2` the id, `$3` the version).
+static DELETE_IF_LEASED: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!("DELETE FROM persevere_tasks WHERE id = $2 AND version = $3 AND due_at > {CLOCK}")
+});
+
+/// Many guarded writes in one statement, as [`WRITE_MANY`] with the lease guard, but the rows
+/// whose `$9` is true are deleted (under the same guards) instead of written. Returns the ids
+/// written or deleted.
+static WRITE_OR_DELETE_MANY_IF_LEASED: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "WITH v AS (SELECT * FROM unnest($2::bigint[], $3::bigint[], $4::text[], $5::text[], $6::bigint[],
+                                        $7::bigint[], $8::text[], $9::bool[])
+                    AS v(id, version, state, status, due_at, attempt, declined_by, forget)),
+         gone AS (DELETE FROM persevere_tasks AS t USING v
+                  WHERE v.forget AND t.id = v.id AND t.version = v.version AND t.due_at > {CLOCK} RETURNING t.id),
+         kept AS (UPDATE persevere_tasks AS t SET state = v.state, status = v.status, due_at = v.due_at,
+                  attempt = v.attempt, declined_by = v.declined_by, version = t.version + 1, updated_at = {CLOCK}
+                  FROM v WHERE NOT v.forget AND t.id = v.id AND t.version = v.version AND t.due_at > {CLOCK}
+                  RETURNING t.id)
+         SELECT id FROM gone UNION ALL SELECT id FROM kept"
+    )
+});
+
+/// Writes many rows in one statement (a claim's), each guarded by its version: `$2..$8` are
+/// arrays of ids, versions, states, statuses, due instants, attempts and declining workers.
+/// Returns the ids written.
+static WRITE_MANY: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!(
         "UPDATE persevere_tasks AS t SET state = v.state, status = v.status, due_at = v.due_at, attempt = v.attempt,
          declined_by = v.declined_by, version = t.version + 1, updated_at = {CLOCK}
          FROM unnest($2::bigint[], $3::bigint[], $4::text[], $5::text[], $6::bigint[], $7::bigint[], $8::text[])
               AS v(id, version, state, status, due_at, attempt, declined_by)
-         WHERE t.id = v.id AND t.version = v.version {extra} RETURNING t.id"
+         WHERE t.id = v.id AND t.version = v.version RETURNING t.id"
     )
-}
+});
 
-/// The columns of many writes, as the arrays [`write_many`] binds.
+/// The columns of many writes, as the arrays [`WRITE_MANY`] binds.
 #[derive(Default)]
 struct Columns {
     ids: Vec<i64>,
@@ -457,7 +482,7 @@ impl Postgres {
     /// and commits, in one round trip. The rows are locked: no version can have moved, and a
     /// write that failed makes the COMMIT a rollback.
     fn commit_decided(&mut self, decided: &[Decided]) -> Result<usize, QueueError> {
-        let write = self.prepared(&write_many(""))?;
+        let write = self.prepared(&WRITE_MANY)?;
         let set_aside = self.prepared(&format!(
             "UPDATE persevere_tasks AS t SET status = 'corrupt', due_at = NULL, corrupt_reason = v.reason,
              version = t.version + 1, updated_at = {CLOCK}
@@ -651,10 +676,11 @@ impl Session for Postgres {
 
     fn list(&mut self, status: Status, limit: u32) -> Result<Vec<Row>, QueueError> {
         let statement = self.prepared(&format!(
-            "SELECT {COLUMNS} FROM {TASKS} WHERE t.queue = '{}' AND t.status = $1 ORDER BY t.id LIMIT $2",
-            self.queue
+            "SELECT {COLUMNS} FROM {TASKS} WHERE t.queue = '{}' AND t.status = '{}' ORDER BY t.id LIMIT $1",
+            self.queue,
+            status.as_str()
         ))?;
-        let rows = self.block_on(self.client.query(&statement, &[&status.as_str(), &i64::from(limit)]))?;
+        let rows = self.block_on(self.client.query(&statement, &[&i64::from(limit)]))?;
         rows.iter().map(row_of).collect()
     }
 
@@ -662,24 +688,33 @@ impl Session for Postgres {
         self.clock?.estimate(self.skew)
     }
 
-    fn write_if_leased(&mut self, id: i64, version: i64, w: &Write) -> Result<bool, QueueError> {
+    fn write_if_leased(&mut self, guarded: &GuardedWrite) -> Result<bool, QueueError> {
         crash::begin("update");
-        let statement = self.prepared(&WRITE_IF_LEASED)?;
+        let GuardedWrite { id, version, write: w, delete } = guarded;
         let skew = self.skew_ns();
-        let changed = self.block_on(self.client.execute(
-            &statement,
-            &[&skew, &w.state, &w.status.as_str(), &w.due_at, &w.attempt, &id, &version, &w.declined_by],
-        ))?;
+        let changed = if *delete {
+            let statement = self.prepared(&DELETE_IF_LEASED)?;
+            self.block_on(self.client.execute(&statement, &[&skew, id, version]))?
+        } else {
+            let statement = self.prepared(&WRITE_IF_LEASED)?;
+            self.block_on(self.client.execute(
+                &statement,
+                &[&skew, &w.state, &w.status.as_str(), &w.due_at, &w.attempt, id, version, &w.declined_by],
+            ))?
+        };
         crash::statement();
         Ok(changed == 1)
     }
 
     fn write_batch_if_leased(&mut self, writes: &[GuardedWrite]) -> Result<Vec<bool>, QueueError> {
         crash::begin("update");
-        let statement = self.prepared(&write_many(&format!("AND t.due_at > {CLOCK}")))?;
+        let statement = self.prepared(&WRITE_OR_DELETE_MANY_IF_LEASED)?;
         let columns = Columns::of(writes.iter().map(|w| (w.id, w.version, &w.write)));
+        let delete: Vec<bool> = writes.iter().map(|w| w.delete).collect();
         let skew = self.skew_ns();
-        let written = self.block_on(self.client.query(&statement, &columns.params(&skew)))?;
+        let mut params = columns.params(&skew).to_vec();
+        params.push(&delete);
+        let written = self.block_on(self.client.query(&statement, &params))?;
         crash::statement();
         let written: std::collections::HashSet<i64> =
             written.iter().map(|row| row.try_get(0)).collect::<Result<_, _>>()?;

@@ -57,6 +57,9 @@ pub struct Queue<S> {
     /// this queue last wrote it, so that a completion needs no read (see
     /// [`complete`](Self::complete)).
     held: HashMap<i64, Held>,
+    /// Whether a task's row stays once it is completed, proceeded or diverted (until
+    /// [`prune`](Self::prune)), or goes with the write that finishes it.
+    keep_finished: bool,
 }
 
 /// A job's row as the queue last wrote it: the version the write left and the state it wrote.
@@ -346,7 +349,35 @@ fn insert_of(task: NewTask) -> Result<Insert, QueueError> {
 impl<S: Store> Queue<S> {
     /// A queue on `store`.
     pub fn new(store: S) -> Self {
-        Queue { store, policies: Policies::default(), declined: BTreeMap::new(), held: HashMap::new() }
+        Queue {
+            store,
+            policies: Policies::default(),
+            declined: BTreeMap::new(),
+            held: HashMap::new(),
+            keep_finished: true,
+        }
+    }
+
+    /// Whether a completed, proceeded or diverted task's row stays in the store (the default:
+    /// [`task`](Self::task) shows it, and its idempotency key keeps deduplicating, until
+    /// [`prune`](Self::prune) deletes it), or goes at once, as graphile-worker's completed jobs
+    /// do. With `false`, a completion of a job this queue holds deletes the row in the
+    /// statement that would have written it (the same guards: version and lease), so a task
+    /// costs one write less; the row of a task finished otherwise (on a fresh read, after a
+    /// lost lease) stays until `prune`. Failed and dead-lettered tasks always stay (Q6).
+    /// A [`Runner`](crate::Runner) with a retention of zero sets `false`.
+    ///
+    /// ```
+    /// # #[cfg(feature = "sqlite")] {
+    /// use persevere_queue::{Queue, Sqlite};
+    /// let mut queue = Queue::new(Sqlite::in_memory()?);
+    /// queue.keep_finished(false);
+    /// # }
+    /// # Ok::<(), persevere_queue::QueueError>(())
+    /// ```
+    pub fn keep_finished(&mut self, keep: bool) -> &mut Self {
+        self.keep_finished = keep;
+        self
     }
 
     /// The store, for queries of your own.
@@ -525,7 +556,8 @@ impl<S: Store> Queue<S> {
                 continue;
             }
             if let Some((write, version, status, finished)) = self.decide_held(job, &Report::of(handled))? {
-                guarded.push(GuardedWrite { id: job.id.0, version, write });
+                let delete = self.deletes(status);
+                guarded.push(GuardedWrite { id: job.id.0, version, write, delete });
                 decided.push((index, status, finished));
             }
         }
@@ -558,7 +590,12 @@ impl<S: Store> Queue<S> {
     /// queue holds the job; on a fresh read otherwise.
     fn report_one(&mut self, job: &Job, report: Report) -> Result<Status, QueueError> {
         if let Some((write, version, status, finished)) = self.decide_held(job, &report)?
-            && self.store.write_if_leased(job.id.0, version, &write)?
+            && self.store.write_if_leased(&GuardedWrite {
+                id: job.id.0,
+                version,
+                write,
+                delete: self.deletes(status),
+            })?
         {
             finished.tell();
             return Ok(status);
@@ -591,6 +628,12 @@ impl<S: Store> Queue<S> {
             return Ok(None);
         }
         Ok(Some((write_of(&state, now)?, version, status, finished)))
+    }
+
+    /// Whether a guarded write that leaves the task `status` deletes its row instead
+    /// ([`keep_finished`](Self::keep_finished)).
+    fn deletes(&self, status: Status) -> bool {
+        !self.keep_finished && matches!(status, Status::Completed | Status::Proceeded | Status::Diverted)
     }
 
     /// Keeps `held` as job `id`'s row while its attempt is out.

@@ -300,8 +300,10 @@ impl<S: Store> RunnerBuilder<S> {
 
     /// How long tasks that completed, proceeded or were diverted are kept before the runner's
     /// sweep deletes them ([`Queue::prune`], as River's job cleaner does; a day by default), so
-    /// the table and its vacuum work stay bounded; `None` keeps them for ever. Failed and
-    /// dead-lettered tasks are always kept for a person (Q6).
+    /// the table and its vacuum work stay bounded; `None` keeps them for ever. Zero deletes a
+    /// task's row with the write that finishes it, as graphile-worker does
+    /// ([`Queue::keep_finished`]`(false)`): one write less per task. Failed and dead-lettered
+    /// tasks are always kept for a person (Q6).
     pub fn retention(mut self, retention: Option<Duration>) -> Self {
         self.runner.settings.retention = retention;
         self
@@ -311,6 +313,9 @@ impl<S: Store> RunnerBuilder<S> {
     pub fn build(mut self) -> Runner<S> {
         let settings = &mut self.runner.settings;
         settings.buffer = self.buffer.unwrap_or(settings.concurrency).min(MAX_BUFFER);
+        if settings.retention == Some(Duration::ZERO) {
+            self.runner.queue.keep_finished(false);
+        }
         self.runner
     }
 }

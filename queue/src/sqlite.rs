@@ -334,17 +334,19 @@ fn insert_row(conn: &Connection, queue: &str, insert: &Insert, skew: Duration) -
     Ok((id, false))
 }
 
-/// Writes `write` over row `id` if its version is still `version` and its lease or heartbeat
-/// deadline is ahead of the database's clock (`skew` is the test-only skew).
-fn write_row_if_leased(
-    conn: &Connection,
-    id: i64,
-    version: i64,
-    write: &Write,
-    skew: Duration,
-) -> Result<bool, QueueError> {
-    let changed = conn
-        .prepare_cached(&format!(
+/// Writes a guarded write over its row (or deletes the row) if its version is still the one
+/// guarded and its lease or heartbeat deadline is ahead of the database's clock (`skew` is the
+/// test-only skew).
+fn write_row_if_leased(conn: &Connection, guarded: &GuardedWrite, skew: Duration) -> Result<bool, QueueError> {
+    let GuardedWrite { id, version, write, delete } = guarded;
+    let changed = if *delete {
+        conn.prepare_cached(&format!(
+            "DELETE FROM persevere_tasks WHERE id = ?1 AND version = ?2 AND due_at > {now} + ?3",
+            now = clock!()
+        ))?
+        .execute(params![id, version, skewed(0, skew)])?
+    } else {
+        conn.prepare_cached(&format!(
             "UPDATE persevere_tasks SET state = ?1, status = ?2, due_at = ?3, attempt = ?4, declined_by = ?8,
              version = version + 1, updated_at = {now} + ?5 WHERE id = ?6 AND version = ?7 AND due_at > {now} + ?5",
             now = clock!()
@@ -358,7 +360,8 @@ fn write_row_if_leased(
             id,
             version,
             write.declined_by
-        ])?;
+        ])?
+    };
     crash::statement();
     Ok(changed == 1)
 }
@@ -528,21 +531,18 @@ impl Store for Sqlite {
         self.clock?.estimate(self.skew)
     }
 
-    fn write_if_leased(&mut self, id: i64, version: i64, write: &Write) -> Result<bool, QueueError> {
+    fn write_if_leased(&mut self, write: &GuardedWrite) -> Result<bool, QueueError> {
         crash::begin("update");
         let _turn = self.turn();
         end_stray_transaction(&self.conn)?;
-        write_row_if_leased(&self.conn, id, version, write, self.skew)
+        write_row_if_leased(&self.conn, write, self.skew)
     }
 
     fn write_batch_if_leased(&mut self, writes: &[GuardedWrite]) -> Result<Vec<bool>, QueueError> {
         crash::begin("update");
         // One transaction: one commit (and one sync to disk) for the whole batch.
         let tx = Tx::immediate(self)?;
-        let applied = writes
-            .iter()
-            .map(|w| write_row_if_leased(&tx, w.id, w.version, &w.write, self.skew))
-            .collect::<Result<Vec<_>, _>>()?;
+        let applied = writes.iter().map(|w| write_row_if_leased(&tx, w, self.skew)).collect::<Result<Vec<_>, _>>()?;
         tx.commit()?;
         Ok(applied)
     }

@@ -102,6 +102,10 @@ pub struct GuardedWrite {
     pub version: i64,
     /// What to write.
     pub write: Write,
+    /// The write finishes the task (completed, proceeded or diverted) and its queue keeps no
+    /// finished rows ([`Queue::keep_finished`](crate::Queue::keep_finished)): the row is deleted,
+    /// under the same guards, instead of written.
+    pub delete: bool,
 }
 
 /// A row set aside as corrupt, read as text whatever its cells hold.
@@ -208,13 +212,13 @@ pub trait Store {
         None
     }
 
-    /// Writes `write` over task `id` if its version is still `version` and its lease or
-    /// heartbeat deadline (`due_at`) is still ahead of the database's clock, in one statement
-    /// that bumps the version (Q1) and sets `updated_at` from that clock; returns whether it
-    /// applied. When it did not, the queue reads the row and decides again. The default applies
-    /// nothing.
-    fn write_if_leased(&mut self, id: i64, version: i64, write: &Write) -> Result<bool, QueueError> {
-        let _ = (id, version, write);
+    /// Writes `write.write` over task `write.id` (or deletes it, if `write.delete`) if its
+    /// version is still `write.version` and its lease or heartbeat deadline (`due_at`) is still
+    /// ahead of the database's clock, in one statement that bumps the version (Q1) and sets
+    /// `updated_at` from that clock; returns whether it applied. When it did not, the queue reads
+    /// the row and decides again. The default applies nothing.
+    fn write_if_leased(&mut self, write: &GuardedWrite) -> Result<bool, QueueError> {
+        let _ = write;
         Ok(false)
     }
 
@@ -236,7 +240,7 @@ pub trait Store {
     /// [`write_if_leased`](Self::write_if_leased) for many rows, in one statement or
     /// transaction; returns whether each applied, in order. The default writes them one by one.
     fn write_batch_if_leased(&mut self, writes: &[GuardedWrite]) -> Result<Vec<bool>, QueueError> {
-        writes.iter().map(|w| self.write_if_leased(w.id, w.version, &w.write)).collect()
+        writes.iter().map(|w| self.write_if_leased(w)).collect()
     }
 
     /// Rings `doorbell` whenever tasks may have become due that a claim would not otherwise
@@ -290,8 +294,8 @@ impl<S: Store + ?Sized> Store for Box<S> {
     fn clock_estimate(&self) -> Option<Instant> {
         (**self).clock_estimate()
     }
-    fn write_if_leased(&mut self, id: i64, version: i64, write: &Write) -> Result<bool, QueueError> {
-        (**self).write_if_leased(id, version, write)
+    fn write_if_leased(&mut self, write: &GuardedWrite) -> Result<bool, QueueError> {
+        (**self).write_if_leased(write)
     }
     fn insert_batch(&mut self, inserts: &[Insert]) -> Result<Vec<(i64, bool)>, QueueError> {
         (**self).insert_batch(inserts)

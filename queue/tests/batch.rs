@@ -156,6 +156,44 @@ fn q7_a_batch_enqueue_that_fails_adds_nothing<D: Db>(db: &D) {
     assert!(queue.claim_batch("w", &["t"], 10).unwrap().is_empty(), "none of the batch was added");
 }
 
+fn q6_without_kept_finished_rows_a_completion_deletes_its_row_and_a_failure_stays<D: Db>(db: &D) {
+    let mut queue = db.queue();
+    queue.keep_finished(false);
+    let ids: Vec<TaskId> =
+        (0..5).map(|i| queue.enqueue(NewTask::new("t", "p", policy(1)).key(format!("k{i}"))).unwrap().id).collect();
+    let jobs = queue.claim_batch("w", &["t"], 5).unwrap();
+    let reports = vec![
+        (jobs[0].clone(), Handled::Completed),
+        (jobs[1].clone(), Handled::Failed(Failure::retryable("last".into()))),
+        (jobs[2].clone(), Handled::Completed),
+    ];
+    let results = queue.report_batch(&reports).unwrap();
+    assert_eq!(
+        results.into_iter().collect::<Result<Vec<_>, _>>().unwrap(),
+        [Status::Completed, Status::Failed, Status::Completed]
+    );
+    assert!(matches!(queue.task(ids[0]), Err(QueueError::UnknownTask(_))), "deleted with its completion");
+    assert!(matches!(queue.task(ids[2]), Err(QueueError::UnknownTask(_))));
+    assert_eq!(queue.task(ids[1]).unwrap().status, Status::Failed, "kept for a person (Q6)");
+    // One at a time, likewise.
+    assert_eq!(queue.complete(&jobs[3]).unwrap(), Status::Completed);
+    assert!(matches!(queue.task(ids[3]), Err(QueueError::UnknownTask(_))));
+    // A completion refused by its guard deletes nothing: job 4's lease ran out and another
+    // worker holds attempt 2.
+    let mut other = db.queue();
+    other.advance_clock(Duration::from_secs(11));
+    let taken = other.claim("w2", &["t"]).unwrap();
+    assert!(taken.is_none(), "one attempt only: the lease that ran out ended it");
+    assert!(matches!(
+        refused(queue.complete(&jobs[4])),
+        DeliveryError::StaleAttempt { .. } | DeliveryError::Finished(_)
+    ));
+    assert_eq!(queue.task(ids[4]).unwrap().status, Status::Failed);
+    // A deleted task's key is free again.
+    assert!(queue.enqueue(NewTask::new("t", "p", policy(1)).key("k0")).unwrap().created);
+    assert!(!queue.enqueue(NewTask::new("t", "p", policy(1)).key("k1")).unwrap().created);
+}
+
 fn refused(result: Result<impl std::fmt::Debug, QueueError>) -> DeliveryError {
     match result {
         Err(QueueError::Refused { error, .. }) => error,
@@ -171,4 +209,5 @@ on_both_stores!(
     q7_a_hand_back_is_free_and_an_interruption_uses_a_retry,
     q7_a_batch_enqueue_returns_each_task_in_order_and_keys_name_one_task,
     q7_a_batch_enqueue_that_fails_adds_nothing,
+    q6_without_kept_finished_rows_a_completion_deletes_its_row_and_a_failure_stays,
 );

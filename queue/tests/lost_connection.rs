@@ -265,6 +265,25 @@ fn q9_a_completion_that_committed_but_whose_answer_was_lost_succeeds() {
     assert!(matches!(results[..], [Ok(Status::Completed)]), "{results:?}");
     let task = queue.task(jobs[1].id).unwrap();
     assert_eq!((task.status, task.attempt()), (Status::Completed, 1), "no attempt ran again");
+
+    // A completion that deletes its row (no finished rows kept): the row is gone, so it was.
+    // (An uncut one first prepares each statement on the connection: the cuts are of the
+    // deletes' answers.)
+    queue.keep_finished(false);
+    for _ in 0..4 {
+        queue.enqueue(NewTask::new("t", "p", policy(3))).unwrap();
+    }
+    let jobs = queue.claim_batch("w", &["t"], 4).unwrap();
+    assert_eq!(queue.complete(&jobs[0]).unwrap(), Status::Completed);
+    setup.proxy.cut_answer(1, false);
+    assert_eq!(queue.complete(&jobs[1]).unwrap(), Status::Completed);
+    assert!(matches!(queue.report_batch(&completed(&jobs[2])).unwrap()[..], [Ok(Status::Completed)]));
+    setup.proxy.cut_answer(1, false);
+    let results = queue.report_batch(&completed(&jobs[3])).unwrap();
+    assert_eq!(setup.proxy.cuts(), 4);
+    assert!(matches!(results[..], [Ok(Status::Completed)]), "{results:?}");
+    let left: Vec<_> = jobs.iter().map(|job| queue.task(job.id).map(|t| (t.status, t.attempt()))).collect();
+    assert!(left.iter().all(Result::is_err), "every row deleted: {left:?}");
 }
 
 /// A report that reads its row and writes it back: a lost read runs again; a write that

@@ -282,20 +282,31 @@ fn q8_a_store_error_is_tried_again_and_the_runner_goes_on<D: Db>(db: &D) {
 
 fn retention_a_runner_prunes_finished_tasks_and_keeps_failed_ones<D: Db>(db: &D) {
     let mut producer = db.queue();
+    let mut queue = db.queue();
+    let gone = |queue: &mut persevere_queue::Queue<D::S>, id| queue.task(id).is_err();
+    // Zero: each row goes with the completion that writes it, with no sweep (an hour away).
     let done: Vec<TaskId> =
         (0..3).map(|i| producer.enqueue(NewTask::new("t", format!("{i}"), policy(1))).unwrap().id).collect();
     let failed = producer.enqueue(NewTask::new("t", "fails", policy(1))).unwrap().id;
     let runner = Runner::builder(db.queue(), "w", &["t"])
-        .sweep_interval(Duration::from_millis(20))
+        .sweep_interval(Duration::from_secs(3600))
         .retention(Some(Duration::ZERO));
     let (stop, run) = start::<D>(runner, move |job| {
         if job.id == failed { Handled::Failed(persevere::Failure::fatal("no".into())) } else { Handled::Completed }
     });
-    let mut queue = db.queue();
-    let gone = |queue: &mut persevere_queue::Queue<D::S>, id| queue.task(id).is_err();
-    assert!(wait_until(Duration::from_secs(10), || done.iter().all(|id| gone(&mut queue, *id))), "pruned");
+    assert!(wait_until(Duration::from_secs(10), || done.iter().all(|id| gone(&mut queue, *id))), "deleted");
     stop.shutdown(Duration::from_secs(5));
     assert_eq!(joined(run).completed, 3);
+    assert_eq!(queue.task(failed).unwrap().status, Status::Failed, "kept for a person");
+    // A millisecond: the rows stay until a sweep prunes them.
+    let done = producer.enqueue(NewTask::new("t", "pruned", policy(1))).unwrap().id;
+    let runner = Runner::builder(db.queue(), "w", &["t"])
+        .sweep_interval(Duration::from_millis(20))
+        .retention(Some(Duration::from_millis(1)));
+    let (stop, run) = start::<D>(runner, |_| Handled::Completed);
+    assert!(wait_until(Duration::from_secs(10), || gone(&mut queue, done)), "pruned");
+    stop.shutdown(Duration::from_secs(5));
+    joined(run);
     assert_eq!(queue.task(failed).unwrap().status, Status::Failed, "kept for a person");
     // With no retention, nothing is pruned.
     let kept = producer.enqueue(NewTask::new("t", "kept", policy(1))).unwrap().id;

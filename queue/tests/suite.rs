@@ -13,8 +13,8 @@ use persevere::{
     FailurePolicy, Interruption, OutcomeKind, RetryPolicy, Terminal,
 };
 use persevere_queue::{
-    Candidates, ClaimVisit, Handled, Insert, NewTask, Queue, QueueError, Row, SetAsideRow, Status, Store, TaskId,
-    UpdateVisit, Worker, Write,
+    Candidates, ClaimVisit, GuardedWrite, Handled, Insert, NewTask, Queue, QueueError, Row, SetAsideRow, Status, Store,
+    TaskId, UpdateVisit, Worker, Write,
 };
 
 fn refused(result: Result<impl std::fmt::Debug, QueueError>) -> DeliveryError {
@@ -678,9 +678,9 @@ impl<S: Store> Store for Watched<S> {
     fn clock_estimate(&self) -> Option<persevere::Instant> {
         self.lagging.or_else(|| self.inner.clock_estimate())
     }
-    fn write_if_leased(&mut self, id: i64, version: i64, write: &Write) -> Result<bool, QueueError> {
+    fn write_if_leased(&mut self, write: &GuardedWrite) -> Result<bool, QueueError> {
         self.guarded_writes += 1;
-        let applied = self.inner.write_if_leased(id, version, write)?;
+        let applied = self.inner.write_if_leased(write)?;
         self.applied += usize::from(applied);
         Ok(applied)
     }
@@ -751,14 +751,15 @@ fn q2_the_guarded_write_checks_the_lease_on_the_database_clock<D: Db>(db: &D) {
         attempt: 1,
         declined_by: String::new(),
     };
+    let guarded = |version| GuardedWrite { id: id.0, version, write: write.clone(), delete: false };
     let store = queue.store();
-    assert!(!store.write_if_leased(id.0, row.version - 1, &write).unwrap(), "another version");
+    assert!(!store.write_if_leased(&guarded(row.version - 1)).unwrap(), "another version");
     // The 10 s start lease runs out on the database's clock.
     store.advance_clock(Duration::from_secs(11));
-    assert!(!store.write_if_leased(id.0, row.version, &write).unwrap(), "past the lease");
+    assert!(!store.write_if_leased(&guarded(row.version)).unwrap(), "past the lease");
     assert_eq!(store.get(id.0).unwrap().unwrap(), row, "nothing was written");
     let mut fresh = db.queue();
-    assert!(fresh.store().write_if_leased(id.0, row.version, &write).unwrap(), "within the lease, at that version");
+    assert!(fresh.store().write_if_leased(&guarded(row.version)).unwrap(), "within the lease, at that version");
     let written = fresh.store().get(id.0).unwrap().unwrap();
     assert_eq!((written.version, written.state), (row.version + 1, row.state));
     let listed = fresh.store().list(Status::Completed, 10).unwrap();
@@ -770,7 +771,8 @@ fn q2_the_guarded_write_checks_the_lease_on_the_database_clock<D: Db>(db: &D) {
     queue.heartbeat(&job, None).unwrap();
     let row = queue.store().get(id.0).unwrap().unwrap();
     queue.advance_clock(Duration::from_secs(31));
-    assert!(!queue.store().write_if_leased(id.0, row.version, &write).unwrap(), "past the heartbeat deadline");
+    let guarded = GuardedWrite { id: id.0, version: row.version, write, delete: false };
+    assert!(!queue.store().write_if_leased(&guarded).unwrap(), "past the heartbeat deadline");
     assert_eq!(queue.store().get(id.0).unwrap().unwrap(), row, "nothing was written");
 }
 

@@ -28,7 +28,7 @@ pub(super) trait Session {
     fn get(&mut self, id: i64) -> Result<Option<Row>, QueueError>;
     fn list(&mut self, status: Status, limit: u32) -> Result<Vec<Row>, QueueError>;
     fn clock_estimate(&self) -> Option<Instant>;
-    fn write_if_leased(&mut self, id: i64, version: i64, write: &Write) -> Result<bool, QueueError>;
+    fn write_if_leased(&mut self, write: &GuardedWrite) -> Result<bool, QueueError>;
     fn write_batch_if_leased(&mut self, writes: &[GuardedWrite]) -> Result<Vec<bool>, QueueError>;
     fn insert_batch(&mut self, inserts: &[Insert]) -> Result<Vec<(i64, bool)>, QueueError>;
     fn set_aside_rows(&mut self, limit: u32) -> Result<Vec<SetAsideRow>, QueueError>;
@@ -193,13 +193,12 @@ impl Postgres {
         });
     }
 
-    /// Runs `write`, which writes `writes` (each a task id, the version its write is guarded by,
-    /// and the write) in one statement. When the connection is lost before the answer, reads
-    /// the rows on a new connection to tell what happened (see [`applied`]), and returns the
-    /// error only when no one can tell.
+    /// Runs `write`, which makes `writes` in one statement. When the connection is lost before
+    /// the answer, reads the rows on a new connection to tell what happened (see [`applied`]),
+    /// and returns the error only when no one can tell.
     fn write_settled<T>(
         &mut self,
-        writes: &[(i64, i64, &Write)],
+        writes: &[Settle<'_>],
         write: impl FnOnce(&mut Self) -> Result<T, QueueError>,
         of: impl FnOnce(Vec<bool>) -> T,
     ) -> Result<T, QueueError> {
@@ -208,9 +207,9 @@ impl Postgres {
             result => return result,
         };
         let mut found = Vec::with_capacity(writes.len());
-        for &(id, version, write) in writes {
-            let row = self.redo(|store| Session::get(store, id))?;
-            match applied(row.as_ref(), version, write) {
+        for settle in writes {
+            let row = self.redo(|store| Session::get(store, settle.id))?;
+            match applied(row.as_ref(), settle) {
                 Some(applied) => found.push(applied),
                 None => return Err(error),
             }
@@ -225,21 +224,39 @@ impl Postgres {
 
     /// A report's write ([`compare_and_set`]), settled when its answer is lost.
     fn write_row_settled(&mut self, row: &Row, write: &Write, now: i64) -> Result<bool, QueueError> {
-        self.write_settled(&[(row.id, row.version, write)], |store| store.write_row(row, write, now), |a| a[0])
+        let settle = [Settle { id: row.id, version: row.version, write, delete: false }];
+        self.write_settled(&settle, |store| store.write_row(row, write, now), |a| a[0])
     }
 }
 
-/// Whether a write guarded by `version` applied, from its row read after the answer to it was
-/// lost: yes if the row holds exactly what it wrote, at the next version; no if the row still
-/// has `version` (it did not commit, or its guard failed), holds another write at the next
-/// version (that one won), or is gone; `None` when the row was written more than once since,
-/// so that no one can tell.
-fn applied(row: Option<&Row>, version: i64, write: &Write) -> Option<bool> {
-    let Some(row) = row else { return Some(false) };
-    if row.version == version {
+/// A write whose answer may be lost: the task, the version it is guarded by, what it writes,
+/// and whether it deletes the row instead.
+struct Settle<'a> {
+    id: i64,
+    version: i64,
+    write: &'a Write,
+    delete: bool,
+}
+
+impl<'a> Settle<'a> {
+    fn of(guarded: &'a GuardedWrite) -> Self {
+        Settle { id: guarded.id, version: guarded.version, write: &guarded.write, delete: guarded.delete }
+    }
+}
+
+/// Whether a write applied, from its row read after the answer to it was lost: yes if the row
+/// holds exactly what it wrote, at the next version (or, for a delete, is gone: only a write
+/// that finishes the task deletes its row, so the task is over either way; a delete by another
+/// worker that claimed it after this lease ran out counts as this one); no if
+/// the row still has the version guarded (it did not commit, or its guard failed), holds
+/// another write at the next version (that one won), or (for a write) is gone; `None` when the
+/// row was written more than once since, so that no one can tell.
+fn applied(row: Option<&Row>, settle: &Settle<'_>) -> Option<bool> {
+    let Some(row) = row else { return Some(settle.delete) };
+    if row.version == settle.version {
         Some(false)
-    } else if row.version == version.saturating_add(1) {
-        Some(row.state == write.state && row.due_at == write.due_at)
+    } else if row.version == settle.version.saturating_add(1) {
+        Some(!settle.delete && row.state == settle.write.state && row.due_at == settle.write.due_at)
     } else {
         None
     }
@@ -334,17 +351,14 @@ impl Store for Postgres {
         Session::clock_estimate(self)
     }
 
-    fn write_if_leased(&mut self, id: i64, version: i64, write: &Write) -> Result<bool, QueueError> {
-        self.write_settled(
-            &[(id, version, write)],
-            |store| Session::write_if_leased(store, id, version, write),
-            |a| a[0],
-        )
+    fn write_if_leased(&mut self, write: &GuardedWrite) -> Result<bool, QueueError> {
+        let settle = [Settle::of(write)];
+        self.write_settled(&settle, |store| Session::write_if_leased(store, write), |a| a[0])
     }
 
     fn write_batch_if_leased(&mut self, writes: &[GuardedWrite]) -> Result<Vec<bool>, QueueError> {
-        let guarded: Vec<(i64, i64, &Write)> = writes.iter().map(|w| (w.id, w.version, &w.write)).collect();
-        self.write_settled(&guarded, |store| Session::write_batch_if_leased(store, writes), |a| a)
+        let settle: Vec<Settle<'_>> = writes.iter().map(Settle::of).collect();
+        self.write_settled(&settle, |store| Session::write_batch_if_leased(store, writes), |a| a)
     }
 
     fn insert_batch(&mut self, inserts: &[Insert]) -> Result<Vec<(i64, bool)>, QueueError> {
