@@ -12,8 +12,9 @@
 //! - `execute`: runs the `--tasks` tasks already in the store (run `enqueue-batch` first) on a
 //!   [`Runner`] with `--concurrency` handlers (threads) and, with `--buffer`, that many claimed
 //!   jobs buffered, and with `--retention-s`, finished rows kept that long (0: deleted with
-//!   their completion, as graphile-worker does); tasks/s from the first handler start until the
-//!   store shows every task done.
+//!   their completion, as graphile-worker does), and with `--handlers async` the handlers as
+//!   async functions on one tokio thread (`Runner::run`) rather than a thread each; tasks/s
+//!   from the first handler start until the store shows every task done.
 //! - `latency`: an idle runner (concurrency 1); `--samples` tasks enqueued `--interval-ms`
 //!   apart; pick-up latency from the call to `enqueue` to the start of the handler (the
 //!   producer writes its clock's reading into the payload, the handler subtracts it from its
@@ -44,12 +45,15 @@ struct Args {
     /// How long the runner keeps finished tasks (`None`: its default, a day); zero deletes
     /// each row with its completion, as graphile-worker does.
     retention: Option<Duration>,
+    /// The handlers as async functions on one tokio thread (`--handlers async`, as
+    /// graphile-worker's on node's event loop) rather than one thread each (`threads`).
+    async_handlers: bool,
 }
 
 fn usage(message: &str) -> ! {
     eprintln!(
         "{message}\nusage: peer_bench migrate|enqueue-single|enqueue-batch|execute|latency --store postgres:PARAMS|sqlite:PATH \
-         [--tasks N] [--concurrency N] [--buffer N] [--retention-s S] [--samples N] [--interval-ms MS]"
+         [--tasks N] [--concurrency N] [--buffer N] [--retention-s S] [--handlers async|threads] [--samples N] [--interval-ms MS]"
     );
     std::process::exit(2)
 }
@@ -67,6 +71,7 @@ fn parse_args() -> Args {
         interval: Duration::from_millis(20),
         buffer: None,
         retention: None,
+        async_handlers: false,
     };
     while let Some(key) = argv.next() {
         let value = argv.next().unwrap_or_else(|| usage(&format!("{key} needs a value")));
@@ -80,6 +85,11 @@ fn parse_args() -> Args {
             "--interval-ms" => args.interval = Duration::from_millis(number()),
             "--buffer" => args.buffer = Some(usize::try_from(number()).unwrap_or(usize::MAX)),
             "--retention-s" => args.retention = Some(Duration::from_secs(number())),
+            "--handlers" => match value.as_str() {
+                "async" => args.async_handlers = true,
+                "threads" => args.async_handlers = false,
+                _ => usage(&format!("--handlers: async or threads, not {value}")),
+            },
             _ => usage(&format!("unknown option {key}")),
         }
     }
@@ -178,18 +188,17 @@ struct Shared {
 /// `total` times and the store shows no task left to run, then shuts the runner down.
 fn work<D: Db>(
     db: &D,
+    args: &Args,
     concurrency: usize,
-    buffer: Option<usize>,
-    retention: Option<Duration>,
     shared: &Arc<Shared>,
     handler: impl Fn(&[u8]) + Send + Sync + 'static,
     total: u64,
 ) -> Result<(), BoxError> {
     let mut builder = Runner::builder(db.open()?, "worker-1", &["noop"]).concurrency(concurrency);
-    if let Some(buffer) = buffer {
+    if let Some(buffer) = args.buffer {
         builder = builder.buffer(buffer);
     }
-    if let Some(retention) = retention {
+    if let Some(retention) = args.retention {
         builder = builder.retention(Some(retention));
     }
     let runner = builder.build();
@@ -201,12 +210,22 @@ fn work<D: Db>(
             stop.shutdown(Duration::from_secs(10));
             done
         });
-        let report = runner.run_blocking(move |job| {
+        let handler = Arc::new(move |job: &persevere_queue::Job| {
             counts.first_start.get_or_init(Instant::now);
             handler(&job.payload);
             counts.handled.fetch_add(1, Ordering::AcqRel);
             Handled::Completed
         });
+        let report = if args.async_handlers {
+            // The handlers as async functions on one thread, as graphile-worker's on node's loop.
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            runtime.block_on(runner.run(move |job| {
+                let handler = Arc::clone(&handler);
+                async move { handler(&job) }
+            }))
+        } else {
+            runner.run_blocking(move |job| handler(job))
+        };
         shared.errors.fetch_add(report.leases_lost + report.interrupted + report.unreported, Ordering::Relaxed);
         watcher.join().expect("the watcher panicked")
     })
@@ -234,7 +253,7 @@ fn watch<D: Db>(db: &D, shared: &Shared, total: u64) -> Result<(), BoxError> {
 
 fn execute<D: Db>(db: &D, args: &Args) -> Result<(), BoxError> {
     let shared = Arc::new(Shared::default());
-    work(db, args.concurrency, args.buffer, args.retention, &shared, |_: &[u8]| {}, args.tasks)?;
+    work(db, args, args.concurrency, &shared, |_: &[u8]| {}, args.tasks)?;
     let first = *shared.first_start.get().ok_or("no task ran")?;
     let end = *shared.end.get().ok_or("the run ended before every task completed")?;
     let seconds = (end - first).as_secs_f64();
@@ -280,7 +299,7 @@ fn latency<D: Db>(db: &D, args: &Args) -> Result<(), BoxError> {
     let mut producer = db.open()?;
     let policy = policy();
     std::thread::scope(|scope| -> Result<(), BoxError> {
-        let worker = scope.spawn(|| work(db, 1, args.buffer, args.retention, &shared, handler, total as u64));
+        let worker = scope.spawn(|| work(db, args, 1, &shared, handler, total as u64));
         // Let the runner connect, listen and find nothing: it is idle when the first task comes.
         std::thread::sleep(Duration::from_millis(500));
         let origin = Instant::now();

@@ -69,7 +69,7 @@ row(`enqueue ${n} in one batch (\`enqueue_batch\` / \`addJobs\`), tasks/s`, "per
 row(`… on SQLite`, "persevere-sqlite enqueue-batch", "graphile-default enqueue-batch");
 for (const c of [1, 4, 16]) {
   row(`execute ${n}, concurrency ${c}, tasks/s: both with their defaults`, `persevere-pg execute c${c}`, `graphile-default execute c${c}`);
-  row(`… both batched (a buffer of 500)`, `persevere-pg-buffered execute c${c}`, `graphile-batched execute c${c}`);
+  row(`… both batched (a buffer of 500, finished rows deleted)`, `persevere-pg-buffered execute c${c}`, `graphile-batched execute c${c}`);
   row(`… persevere on SQLite, both batched`, `persevere-sqlite execute c${c}`, `graphile-batched execute c${c}`);
 }
 row("pick-up latency p50, ms (lower is better)", "persevere-pg latency", "graphile-default latency", "p50_ms");
@@ -95,7 +95,9 @@ out.push(
     "(from the call to add/enqueue to the handler's start, an idle worker, concurrency 1). " +
     "Execute rows: defaults are graphile-worker's and persevere's `Runner` as built with only `concurrency(n)` " +
     "(a buffer of n claimed jobs); batched is graphile-worker with `localQueue: { size: 500 }`, `completeJobBatchDelay: 0`, " +
-    "`failJobBatchDelay: 0` and persevere's `Runner` with `buffer(500)` (its results are always written in batches). " +
+    "`failJobBatchDelay: 0` and persevere's `Runner` with `buffer(500)` and `retention(Some(Duration::ZERO))`, which deletes " +
+    "each finished row with its completion as graphile-worker deletes its jobs (its results are always written in batches). " +
+    "persevere's handlers are async on one tokio thread (`Runner::run`), as graphile-worker's are on node's event loop. " +
     "Best is the highest throughput or the lowest latency of the rounds. WAL and commits are medians over the rounds, " +
     "read from pg_stat_wal and pg_stat_database around the measured run only (latency rows: per task added, idle polling included); " +
     "SQLite rows show graphile-worker's PostgreSQL figures.",

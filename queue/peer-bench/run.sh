@@ -42,7 +42,7 @@ graphile_version=$(node -p 'require(process.argv[1]).version' "$node_dir/node_mo
 
 # persevere's side, in release.
 log "building the peer_bench example (release)"
-(cd "$repo" && cargo build --quiet --release -p persevere-queue --example peer_bench --features postgres)
+(cd "$repo" && cargo build --quiet --release -p persevere-queue --example peer_bench --features postgres,tokio)
 target=${CARGO_TARGET_DIR:-$(cd "$repo" && cargo metadata --format-version 1 --no-deps | node -e \
   'let s = ""; process.stdin.on("data", (d) => (s += d)).on("end", () => console.log(JSON.parse(s).target_directory))')}
 bench=$target/release/examples/peer_bench
@@ -124,13 +124,16 @@ measure() {
   esac
   # How each system runs tasks: graphile-worker's defaults, or batched (its local queue of 500
   # jobs, completions and failures written in batches); persevere's Runner with its defaults
-  # (a buffer of as many jobs as handlers), or with a buffer of 500 like graphile-worker's
-  # local queue (on SQLite always).
+  # (a buffer of as many jobs as handlers, finished rows kept a day), or batched: a buffer of
+  # 500 like graphile-worker's local queue, and each finished row deleted with its completion
+  # as graphile-worker deletes its jobs (`retention(Some(Duration::ZERO))`; on SQLite always).
+  # persevere's handlers are async functions on one tokio thread (`Runner::run`), as
+  # graphile-worker's are on node's event loop.
   local side preset=()
   case $system in
-    persevere-pg) side=persevere_pg ;;
-    persevere-pg-buffered) side=persevere_pg preset=(--buffer 500) ;;
-    persevere-sqlite) side=persevere_sqlite preset=(--buffer 500) ;;
+    persevere-pg) side=persevere_pg preset=(--handlers async) ;;
+    persevere-pg-buffered) side=persevere_pg preset=(--handlers async --buffer 500 --retention-s 0) ;;
+    persevere-sqlite) side=persevere_sqlite preset=(--handlers async --buffer 500 --retention-s 0) ;;
     graphile-default) side=graphile preset=(--preset default) ;;
     graphile-batched) side=graphile preset=(--preset batched) ;;
   esac

@@ -62,6 +62,14 @@ pub struct Queue<S> {
     keep_finished: bool,
 }
 
+/// Reports decided on the clock estimate ([`Queue::decide_reports`]): the guarded writes to
+/// make, and for each, the report's index, where its task goes and what finished.
+#[derive(Debug, Default)]
+pub(crate) struct HeldReports {
+    pub(crate) writes: Vec<GuardedWrite>,
+    decided: Vec<(usize, Status, Finished)>,
+}
+
 /// A job's row as the queue last wrote it: the version the write left and the state it wrote.
 #[derive(Debug)]
 struct Held {
@@ -71,8 +79,9 @@ struct Held {
 }
 
 /// How many held jobs a queue keeps at most: jobs dropped without a report would otherwise
-/// accumulate. Past it they are forgotten, and their reports read their rows.
-const MAX_HELD: usize = 1024;
+/// accumulate. Past it they are forgotten, and their reports read their rows. (A runner holds
+/// at most its handlers and its buffer.)
+const MAX_HELD: usize = 4096;
 
 /// The last policy decoded: tasks of one producer mostly share one, so most rows skip
 /// decoding (and re-validating) it.
@@ -549,22 +558,43 @@ impl<S: Store> Queue<S> {
     /// When the store fails. Reports written before the failure stay written; the others were
     /// not, and their attempts are interrupted when their leases run out (D2).
     pub fn report_batch(&mut self, reports: &[(Job, Handled)]) -> Result<Vec<Result<Status, QueueError>>, QueueError> {
-        let mut decided = Vec::new();
-        let mut guarded = Vec::new();
+        let held = self.decide_reports(reports)?;
+        let applied =
+            if held.writes.is_empty() { Vec::new() } else { self.store.write_batch_if_leased(&held.writes)? };
+        Ok(self.settle_reports(reports, held, &applied))
+    }
+
+    /// The first half of [`report_batch`](Self::report_batch): decides the reports that end a
+    /// task this queue holds on the clock estimate, into guarded writes that any connection to
+    /// this queue's store can make ([`Store::write_batch_if_leased`]); the runner makes them on a
+    /// second connection while this one claims.
+    pub(crate) fn decide_reports(&mut self, reports: &[(Job, Handled)]) -> Result<HeldReports, QueueError> {
+        let mut held = HeldReports::default();
         for (index, (job, handled)) in reports.iter().enumerate() {
             if matches!(handled, Handled::Declined) {
                 continue;
             }
             if let Some((write, version, status, finished)) = self.decide_held(job, &Report::of(handled))? {
                 let delete = self.deletes(status);
-                guarded.push(GuardedWrite { id: job.id.0, version, write, delete });
-                decided.push((index, status, finished));
+                held.writes.push(GuardedWrite { id: job.id.0, version, write, delete });
+                held.decided.push((index, status, finished));
             }
         }
-        let applied = if guarded.is_empty() { Vec::new() } else { self.store.write_batch_if_leased(&guarded)? };
+        Ok(held)
+    }
+
+    /// The second half of [`report_batch`](Self::report_batch), once `applied` tells which of
+    /// `held`'s writes applied: the others, and the reports not decided on the estimate, are
+    /// reported one by one on a fresh read. Each report's result, in order.
+    pub(crate) fn settle_reports(
+        &mut self,
+        reports: &[(Job, Handled)],
+        held: HeldReports,
+        applied: &[bool],
+    ) -> Vec<Result<Status, QueueError>> {
         let mut results: Vec<Option<Result<Status, QueueError>>> = reports.iter().map(|_| None).collect();
-        for ((index, status, finished), applied) in decided.into_iter().zip(applied) {
-            if applied {
+        for ((index, status, finished), applied) in held.decided.into_iter().zip(applied) {
+            if *applied {
                 finished.tell();
                 results[index] = Some(Ok(status));
             }
@@ -574,7 +604,7 @@ impl<S: Store> Queue<S> {
                 *result = Some(self.report_handled(job, handled));
             }
         }
-        Ok(results.into_iter().flatten().collect())
+        results.into_iter().flatten().collect()
     }
 
     /// Reports `handled` on `job` on its own: what [`Worker::work_one`](crate::Worker::work_one)

@@ -2,6 +2,7 @@
 //! heartbeated while they run, woken without polling, and stopped with a deadline.
 
 mod feeder;
+mod flusher;
 
 use core::time::Duration;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -26,9 +27,11 @@ pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 3600);
 ///
 /// One feeder thread owns the queue (its connection) and does every store call: it writes the
 /// results handlers sent back (one flush at a time, the next as soon as the previous returns,
-/// or after [`flush_delay`](RunnerBuilder::flush_delay)), heartbeats each job, buffered or
-/// running, once half its lease is gone, claims when fewer than concurrency + buffer jobs are
-/// out, sweeps expired leases of every type now and then
+/// or after [`flush_delay`](RunnerBuilder::flush_delay); while handlers work through a backlog,
+/// once the results make a batch of at least one per handler and an eighth of concurrency +
+/// buffer), heartbeats each job, buffered or running, once half its lease is gone, claims when
+/// half of concurrency + buffer is free (or fewer jobs are out than handlers), sweeps expired
+/// leases of every type now and then
 /// ([`sweep_interval`](RunnerBuilder::sweep_interval)), deleting finished tasks past their
 /// [`retention`](RunnerBuilder::retention) at the same time, and then sleeps until its
 /// [`Doorbell`] rings: a handler's result, a shutdown, or new tasks (the store's
@@ -36,6 +39,11 @@ pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 3600);
 /// PostgreSQL `NOTIFY`). A slow poll ([`poll_interval`](RunnerBuilder::poll_interval), 100 ms
 /// by default) only finds tasks that became due with time (retries, delays) and notifications
 /// lost.
+///
+/// Where the store offers a second connection ([`Store::connect_again`]: PostgreSQL), the
+/// results are written on it by a thread of their own while the feeder claims, so that a claim
+/// never waits for a flush: a runner on PostgreSQL holds three connections (claims, results,
+/// `LISTEN`).
 ///
 /// - A handler that panics fails its attempt with the `Panicked` class.
 /// - A report refused because the lease was lost (the handler outlived its lease and another

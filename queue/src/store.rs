@@ -263,6 +263,14 @@ pub trait Store {
     /// `test-clock`). Every connection of one test must be moved alike; never in production.
     #[cfg(feature = "test-clock")]
     fn advance_clock(&mut self, by: core::time::Duration);
+
+    /// Another connection to the same queue, made as this one was (a test clock's skew
+    /// included): a [`Runner`](crate::Runner) writes its results on it while this one claims.
+    /// `None` when the store has no such thing: the default, and [`Sqlite`](crate::Sqlite),
+    /// whose writers take turns anyway.
+    fn connect_again(&self) -> Option<Result<Box<dyn Store + Send>, QueueError>> {
+        None
+    }
 }
 
 /// A boxed store is a store, so one program can choose its database at run time
@@ -270,6 +278,9 @@ pub trait Store {
 impl<S: Store + ?Sized> Store for Box<S> {
     fn now(&mut self) -> Result<Instant, QueueError> {
         (**self).now()
+    }
+    fn connect_again(&self) -> Option<Result<Box<dyn Store + Send>, QueueError>> {
+        (**self).connect_again()
     }
     fn insert(&mut self, insert: &Insert) -> Result<(i64, bool), QueueError> {
         (**self).insert(insert)

@@ -476,3 +476,54 @@ fn q8_a_broken_listening_connection_is_replaced() {
     stop.shutdown(Duration::from_secs(5));
     assert_eq!(joined(run).completed, 1);
 }
+
+/// On PostgreSQL a runner writes its results on a second connection while it claims on its
+/// own (Q7: flushed as soon as the previous flush returns, with no claim waiting for it); that
+/// connection, cut by the server, is replaced, and every task still runs once.
+#[cfg(feature = "postgres")]
+#[test]
+fn q7_a_runner_writes_results_on_a_second_connection_that_comes_back_when_cut() {
+    let name = "q7_second_connection";
+    let Some(db) = common::postgres(name) else { return };
+    let params = format!("{} application_name={name}", db.params);
+    let connect = || persevere_queue::Queue::new(persevere_queue::Postgres::connect(&params).unwrap());
+    let ids: Vec<TaskId> = connect()
+        .enqueue_batch((0..400).map(|i| NewTask::new("t", format!("{i}"), policy(3))).collect())
+        .unwrap()
+        .into_iter()
+        .map(|e| e.id)
+        .collect();
+    let log = Arc::new(Log::default());
+    let handler_log = log.clone();
+    let runner = Runner::builder(connect(), "w", &["t"]).concurrency(2).buffer(20);
+    let (stop, run) = start::<common::PgDb>(runner, move |job| {
+        handler_log.enter(job);
+        std::thread::sleep(Duration::from_millis(1));
+        handler_log.leave();
+        Handled::Completed
+    });
+    let mut admin = ::postgres::Client::connect(&db.params, ::postgres::NoTls).unwrap();
+    let mut backend = |like: &str| -> Option<i32> {
+        let sql = "SELECT pid FROM pg_stat_activity WHERE application_name = $1 AND query LIKE $2 LIMIT 1";
+        admin.query_opt(sql, &[&name, &like]).unwrap().map(|row| row.get(0))
+    };
+    let (mut flusher, mut claimer) = (None, None);
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            flusher = flusher.or_else(|| backend("WITH v AS%"));
+            claimer = claimer.or_else(|| backend("%FOR UPDATE OF t SKIP LOCKED%"));
+            flusher.is_some() && claimer.is_some()
+        }),
+        "results written and claims made"
+    );
+    assert_ne!(flusher, claimer, "on two connections");
+    let mut admin = ::postgres::Client::connect(&db.params, ::postgres::NoTls).unwrap();
+    admin.execute("SELECT pg_terminate_backend($1)", &[&flusher.unwrap()]).unwrap();
+    assert!(wait_until(Duration::from_secs(30), || log.count() >= ids.len()), "ran {} of {}", log.count(), ids.len());
+    let mut queue = connect();
+    assert!(wait_until(Duration::from_secs(30), || queue.tasks(Status::Completed, 1000).unwrap().len() == ids.len()));
+    stop.shutdown(Duration::from_secs(10));
+    let report = joined(run);
+    assert_eq!(report.completed + report.leases_lost, ids.len() as u64, "{report:?}");
+    log.each_once(&ids);
+}

@@ -387,4 +387,12 @@ impl Store for Postgres {
     fn advance_clock(&mut self, by: Duration) {
         Session::advance_clock(self, by);
     }
+
+    fn connect_again(&self) -> Option<Result<Box<dyn Store + Send>, QueueError>> {
+        Some(Postgres::connect_queue(&self.params, &self.queue).map(|mut store| {
+            store.recovery.policy = self.recovery.policy;
+            store.skew = self.skew;
+            Box::new(store) as Box<dyn Store + Send>
+        }))
+    }
 }

@@ -14,7 +14,9 @@ use std::time::Instant;
 
 use persevere::{Backoff, BackoffState, DeliveryError, SplitMix64};
 
+use super::flusher::Flusher;
 use super::{RunReport, Settings, StopRequest};
+use crate::queue::HeldReports;
 use crate::wake::{jitter_seed, reconnect_backoff};
 use crate::{Doorbell, Handled, Job, Queue, QueueError, Status, Store, TaskId};
 
@@ -57,6 +59,10 @@ pub(super) struct Feeder<S> {
     /// Results to write, and since when the oldest of them waits.
     pending: Vec<(Job, Handled)>,
     pending_since: Option<Instant>,
+    /// The second connection that writes results, if the store offers one.
+    flusher: Option<Flusher>,
+    /// The results the flusher is writing.
+    in_flight: Option<InFlight>,
     /// Jobs to give back to the queue.
     give_back: Vec<(Job, GiveBack)>,
     wake: Wake,
@@ -64,6 +70,15 @@ pub(super) struct Feeder<S> {
     stopping: Option<Stopping>,
     last_sweep: Instant,
     report: RunReport,
+}
+
+/// A batch of results the flusher is writing: the results, their decided writes, since when
+/// the oldest waits and when the flush started.
+struct InFlight {
+    batch: Vec<(Job, Handled)>,
+    held: HeldReports,
+    since: Instant,
+    started: Instant,
 }
 
 /// A job a handler has or will have.
@@ -129,6 +144,8 @@ impl<S: Store> Feeder<S> {
             out: HashMap::new(),
             pending: Vec::new(),
             pending_since: None,
+            flusher: None,
+            in_flight: None,
             give_back: Vec::new(),
             wake: Wake { maybe_due: true, last_claim: None, received: 0, others: 0 },
             retry: StoreRetry {
@@ -149,6 +166,15 @@ impl<S: Store> Feeder<S> {
             // Without wake-ups the poll finds the tasks.
             events::store_error(&self.parts.worker, &error, None);
         }
+        self.flusher = match self.parts.queue.store().connect_again() {
+            Some(Ok(store)) => Flusher::start(store, self.parts.doorbell.downgrade()),
+            // Without it, results are written on the one connection.
+            Some(Err(error)) => {
+                events::store_error(&self.parts.worker, &error, None);
+                None
+            }
+            None => None,
+        };
         let mut rings = self.parts.doorbell.rings();
         loop {
             self.take_results(rings);
@@ -226,27 +252,100 @@ impl<S: Store> Feeder<S> {
     }
 
     /// Writes the results waiting, as one batch, if they have waited the flush delay (or fill
-    /// the buffer, or the runner is stopping).
+    /// the buffer, or the runner is stopping), and none is being written: on the flusher's
+    /// connection if there is one (its answer is taken in a later turn), else on this one.
     fn flush(&mut self) -> Result<(), QueueError> {
+        self.land()?;
         let Some(since) = self.pending_since else { return Ok(()) };
-        let full = self.pending.len() >= self.capacity();
-        if self.stopping.is_none() && !full && since.elapsed() < self.parts.settings.flush_delay {
+        if self.in_flight.is_some() || !self.flush_due(since) {
             return Ok(());
         }
         let batch = core::mem::take(&mut self.pending);
         self.pending_since = None;
         let started = Instant::now();
-        let results = match self.parts.queue.report_batch(&batch) {
-            Ok(results) => results,
-            Err(error) => {
-                // Tried again whole: its guarded write failed, before any report was written one
-                // by one (a write that did commit before its connection broke is refused the
-                // second time, and counted as a lost lease).
-                self.pending = batch;
-                self.pending_since = Some(since);
-                return Err(error);
+        let mut held = match self.parts.queue.decide_reports(&batch) {
+            Ok(held) => held,
+            Err(error) => return Err(self.unwritten(batch, since, error)),
+        };
+        if !held.writes.is_empty()
+            && let Some(flusher) = &self.flusher
+        {
+            let writes = core::mem::take(&mut held.writes);
+            if let Err(writes) = flusher.send(writes) {
+                // The thread is gone: write on this connection from now on.
+                held.writes = writes;
+                self.flusher = None;
+            } else {
+                self.in_flight = Some(InFlight { batch, held, since, started });
+                return Ok(());
+            }
+        }
+        let applied = if held.writes.is_empty() {
+            Vec::new()
+        } else {
+            match self.parts.queue.store().write_batch_if_leased(&held.writes) {
+                Ok(applied) => applied,
+                Err(error) => return Err(self.unwritten(batch, since, error)),
             }
         };
+        self.settle(batch, held, &applied, started)
+    }
+
+    /// Whether the results waiting since `since` are to be written now: the runner is stopping,
+    /// they fill the buffer, or they have waited the flush delay and either no backlog of jobs
+    /// is out (at most one per handler) or they make a batch worth a statement (one per
+    /// handler, and an eighth of the capacity): while handlers work through a backlog, results
+    /// come faster than statements commit, and each commit waits for the disk.
+    fn flush_due(&self, since: Instant) -> bool {
+        let settings = &self.parts.settings;
+        let batch = settings.concurrency.max(self.capacity() / 8);
+        let worth = self.out.len() <= settings.concurrency || self.pending.len() >= batch;
+        self.stopping.is_some()
+            || self.pending.len() >= self.capacity()
+            || (worth && since.elapsed() >= settings.flush_delay)
+    }
+
+    /// Takes in the flusher's answer, if it has come, and settles its batch.
+    fn land(&mut self) -> Result<(), QueueError> {
+        let Some(flusher) = &self.flusher else { return Ok(()) };
+        if self.in_flight.is_none() {
+            return Ok(());
+        }
+        let Some(answer) = flusher.answer() else { return Ok(()) };
+        let Some(InFlight { batch, held, since, started }) = self.in_flight.take() else { return Ok(()) };
+        match answer {
+            Ok(applied) => self.settle(batch, held, &applied, started),
+            Err(error) => {
+                if matches!(error, QueueError::Io(_)) {
+                    // The thread is gone: write on this connection from now on.
+                    self.flusher = None;
+                }
+                Err(self.unwritten(batch, since, error))
+            }
+        }
+    }
+
+    /// A batch whose guarded writes failed waits to be written again, whole, before the results
+    /// that came since (its writes' decisions are spent: each of its reports is then written one
+    /// by one, on a fresh read; one that did commit before its connection broke is refused the
+    /// second time, and counted as a lost lease). Returns `error`.
+    fn unwritten(&mut self, mut batch: Vec<(Job, Handled)>, since: Instant, error: QueueError) -> QueueError {
+        batch.append(&mut self.pending);
+        self.pending = batch;
+        self.pending_since = Some(since);
+        error
+    }
+
+    /// Counts and tells the results of a batch whose guarded writes `applied` as told, once the
+    /// others are written one by one.
+    fn settle(
+        &mut self,
+        batch: Vec<(Job, Handled)>,
+        held: HeldReports,
+        applied: &[bool],
+        started: Instant,
+    ) -> Result<(), QueueError> {
+        let results = self.parts.queue.settle_reports(&batch, held, applied);
         events::flushed(&self.parts.worker, batch.len(), started.elapsed());
         let mut failed = Ok(());
         for ((job, handled), result) in batch.into_iter().zip(results) {
@@ -324,16 +423,27 @@ impl<S: Store> Feeder<S> {
         Ok(())
     }
 
+    /// How many jobs a claim may take now, if one is worth its transaction: the runner is not
+    /// stopping, and half its capacity is free or fewer jobs are out than handlers. Results not
+    /// yet written hold their jobs' places (the queue holds those jobs until they are written).
+    fn room(&self) -> Option<usize> {
+        let in_flight = self.in_flight.as_ref().map_or(0, |flight| flight.batch.len());
+        let room = self.capacity().saturating_sub(self.out.len() + self.pending.len() + in_flight);
+        let worth = room * 2 >= self.capacity() || self.out.len() < self.parts.settings.concurrency;
+        (self.stopping.is_none() && room > 0 && worth).then_some(room)
+    }
+
     /// Claims as many jobs as there is room for, if tasks may be due (the doorbell rang, the
-    /// last claim was full, or the poll interval has passed), and sends them to the handlers.
+    /// last claim was full, or the poll interval has passed) and the room is worth a
+    /// transaction, and sends them to the handlers.
     fn claim(&mut self) -> Result<(), QueueError> {
         let now = Instant::now();
-        let room = self.capacity().saturating_sub(self.out.len());
         let polled = self
             .wake
             .last_claim
             .is_none_or(|at| at.checked_add(self.parts.settings.poll_interval).is_some_and(|t| now >= t));
-        if self.stopping.is_some() || room == 0 || !(self.wake.maybe_due || polled) {
+        let Some(room) = self.room() else { return Ok(()) };
+        if !(self.wake.maybe_due || polled) {
             return Ok(());
         }
         self.wake.last_claim = Some(now);
@@ -385,14 +495,16 @@ impl<S: Store> Feeder<S> {
     /// the store failing still (what is left is counted unreported).
     fn finished(&mut self) -> bool {
         let Some(stopping) = &self.stopping else { return false };
-        if self.out.is_empty() && self.pending.is_empty() && self.give_back.is_empty() {
+        if self.out.is_empty() && self.pending.is_empty() && self.give_back.is_empty() && self.in_flight.is_none() {
             return true;
         }
         if !stopping.overdue || self.retry.failures.failures() < TRIES_PAST_DEADLINE {
             return false;
         }
-        let left: Vec<Job> =
-            self.pending.drain(..).map(|(job, _)| job).chain(self.give_back.drain(..).map(|(job, _)| job)).collect();
+        let in_flight = self.in_flight.take().map(|flight| flight.batch).unwrap_or_default();
+        let left: Vec<Job> = (self.pending.drain(..).chain(in_flight).map(|(job, _)| job))
+            .chain(self.give_back.drain(..).map(|(job, _)| job))
+            .collect();
         for job in &left {
             self.unreported(job, &"the store kept failing past the shutdown's deadline");
         }
@@ -410,12 +522,15 @@ impl<S: Store> Feeder<S> {
             [Some(at), deadline, None, None, None]
         } else {
             let running = self.stopping.is_none();
-            let poll = (running && self.out.len() < self.capacity())
-                .then(|| self.wake.last_claim.map_or(Some(now), |at| at.checked_add(settings.poll_interval)))
-                .flatten();
+            let poll = self
+                .room()
+                .and_then(|_| self.wake.last_claim.map_or(Some(now), |at| at.checked_add(settings.poll_interval)));
             [
                 self.out.values().map(|out| out.beat_at).min(),
-                self.pending_since.and_then(|since| since.checked_add(settings.flush_delay)),
+                // While a batch is being written, its answer rings the doorbell.
+                self.pending_since
+                    .filter(|_| self.in_flight.is_none())
+                    .and_then(|since| since.checked_add(settings.flush_delay)),
                 poll,
                 running.then(|| self.last_sweep.checked_add(settings.sweep_interval)).flatten(),
                 deadline,
