@@ -211,22 +211,6 @@ impl<Res, E: fmt::Display> fmt::Display for RetryError<Res, E> {
 
 impl<Res, E: fmt::Debug + fmt::Display + 'static> std::error::Error for RetryError<Res, E> {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.error().and_then(boxed_error)
+        self.error().and_then(persevere_driver::boxed_error)
     }
-}
-
-/// `error` as an [`Error`](std::error::Error) when it is a boxed one (tower's `BoxError` and
-/// its kin): all that an error generic over any `Debug + Display` type can name as its
-/// source. (Coherence refuses an impl for every `E: Error` beside one for boxed errors: the
-/// standard library may one day make `Box<dyn Error>` an `Error` itself.)
-fn boxed_error<E: 'static>(error: &E) -> Option<&(dyn std::error::Error + 'static)> {
-    use std::error::Error;
-    let any: &dyn std::any::Any = error;
-    if let Some(boxed) = any.downcast_ref::<Box<dyn Error + Send + Sync>>() {
-        return Some(&**boxed);
-    }
-    if let Some(boxed) = any.downcast_ref::<Box<dyn Error + Send>>() {
-        return Some(&**boxed);
-    }
-    any.downcast_ref::<Box<dyn Error>>().map(|boxed| &**boxed)
 }

@@ -71,7 +71,8 @@ impl<E: fmt::Debug + fmt::Display + 'static> std::error::Error for CallError<E> 
 /// kin): what an error generic over any `Debug + Display` type can name as its source. (An
 /// impl for `E: Error` beside one for boxed errors is refused by coherence: the standard
 /// library may one day make `Box<dyn Error>` an `Error`.)
-pub(crate) fn boxed_error<E: 'static>(error: &E) -> Option<&(dyn std::error::Error + 'static)> {
+#[doc(hidden)]
+pub fn boxed_error<E: 'static>(error: &E) -> Option<&(dyn std::error::Error + 'static)> {
     use std::error::Error;
     let any: &dyn std::any::Any = error;
     if let Some(boxed) = any.downcast_ref::<Box<dyn Error + Send + Sync>>() {

@@ -61,7 +61,7 @@ mod spawn;
 mod supervisor;
 mod sync;
 
-pub use breaker::{Breaker, BreakerCall, ByResult, CallClassifier, CallError};
+pub use breaker::{Breaker, BreakerCall, ByResult, CallClassifier, CallError, boxed_error};
 pub use budget::{Budget, BudgetRequest, BudgetTicket};
 pub use classify::{ByTrait, Classifier, Classify, Notify, RetryAll, RetryEvent, RetryGate};
 #[cfg(all(feature = "fault-injection", any(feature = "supervisor", feature = "scheduler")))]
