@@ -349,8 +349,14 @@ impl<E, O: Copy> Attempts<E, O> {
     /// made under another policy, waiting for an attempt this one does not allow).
     #[inline]
     pub(crate) fn limit_reached(&self, rules: &FailureRules) -> bool {
-        // Past `u64::MAX` attempts there is no new number: the next attempt would reuse one.
-        u64::from(self.backoff.failures()) > rules.retries_allowed || self.attempt == u64::MAX
+        u64::from(self.backoff.failures()) > rules.retries_allowed || !self.has_next_number()
+    }
+
+    /// Whether another attempt can have a number of its own: past `u64::MAX` attempts there is
+    /// no new number, and the next attempt would reuse one.
+    #[inline]
+    pub(crate) const fn has_next_number(&self) -> bool {
+        self.attempt != u64::MAX
     }
 
     /// Ends the operation or task for a `stop` the failure decision gave, with the outcome

@@ -405,7 +405,8 @@ impl From<SupervisionPolicy> for SupervisionPolicyBuilder {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum TaskOutcome<E> {
-    /// An attempt succeeded and the policy does not repeat it (`once`, `restartable`).
+    /// An attempt succeeded and the policy does not repeat it (`once`, `restartable`), or a
+    /// periodic task has no attempt number left for a repeat (after `u64::MAX` attempts).
     Completed,
     /// A retryable failure reported by the task was not retried (`once`, or the retry limit).
     Failed {
@@ -844,9 +845,11 @@ impl<E> Supervision<E> {
             }
             Due::WaitOver => {
                 self.engine.accept(now);
-                if self.engine.streak() == 0 && !matches!(policy.restart, Restart::Periodic { .. }) {
+                let repeats = matches!(policy.restart, Restart::Periodic { .. });
+                if self.engine.streak() == 0 && !(repeats && self.engine.has_next_number()) {
                     // Waiting to repeat after a success, under a policy that does not repeat
-                    // (a state made under another policy): the task is done.
+                    // (a state made under another policy), or with no attempt number left for a
+                    // repeat (past `u64::MAX` attempts): nothing failed, and the task is done.
                     self.engine.finish(TaskOutcomeKind::Completed);
                 } else if self.engine.limit_reached(&policy.rules) {
                     // Waiting to retry past the limit of the policy it is driven under.

@@ -197,3 +197,36 @@ fn r1_a_loaded_retry_at_the_last_attempt_number_never_hands_it_out_again() {
     assert!(!trace.iter().any(|a| matches!(a, RetryAction::Start { .. })), "{trace:?}");
     assert!(matches!(trace.last(), Some(RetryAction::Finish { outcome: Outcome::Exhausted { .. }, .. })), "{trace:?}");
 }
+
+/// Found by the `supervision_state` fuzz target: a periodic task waiting to repeat after a
+/// success at the last attempt number (`u64::MAX`: edited, or after 2^64 attempts) has no number
+/// for a repeat. It finished `Failed` with no failure to report (so `TaskFinished` said
+/// `Canceled`, and the state it left was refused when it loaded again); nothing failed, so it
+/// completes.
+#[cfg(feature = "serde")]
+#[test]
+fn s4_a_loaded_periodic_task_with_no_attempt_number_left_to_repeat_completes() {
+    let defaults = TaskDefaults::new();
+    let periodic = SupervisionPolicy::periodic(ms(100)).build(&defaults).unwrap();
+    let mut rng = ChaCha8Rng::seed_from_u64(6);
+    let mut task = Supervision::<u32>::new();
+    task.handle_start(&periodic, at(0)).unwrap();
+    task_drain(&mut task);
+    task.handle_success(&periodic, at(5), 1).unwrap();
+    task_drain(&mut task);
+    let until = task.poll_timeout().unwrap();
+    let mut json: serde_json::Value = serde_json::to_value(task).unwrap();
+    json["engine"]["attempt"] = serde_json::Value::from(u64::MAX);
+    let mut task: Supervision<u32> =
+        serde_json::from_value(json).expect("a task waiting to repeat at any attempt number loads");
+    task.handle_timeout(&periodic, until, &mut rng);
+    let reloaded = serde_json::to_value(task).unwrap();
+    assert_eq!(
+        task_drain(&mut task),
+        vec![SupervisionAction::TaskFinished { outcome: TaskOutcome::Completed, attempts: u64::MAX }]
+    );
+    assert_eq!(task.last_failure(), None);
+    let reloaded: Supervision<u32> =
+        serde_json::from_value(reloaded).expect("the state the wake-up left loads again, its outcome undrained");
+    assert_eq!(reloaded.status(), persevere::SupervisionStatus::Finished(persevere::TaskOutcomeKind::Completed));
+}
