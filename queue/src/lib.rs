@@ -46,6 +46,12 @@
 //! from the start (D6), so that if a committed claim is ever lost and the same attempt number
 //! runs again (using no retry), nobody was told the handler certainly did not run.
 //!
+//! **What a task costs** on PostgreSQL: its enqueue inserts a row, its claim rewrites the row,
+//! and its completion rewrites it again, or deletes it ([`Queue::keep_finished`], a runner's
+//! zero [`retention`](RunnerBuilder::retention)), as graphile-worker deletes its jobs. The row
+//! names its policy, stored once in `persevere_policies`, and each index holds only the rows its
+//! queries look for (a table of the previous layout is brought up to date at `connect`).
+//!
 //! The API is blocking: one [`Queue`] is one database connection. Run a worker per thread (or
 //! per process, or per machine), or a [`Runner`] (below); from async code, call it on a
 //! blocking thread.
