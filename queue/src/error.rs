@@ -81,6 +81,10 @@ pub enum QueueError {
     #[cfg(feature = "postgres")]
     #[error("postgres: {}", postgres_message(.0))]
     Postgres(#[from] tokio_postgres::Error),
+    /// A [`Runner`](crate::Runner)'s thread that writes results on a second connection ended
+    /// (it panicked): the batch it held is written again on the runner's own connection.
+    #[error("the runner's thread that writes results ended; they are written on its claiming connection from now on")]
+    FlusherEnded,
     /// The PostgreSQL store could not start its I/O runtime.
     #[cfg(feature = "postgres")]
     #[error("could not start the PostgreSQL connection's runtime: {0}")]

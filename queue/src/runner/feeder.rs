@@ -316,7 +316,7 @@ impl<S: Store> Feeder<S> {
         match answer {
             Ok(applied) => self.settle(batch, held, &applied, started),
             Err(error) => {
-                if matches!(error, QueueError::Io(_)) {
+                if matches!(error, QueueError::FlusherEnded) {
                     // The thread is gone: write on this connection from now on.
                     self.flusher = None;
                 }

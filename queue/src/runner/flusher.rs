@@ -43,15 +43,13 @@ impl Flusher {
         self.writes.send(batch).map_err(|unsent| unsent.0)
     }
 
-    /// The answer for the batch sent, if it has come. A thread gone (it panicked) answers
-    /// with an error, as a lost connection would.
+    /// The answer for the batch sent, if it has come; [`QueueError::FlusherEnded`] if the
+    /// thread is gone (it panicked).
     pub(super) fn answer(&self) -> Option<Written> {
         match self.written.try_recv() {
             Ok(written) => Some(written),
             Err(mpsc::TryRecvError::Empty) => None,
-            Err(mpsc::TryRecvError::Disconnected) => {
-                Some(Err(QueueError::Io(std::io::Error::other("the runner's flusher thread ended"))))
-            }
+            Err(mpsc::TryRecvError::Disconnected) => Some(Err(QueueError::FlusherEnded)),
         }
     }
 }
