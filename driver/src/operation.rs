@@ -1,6 +1,9 @@
 //! What [`retry`](crate::retry) retries: anything that starts one attempt when asked.
 
 use std::future::Future;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::pin::Pin;
+use std::task::{Context, Poll};
 
 /// Starts the attempts of an operation: each [`attempt`](Self::attempt) returns the future of
 /// one new attempt.
@@ -63,5 +66,24 @@ where
     #[inline(always)]
     fn attempt(&mut self) -> Fut {
         self()
+    }
+}
+
+/// Starts a new attempt of `op`, catching a panic raised while creating it (`None`).
+#[inline(always)]
+pub(crate) fn start_attempt<Op: Operation>(op: &mut Op) -> Option<Op::Future> {
+    catch_unwind(AssertUnwindSafe(|| op.attempt())).ok()
+}
+
+/// Polls an attempt, catching a panic: its value, its error, or `Err(None)` if it panicked.
+#[inline(always)]
+pub(crate) fn poll_attempt<F, T, E>(attempt: Pin<&mut F>, cx: &mut Context<'_>) -> Poll<Result<T, Option<E>>>
+where
+    F: Future<Output = Result<T, E>>,
+{
+    match catch_unwind(AssertUnwindSafe(|| attempt.poll(cx))) {
+        Ok(Poll::Pending) => Poll::Pending,
+        Ok(Poll::Ready(result)) => Poll::Ready(result.map_err(Some)),
+        Err(_panic) => Poll::Ready(Err(None)),
     }
 }

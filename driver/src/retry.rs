@@ -4,12 +4,12 @@ use std::borrow::Borrow;
 use std::convert::Infallible;
 use std::fmt;
 use std::future::{Future, Pending};
-use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::ops::ControlFlow;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use crate::operation::Operation;
+use crate::operation::{Operation, poll_attempt, start_attempt};
 
 use persevere::rand_core::TryRng;
 use persevere::{
@@ -20,7 +20,7 @@ use pin_project_lite::pin_project;
 
 use crate::classify::{ByTrait, Classifier, Classify, Notify, RetryAll, RetryEvent, RetryGate};
 use crate::refusal::{Gate, Refusal};
-use crate::runtime::Runtime;
+use crate::runtime::{Runtime, Timeline};
 
 /// The result of a retried operation, with its statistics whatever the outcome.
 #[derive(Debug)]
@@ -42,11 +42,8 @@ impl<T, E> Retried<T, E> {
 }
 
 /// Why a retried operation gave up.
-// The layout is chosen for the success path: `Result<T, GaveUp<E>>` takes its `Ok` tag from the
-// niche of `retry_after`'s nanoseconds (a 4-byte store, not the byte of `outcome`), and in this
-// field order every copy the caller makes of an `Ok` reads back whole what was stored. Other
-// orders, and `retry_after` as `u64` nanoseconds (the tag then in `outcome`'s byte), measured
-// 9.6 to 28 ns against 7.8 on the bench: loads straddling narrower stores.
+// `repr(C)`, this field order and `retry_after` as a `Duration` (whose niche holds the `Ok` tag of
+// `Result<T, GaveUp<E>>`) are the layout the success path is measured with (benches/README.md).
 #[derive(PartialEq, Eq)]
 #[repr(C)]
 pub struct GaveUp<E> {
@@ -147,9 +144,6 @@ impl<E: std::error::Error + 'static> std::error::Error for GaveUp<E> {
     }
 }
 
-/// The statistics of a first attempt that succeeded before any clock was read.
-const FIRST_ATTEMPT: Stats = Stats { attempts: 1, slept: Duration::ZERO, elapsed: None };
-
 /// The core machine and what the driver keeps beside it: nothing that mirrors the machine.
 /// Its error type is `Option<E>`: `None` for a panic the driver caught (the machine's own
 /// timeouts carry no error either).
@@ -157,27 +151,48 @@ struct Machine<E> {
     retry: Retry<Option<E>>,
     /// The jitter RNG, seeded on its first draw (a policy without jitter never seeds one).
     rng: Option<SplitMix64>,
-    /// Whether the machine's time is the runtime's clock (read at the first attempt's start and
-    /// at every event: a policy with a budget or a deadline, or `measure_elapsed`). Otherwise
-    /// the machine runs on its own timeline from `Instant::ZERO`, which only the sleeps move
-    /// forward, by as long as they really took: no clock is read unless a sleep is.
+    /// How the machine's time follows the runtime's clock.
+    timeline: Timeline,
+    /// Whether the machine's time is the runtime's clock from the first attempt's start (a
+    /// policy with a budget or a deadline, or `measure_elapsed`): its timeline never pauses,
+    /// and its statistics have `elapsed`. Otherwise the timeline runs only while the machine
+    /// sleeps, so no clock is read but around a sleep.
     timed: bool,
-    /// Untimed: the runtime's clock when the current sleep began.
-    slept_from: Instant,
     /// The outcome of an operation that gave up, from the machine's `Finish` until the future
-    /// returns it (see [`RetryFuture::slow_path`] for why `drive` does not return it).
+    /// returns it.
     gave_up: Option<GaveUp<E>>,
 }
 
 impl<E> Machine<E> {
-    /// A machine whose attempt 1 started at `now` and is already running.
+    /// A machine whose attempt 1 starts at `now`: its `Start` is the next action.
     #[inline(always)]
     fn started(policy: &RetryPolicy, now: Instant, timed: bool) -> Self {
         let mut retry = Retry::new();
-        // A fresh machine accepts its start; its one action is attempt 1's start, which the
-        // caller either acts on (timed) or has already acted on (the fast path).
+        // A fresh machine accepts its start.
         let _ = retry.handle_start(policy, now);
-        Machine { retry, rng: None, timed, slept_from: Instant::ZERO, gave_up: None }
+        let timeline = if timed { Timeline::CLOCK } else { Timeline::PAUSED };
+        Machine { retry, rng: None, timeline, timed, gave_up: None }
+    }
+
+    /// The machine of an operation whose attempt 1 ran before the machine was made (the
+    /// shortcut of [`RetryFuture::poll`]): started at `Instant::ZERO` on a paused timeline,
+    /// with its `Start` already acted on. It is told next how that attempt ended.
+    #[inline(always)]
+    fn after_first_attempt(policy: &RetryPolicy) -> Self {
+        let mut machine = Machine::started(policy, Instant::ZERO, false);
+        let _ = machine.retry.poll_action();
+        machine
+    }
+
+    /// The machine's `retry` and its jitter RNG, seeded on its first draw from `seed` or the
+    /// runtime's entropy.
+    #[inline(always)]
+    fn with_rng<'a, Rt: Runtime>(
+        &'a mut self,
+        seed: &'a Option<u64>,
+        rt: &'a Rt,
+    ) -> (&'a mut Retry<Option<E>>, LazyRng<'a, Rt>) {
+        (&mut self.retry, LazyRng { slot: &mut self.rng, seed, rt })
     }
 
     /// The statistics so far; `elapsed` only if the clock was read from the start.
@@ -188,13 +203,21 @@ impl<E> Machine<E> {
     }
 }
 
+/// The statistics of a first attempt that succeeded before the machine was made: those of a
+/// machine told so, made on the spot (it never leaves the stack, so this costs next to nothing).
+#[inline(always)]
+fn first_attempt_succeeded(policy: &RetryPolicy) -> Stats {
+    let mut machine = Machine::<Infallible>::after_first_attempt(policy);
+    // Attempt 1 is the running one, and the machine is drained.
+    let _ = machine.retry.handle_success(policy, Instant::ZERO, 1);
+    machine.stats()
+}
+
 /// The jitter RNG of one operation, seeded (from the future's seed or the runtime's entropy) on
 /// its first draw.
 struct LazyRng<'a, Rt> {
     slot: &'a mut Option<SplitMix64>,
-    // Read only when seeding: a fresh future's `seed` is its tag alone, and copying the whole
-    // `Option<u64>` on every call of `drive` was a 16-byte load over that 8-byte store (a
-    // store-forwarding stall, 8% of the failure path).
+    /// By reference: read only when seeding.
     seed: &'a Option<u64>,
     rt: &'a Rt,
 }
@@ -231,10 +254,12 @@ impl<Rt: Runtime> TryRng for LazyRng<'_, Rt> {
     }
 }
 
-/// How an attempt ended without a value.
+/// How an attempt ended without a value, or that the cancel signal fired.
 enum Ended<E> {
-    /// It failed: the error's kind and the error, or a caught panic (`None`).
-    Failed(FailureKind, Option<E>),
+    /// It returned an error, not yet classified.
+    Failed(E),
+    /// It panicked, while being created or polled.
+    Panicked,
     /// The cancel signal fired.
     Canceled,
 }
@@ -244,18 +269,20 @@ enum Ended<E> {
 enum Stage {
     /// Not polled yet.
     Fresh,
-    /// Not polled yet, and [`measure_elapsed`](RetryFuture::measure_elapsed) asked for the clock
-    /// from the start (one stage rather than a flag beside it: the fast path tests one byte).
-    FreshMeasured,
-    /// `Fresh`, with the gate's request already made ([`requested`](RetryFuture::requested)).
-    FreshRequested,
-    /// `FreshMeasured`, with the gate's request already made.
-    FreshMeasuredRequested,
-    /// Polled: an attempt runs (the first, on the fast path, if there is no machine yet), or
-    /// the machine is sleeping.
+    /// Polled: attempt 1 runs before the machine is made (the shortcut of
+    /// [`RetryFuture::poll`]), or the machine drives.
     Active,
     /// The output was returned.
     Done,
+}
+
+/// How the first poll starts the operation, besides starting attempt 1.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Start {
+    /// Read the clock from the start ([`measure_elapsed`](RetryFuture::measure_elapsed)).
+    measure_elapsed: bool,
+    /// The gate's request is already made ([`requested`](RetryFuture::requested)).
+    requested: bool,
 }
 
 pin_project! {
@@ -293,9 +320,9 @@ pin_project! {
         request: G::Request,
         seed: Option<u64>,
         stage: Stage,
-        // The machine, created at the first failure (or at the start when the clock is read
-        // from the start): a first attempt that succeeds needs none, and creating and moving a
-        // fresh future writes a few bytes rather than the machine.
+        start: Start,
+        // The machine, made when the shortcut's attempt 1 ends without a value, or at the start
+        // when the clock is read from the start (see `poll`).
         machine: Option<Machine<E>>,
         #[pin]
         running: Option<Fut>,
@@ -352,6 +379,7 @@ where
         request: Default::default(),
         seed: None,
         stage: Stage::Fresh,
+        start: Start::default(),
         machine: None,
         running: None,
         timer: None,
@@ -379,6 +407,7 @@ impl<Rt: Runtime, P, Op, Fut, E, C, N, G: RetryGate, S> RetryFuture<Rt, P, Op, F
             request: request(self.request),
             seed: self.seed,
             stage: self.stage,
+            start: self.start,
             machine: self.machine,
             running: self.running,
             timer: self.timer,
@@ -429,11 +458,7 @@ impl<Rt: Runtime, P, Op, Fut, E, C, N, G: RetryGate, S> RetryFuture<Rt, P, Op, F
     pub fn gate<G2: RetryGate>(self, gate: G2) -> RetryFuture<Rt, P, Op, Fut, E, C, N, G2, S> {
         // A request kept for the gate replaced ends here: the new gate was never asked.
         let mut replaced = self.map(|c, n, _, s| (c, n, gate, s), |_| G2::Request::default());
-        replaced.stage = match replaced.stage {
-            Stage::FreshRequested => Stage::Fresh,
-            Stage::FreshMeasuredRequested => Stage::FreshMeasured,
-            stage => stage,
-        };
+        replaced.start.requested = false;
         replaced
     }
 
@@ -455,22 +480,14 @@ impl<Rt: Runtime, P, Op, Fut, E, C, N, G: RetryGate, S> RetryFuture<Rt, P, Op, F
     /// the operation ends and does not call [`RetryGate::on_request`] again.
     pub fn requested(mut self, request: G::Request) -> Self {
         self.request = request;
-        self.stage = match self.stage {
-            Stage::Fresh => Stage::FreshRequested,
-            Stage::FreshMeasured => Stage::FreshMeasuredRequested,
-            stage => stage,
-        };
+        self.start.requested = true;
         self
     }
 
     /// Reads the clock at the first attempt's start so that [`Stats::elapsed`] is always known
     /// (costs one clock read on the success path).
     pub fn measure_elapsed(mut self) -> Self {
-        self.stage = match self.stage {
-            Stage::Fresh => Stage::FreshMeasured,
-            Stage::FreshRequested => Stage::FreshMeasuredRequested,
-            stage => stage,
-        };
+        self.start.measure_elapsed = true;
         self
     }
 }
@@ -509,12 +526,6 @@ fn outcome_label(kind: OutcomeKind) -> &'static str {
     }
 }
 
-/// Starts a new attempt of `op`, catching a panic raised while creating it.
-#[inline(always)]
-fn create<Op: Operation>(op: &mut Op) -> Option<Op::Future> {
-    catch_unwind(AssertUnwindSafe(|| op.attempt())).ok()
-}
-
 impl<Rt, P, Op, Fut, T, E, C, N, G, S> Future for RetryFuture<Rt, P, Op, Fut, E, C, N, G, S>
 where
     Rt: Runtime,
@@ -530,59 +541,24 @@ where
 
     #[inline(always)]
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        // The slow path is handed the future itself, not this projection: a projection passed
-        // by reference is a struct of eight pointers that LLVM builds before the first branch.
-        let mut this = self.as_mut().project();
-        // The hot path, kept small enough to inline: a first attempt on a policy that needs no
-        // clock, polled to success, with no machine. Everything else is `drive`.
+        // The one shortcut: on a policy that needs no clock, attempt 1 starts and is polled
+        // before the machine is made, so that a first attempt that succeeds costs no machine,
+        // no clock and no timer (its statistics are still a machine's: `first_attempt_succeeded`).
+        // When it ends any other way, or the cancel signal fires, the machine is made as if it
+        // had started it (`Machine::after_first_attempt`) and `drive` takes over. Everything
+        // else is `drive`'s from the start.
+        let this = self.as_mut().project();
         match *this.stage {
-            Stage::Fresh | Stage::FreshRequested => {
-                let policy: &RetryPolicy = (*this.policy).borrow();
-                if policy.needs_clock() {
-                    return self.slow_path(cx, None);
-                }
-                if *this.stage == Stage::Fresh {
-                    *this.request = this.gate.on_request(None);
-                }
-                event!(attempt = 1u64, "attempt starting");
-                metric!(metrics::counter!("persevere_attempts_total").increment(1));
-                *this.stage = Stage::Active;
-                match create(this.op) {
-                    Some(fut) => this.running.set(Some(fut)),
-                    None => return self.slow_path(cx, Some(Ended::Failed(FailureKind::Panicked, None))),
+            Stage::Fresh if !this.start.measure_elapsed && !(*this.policy).borrow().needs_clock() => {
+                if let Err(ended) = self.as_mut().start_first_attempt() {
+                    return self.slow_path(cx, Some(ended));
                 }
             }
-            // The first attempt still runs, with no machine yet.
+            // Attempt 1 still runs, with no machine yet.
             Stage::Active if this.machine.is_none() => {}
             _ => return self.slow_path(cx, None),
         }
-        if this.cancel.as_mut().poll(cx).is_ready() {
-            return self.slow_path(cx, Some(Ended::Canceled));
-        }
-        let Some(fut) = this.running.as_mut().as_pin_mut() else { return self.slow_path(cx, None) };
-        match catch_unwind(AssertUnwindSafe(|| fut.poll(cx))) {
-            Ok(Poll::Ready(Ok(value))) => {
-                this.running.set(None);
-                // Over before the gate hears of it: polled again after a panic in the gate, the
-                // future says it completed rather than starting over.
-                *this.stage = Stage::Done;
-                this.gate.on_success(None);
-                *this.request = G::Request::default();
-                event!(attempts = 1u64, "operation succeeded");
-                metric!(metrics::counter!("persevere_operations_total", "outcome" => "succeeded").increment(1));
-                Poll::Ready(Retried { result: Ok(value), stats: FIRST_ATTEMPT })
-            }
-            // No machine and no deadline yet: nothing else can wake this attempt.
-            Ok(Poll::Pending) => Poll::Pending,
-            Ok(Poll::Ready(Err(error))) => {
-                // The finished attempt goes before the classifier runs: polled again after a
-                // panic in it, the future must not poll that attempt again (and retry it).
-                this.running.set(None);
-                let failed = Ended::Failed(this.classifier.classify(&error), Some(error));
-                self.slow_path(cx, Some(failed))
-            }
-            Err(_panic) => self.slow_path(cx, Some(Ended::Failed(FailureKind::Panicked, None))),
-        }
+        self.poll_first_attempt(cx)
     }
 }
 
@@ -597,104 +573,178 @@ where
     G: RetryGate,
     S: Future<Output = ()>,
 {
-    /// Runs [`drive`](Self::drive) and builds the future's output from what it left.
-    ///
-    /// `drive` returns only the value (`Some`) or that the operation gave up (`None`, the
-    /// [`GaveUp`] left in the machine), which fits in registers for a small `T`; the statistics
-    /// are read from the machine here. When `drive` returned the whole output (72 bytes,
-    /// through memory), the fast path's output shared that memory at the merge, and the
-    /// caller's copies of it stalled on store forwarding (success 28 ns; a third of the failure
-    /// path).
+    /// The shortcut's start: the gate hears of the operation, and attempt 1 starts (a panic
+    /// while creating it is how it ended).
     #[inline(always)]
-    fn slow_path(mut self: Pin<&mut Self>, cx: &mut Context<'_>, fast_end: Option<Ended<E>>) -> Poll<Retried<T, E>> {
-        let Poll::Ready(value) = self.as_mut().drive(cx, fast_end) else { return Poll::Pending };
+    fn start_first_attempt(self: Pin<&mut Self>) -> Result<(), Ended<E>> {
+        let mut this = self.project();
+        if !this.start.requested {
+            *this.request = this.gate.on_request(None);
+        }
+        event!(attempt = 1u64, "attempt starting");
+        metric!(metrics::counter!("persevere_attempts_total").increment(1));
+        *this.stage = Stage::Active;
+        let attempt = start_attempt(this.op).ok_or(Ended::Panicked)?;
+        this.running.set(Some(attempt));
+        Ok(())
+    }
+
+    /// Polls the shortcut's attempt 1 (the cancel signal first). A success ends the operation
+    /// here; any other end hands it to the machine.
+    #[inline(always)]
+    fn poll_first_attempt(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Retried<T, E>> {
+        let mut this = self.as_mut().project();
+        if this.cancel.as_mut().poll(cx).is_ready() {
+            return self.slow_path(cx, Some(Ended::Canceled));
+        }
+        let Some(attempt) = this.running.as_mut().as_pin_mut() else { return self.slow_path(cx, None) };
+        let ended = match poll_attempt(attempt, cx) {
+            // No machine and no deadline yet: nothing else can wake this attempt.
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(Ok(value)) => {
+                this.running.set(None);
+                succeeded(this.stage, this.gate, None, this.request);
+                event!(attempts = 1u64, "operation succeeded");
+                let stats = first_attempt_succeeded((*this.policy).borrow());
+                return Poll::Ready(Retried { result: Ok(value), stats });
+            }
+            Poll::Ready(Err(Some(error))) => Ended::Failed(error),
+            Poll::Ready(Err(None)) => Ended::Panicked,
+        };
+        // The finished attempt goes before the classifier runs: polled again after a panic in
+        // it, the future must not poll that attempt again (and retry it).
+        this.running.set(None);
+        self.slow_path(cx, Some(ended))
+    }
+
+    /// Runs [`drive`](Self::drive) and builds the future's output from what it left: the value,
+    /// or how the operation gave up, and the machine's statistics.
+    #[inline(always)]
+    fn slow_path(mut self: Pin<&mut Self>, cx: &mut Context<'_>, first_end: Option<Ended<E>>) -> Poll<Retried<T, E>> {
+        let Poll::Ready(value) = self.as_mut().drive(cx, first_end) else { return Poll::Pending };
         // `drive` leaves the machine in place whenever it returns.
         let Some(machine) = self.project().machine.as_mut() else {
             unreachable!("the driver holds a machine when it is done")
         };
-        let stats = machine.stats();
         let result = match value {
             Some(value) => Ok(value),
             None => {
                 let GaveUp { outcome, class, refused_by, error, retry_after } =
                     machine.gave_up.take().unwrap_or_else(|| unreachable!("the driver kept how it gave up"));
-                // Rebuilt field by field: moved whole, the bytes between the two fields an `Ok`
-                // writes became one 16-byte block, stored as one and read back by the caller
-                // as two 8-byte loads (a store-forwarding stall on the success path,
-                // 8.2 → 7.8 ns).
                 Err(GaveUp { outcome, class, refused_by, error, retry_after })
             }
         };
-        Poll::Ready(Retried { result, stats })
+        Poll::Ready(Retried { result, stats: machine.stats() })
     }
 
-    /// The whole driving loop ([`run`]): drains the machine, runs attempts under their
-    /// deadlines, sleeps, and feeds results back. `fast_end` is how the fast path's attempt
-    /// ended, if it did.
+    /// The driving loop, out of line: makes the machine if there is none yet, tells it how the
+    /// shortcut's attempt 1 ended (`first_end`), and runs the [`Driver`].
     ///
     /// Returns the successful attempt's value, or `None` when the operation gave up (how, in
     /// [`Machine::gave_up`]).
     #[inline(never)]
-    fn drive(self: Pin<&mut Self>, cx: &mut Context<'_>, fast_end: Option<Ended<E>>) -> Poll<Option<T>> {
+    fn drive(self: Pin<&mut Self>, cx: &mut Context<'_>, first_end: Option<Ended<E>>) -> Poll<Option<T>> {
         let this = self.project();
-        let hooks = Hooks {
-            op: &mut *this.op,
-            classifier: &mut *this.classifier,
-            notify: &mut *this.notify,
-            gate: &*this.gate,
-            ticket: &mut *this.ticket,
-            request: &mut *this.request,
+        if *this.stage == Stage::Done {
+            panic!("`RetryFuture` polled after it completed");
+        }
+        let policy: &RetryPolicy = (*this.policy).borrow();
+        let rt = &*this.rt;
+        let machine = match this.machine {
+            Some(machine) => machine,
+            None => this.machine.insert(make_machine(policy, rt, this.stage, *this.start, &*this.gate, this.request)),
         };
-        run(
-            (*this.policy).borrow(),
-            &*this.rt,
-            &*this.seed,
-            hooks,
-            this.stage,
-            this.machine,
-            this.running,
-            this.timer,
-            this.cancel,
-            cx,
-            fast_end,
-        )
+        let mut driver = Driver {
+            policy,
+            rt,
+            seed: &*this.seed,
+            op: this.op,
+            classifier: this.classifier,
+            notify: this.notify,
+            gate: &*this.gate,
+            ticket: this.ticket,
+            request: this.request,
+            stage: this.stage,
+            machine,
+            running: this.running,
+            timer: this.timer,
+            cancel: this.cancel,
+            refused: None,
+        };
+        if let Some(ended) = first_end {
+            driver.end_attempt(ended);
+        }
+        driver.run(cx)
     }
 }
 
-/// The user's code that [`run`] calls, and the gate's ticket.
-struct Hooks<'a, Op, C, N, G: RetryGate> {
+/// The machine, made by the first poll that reaches the loop: from the start when the clock is
+/// read from the start (a budget, a deadline, or `measure_elapsed`; the gate's request is made
+/// then, unless it was), or after the shortcut's attempt 1.
+#[inline(always)]
+fn make_machine<Rt: Runtime, G: RetryGate, E>(
+    policy: &RetryPolicy,
+    rt: &Rt,
+    stage: &mut Stage,
+    start: Start,
+    gate: &G,
+    request: &mut G::Request,
+) -> Machine<E> {
+    if *stage != Stage::Fresh {
+        return Machine::after_first_attempt(policy);
+    }
+    let now = rt.now();
+    if !start.requested {
+        *request = gate.on_request(Some(now));
+    }
+    *stage = Stage::Active;
+    Machine::started(policy, now, true)
+}
+
+/// The operation succeeded: it is over before the gate hears of it (polled again after a panic
+/// in the gate, the future says it completed rather than starting over), then the gate's
+/// request for it ends.
+#[inline(always)]
+fn succeeded<G: RetryGate>(stage: &mut Stage, gate: &G, ticket: Option<G::Ticket>, request: &mut G::Request) {
+    *stage = Stage::Done;
+    gate.on_success(ticket);
+    *request = G::Request::default();
+    metric!(metrics::counter!("persevere_operations_total", "outcome" => "succeeded").increment(1));
+}
+
+/// The driving loop over one poll: the policy, the machine, and each part of the future it
+/// works on, borrowed.
+struct Driver<'a, Rt: Runtime, Op, Fut, E, C, N, G: RetryGate, S> {
+    policy: &'a RetryPolicy,
+    rt: &'a Rt,
+    seed: &'a Option<u64>,
     op: &'a mut Op,
     classifier: &'a mut C,
     notify: &'a mut N,
     gate: &'a G,
+    /// The gate's grant of the retry that runs (or waits to), until that attempt ends.
     ticket: &'a mut Option<G::Ticket>,
     request: &'a mut G::Request,
+    stage: &'a mut Stage,
+    machine: &'a mut Machine<E>,
+    running: Pin<&'a mut Option<Fut>>,
+    timer: Pin<&'a mut Option<Rt::Sleep>>,
+    cancel: Pin<&'a mut S>,
+    /// The gate's refusal of the retry the machine asked for, which ends the operation.
+    refused: Option<Refusal>,
 }
 
-/// [`RetryFuture::drive`]'s body, with the policy, the machine and each part of the future as
-/// its own argument rather than one projection struct in memory.
-///
-/// The loop drains the machine after each input, acting on each action as it comes, then
-/// waits for the attempt, the timer or the cancel signal, and feeds what happened back. The
-/// machine is worked on in place: its `poll_action`, `handle_failure` and `handle_timeout`
-/// inline here, so a zero-delay failure is a straight run of loads, tests and stores with no
-/// call. (Out of line, `poll_action` read the fields that `handle_timeout` had just stored one
-/// by one back with a 16-byte load: a store-forwarding stall, most of its 35% of the time.)
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn run<Rt, Op, Fut, T, E, C, N, G, S>(
-    policy: &RetryPolicy,
-    rt: &Rt,
-    seed: &Option<u64>,
-    hooks: Hooks<'_, Op, C, N, G>,
-    stage: &mut Stage,
-    slot: &mut Option<Machine<E>>,
-    mut running: Pin<&mut Option<Fut>>,
-    mut timer: Pin<&mut Option<Rt::Sleep>>,
-    mut cancel: Pin<&mut S>,
-    cx: &mut Context<'_>,
-    fast_end: Option<Ended<E>>,
-) -> Poll<Option<T>>
+/// What ended a wait of the loop.
+enum Woken<T, E> {
+    /// The running attempt succeeded.
+    Succeeded(T),
+    /// The running attempt ended otherwise, or the cancel signal fired.
+    Ended(Ended<E>),
+    /// The timer fired.
+    Timer,
+}
+
+impl<Rt, Op, Fut, T, E, C, N, G, S> Driver<'_, Rt, Op, Fut, E, C, N, G, S>
 where
     Rt: Runtime,
     Op: Operation<Future = Fut>,
@@ -704,207 +754,251 @@ where
     G: RetryGate,
     S: Future<Output = ()>,
 {
-    let Hooks { op, classifier, notify, gate, ticket, request } = hooks;
-    if *stage == Stage::Done {
-        panic!("`RetryFuture` polled after it completed");
-    }
-    if slot.is_none() {
-        if matches!(*stage, Stage::Fresh | Stage::FreshMeasured | Stage::FreshRequested | Stage::FreshMeasuredRequested)
-        {
-            // The clock is read from the start: a budget, a deadline, or `measure_elapsed`.
-            let now = rt.now();
-            if matches!(*stage, Stage::Fresh | Stage::FreshMeasured) {
-                *request = gate.on_request(Some(now));
-            }
-            *stage = Stage::Active;
-            *slot = Some(Machine::started(policy, now, true));
-        } else {
-            // The fast path's first attempt ended (or the cancel fired): from now on the
-            // machine decides, on its own timeline.
-            let machine = slot.insert(Machine::started(policy, Instant::ZERO, false));
-            // Attempt 1's start: already acted on by the fast path.
-            let _ = machine.retry.poll_action();
-        }
-    }
-    // The machine is worked on where it is. (Moved into a local for the call, to be kept in
-    // registers, it took more instructions, not fewer: it does not fit in them.)
-    let Some(Machine { retry, rng, timed, slept_from, gave_up }) = slot else { unreachable!() };
-    let timed = *timed;
-    let mut rng = LazyRng { slot: rng, seed, rt };
-    let rng = &mut rng;
-    // The `now` of an event: the clock on a timed machine, the machine's own time otherwise.
-    macro_rules! now {
-        () => {
-            if timed { rt.now() } else { retry.now() }
-        };
-    }
-
-    // The attempt ended without a value, or the cancel fired: drop the attempt, any timer and
-    // its retry's ticket, and tell the machine (which is drained, and runs that attempt).
-    macro_rules! end {
-        ($ended:expr) => {{
-            running.set(None);
-            timer.set(None);
-            *ticket = None;
-            end_attempt(retry, policy, now!(), rng, $ended);
-        }};
-    }
-
-    if let Some(ended) = fast_end {
-        end!(ended);
-    }
-    // The gate's refusal of the retry the machine asked for, which ends the operation.
-    let mut refused: Option<Refusal> = None;
-    loop {
-        // Drain what the last input left, acting on each action in turn.
-        while let Some(action) = retry.poll_action() {
-            match action {
-                RetryAction::Start { attempt, deadline } => {
-                    event!(attempt, "attempt starting");
-                    metric!(metrics::counter!("persevere_attempts_total").increment(1));
-                    let _ = attempt;
-                    match create(op) {
-                        Some(fut) => {
-                            running.set(Some(fut));
-                            // No timer runs when an attempt starts: every input that leads to
-                            // a start (the start itself, a sleep's end, a failure) left none.
-                            // Not `set(deadline.map(..))`, which copies a whole
-                            // `Option<Sleep>`, payload and all, also for `None`.
-                            debug_assert!(timer.is_none());
-                            if let Some(deadline) = deadline {
-                                timer.set(Some(rt.sleep_until(deadline)));
-                            }
-                        }
-                        None => end!(Ended::Failed(FailureKind::Panicked, None)),
-                    }
-                }
-                RetryAction::Abandon { attempt } => {
-                    event!(attempt, "attempt abandoned");
-                    let _ = attempt;
-                    running.set(None);
-                    timer.set(None);
-                    *ticket = None;
-                }
-                RetryAction::Sleep { next_attempt, delay, until } => {
-                    let failure = retry.last_failure();
-                    let class = failure.map_or(FailureClass::Retryable, |f| f.class);
-                    // What the gate is told about the time: the machine's `now` when it is the
-                    // clock's.
-                    match gate.try_retry(timed.then(|| retry.now()), class) {
-                        Ok(granted) => *ticket = Some(granted),
-                        Err(refusal) => {
-                            // The machine finishes on the refusal in this same drain.
-                            refused = Some(refusal);
-                            event!(next_attempt, "retry refused by the gate");
-                            metric!(metrics::counter!("persevere_retries_refused_total").increment(1));
-                            // The machine is sleeping and drained, so it accepts the refusal.
-                            let _ = retry.handle_rejected(policy, retry.now());
-                            continue;
-                        }
-                    }
-                    event!(next_attempt, delay_ns = delay.as_nanos() as u64, "retry scheduled");
-                    metric!(metrics::counter!("persevere_retries_total").increment(1));
-                    metric!(metrics::histogram!("persevere_retry_delay_seconds").record(delay.as_secs_f64()));
-                    notify.notify(&RetryEvent {
-                        error: failure.and_then(|f| f.error.as_ref()).and_then(Option::as_ref),
-                        class,
-                        next_attempt,
-                        delay,
-                    });
-                    // `delay` is `until - now`, so a zero delay is an `until` not past `now`:
-                    // the same test, without reading the `Duration` back.
-                    let now = retry.now();
-                    if until <= now {
-                        // A zero delay: straight to the next attempt, no timer, no clock.
-                        retry.handle_timeout(policy, now, rng);
-                    } else if timed {
-                        timer.set(Some(rt.sleep_until(until)));
-                    } else {
-                        *slept_from = rt.now();
-                        timer.set(Some(rt.sleep_until(slept_from.saturating_add(delay))));
-                    }
-                }
-                RetryAction::Finish { outcome, stats } => {
-                    *stage = Stage::Done;
-                    running.set(None);
-                    timer.set(None);
-                    // A ticket still held: the last failure's retry was granted (and charged),
-                    // and the operation ended waiting for it (its total budget ran out).
-                    let retry_granted = ticket.take().is_some();
-                    *request = G::Request::default();
-                    let _ = stats;
-                    event!(outcome = ?outcome.kind(), attempts = stats.attempts, "operation finished");
-                    metric!(
-                        metrics::counter!("persevere_operations_total", "outcome" => outcome_label(outcome.kind()))
-                            .increment(1)
-                    );
-                    if let Some(class) = final_failure(&outcome)
-                        && !retry_granted
-                    {
-                        gate.on_final_failure(timed.then(|| retry.now()), class);
-                    }
-                    *gave_up = Some(GaveUp::from_outcome(outcome, retry.now()).refused(refused));
+    /// Drains the machine, acting on each action as it comes, then waits for the attempt, the
+    /// timer or the cancel signal and feeds back what happened, until the operation ends or
+    /// nothing is ready.
+    #[inline(always)]
+    fn run(&mut self, cx: &mut Context<'_>) -> Poll<Option<T>> {
+        loop {
+            while let Some(action) = self.machine.retry.poll_action() {
+                if self.act(action).is_break() {
                     return Poll::Ready(None);
                 }
             }
-        }
-        // Drained: wait for the running attempt or the sleep (or the cancel signal).
-        if cancel.as_mut().poll(cx).is_ready() {
-            end!(Ended::Canceled);
-            continue;
-        }
-        if let Some(fut) = running.as_mut().as_pin_mut() {
-            match catch_unwind(AssertUnwindSafe(|| fut.poll(cx))) {
-                Ok(Poll::Ready(Ok(value))) => {
-                    running.set(None);
-                    timer.set(None);
-                    // Over before the gate hears of it (as on the fast path).
-                    *stage = Stage::Done;
-                    gate.on_success(ticket.take());
-                    *request = G::Request::default();
-                    let attempt = retry.attempt();
-                    // The attempt is the running one and the machine is drained.
-                    let _ = retry.handle_success(policy, now!(), attempt);
-                    event!(attempts = retry.attempt(), "operation succeeded");
-                    metric!(metrics::counter!("persevere_operations_total", "outcome" => "succeeded").increment(1));
+            match self.wait(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Woken::Succeeded(value)) => {
+                    self.succeed();
                     return Poll::Ready(Some(value));
                 }
-                Ok(Poll::Ready(Err(error))) => {
-                    end!(Ended::Failed(classifier.classify(&error), Some(error)));
-                    continue;
-                }
-                Err(_panic) => {
-                    end!(Ended::Failed(FailureKind::Panicked, None));
-                    continue;
-                }
-                Ok(Poll::Pending) => {}
+                Poll::Ready(Woken::Ended(ended)) => self.end_attempt(ended),
+                Poll::Ready(Woken::Timer) => self.wake(),
             }
         }
-        let Some(sleep) = timer.as_mut().as_pin_mut() else {
+    }
+
+    /// Acts on one action; `Break` when it is the operation's end (it gave up).
+    #[inline(always)]
+    fn act(&mut self, action: RetryAction<Option<E>>) -> ControlFlow<()> {
+        match action {
+            RetryAction::Start { attempt, deadline } => self.start(attempt, deadline),
+            RetryAction::Abandon { attempt } => {
+                event!(attempt, "attempt abandoned");
+                let _ = attempt;
+                self.drop_attempt();
+            }
+            RetryAction::Sleep { next_attempt, delay, until } => self.schedule(next_attempt, delay, until),
+            RetryAction::Finish { outcome, stats } => {
+                self.finish(outcome, stats);
+                return ControlFlow::Break(());
+            }
+        }
+        ControlFlow::Continue(())
+    }
+
+    /// Starts attempt `attempt`, with a timer for its deadline if it has one; a panic while
+    /// creating it is its failure.
+    #[inline(always)]
+    fn start(&mut self, attempt: u64, deadline: Option<Instant>) {
+        event!(attempt, "attempt starting");
+        metric!(metrics::counter!("persevere_attempts_total").increment(1));
+        let _ = attempt;
+        let Some(future) = start_attempt(self.op) else { return self.end_attempt(Ended::Panicked) };
+        self.running.set(Some(future));
+        // Every input that leads to a start (the start itself, a sleep's end, a failure) left
+        // no timer.
+        debug_assert!(self.timer.is_none());
+        if let Some(deadline) = deadline {
+            let sleep = self.machine.timeline.sleep_until(self.rt, deadline);
+            self.timer.set(Some(sleep));
+        }
+    }
+
+    /// The machine asks for attempt `next_attempt` after `delay`, at `until`: the gate is asked
+    /// (a refusal ends the operation in this same drain), `notify` is told, and the machine
+    /// sleeps.
+    #[inline(always)]
+    fn schedule(&mut self, next_attempt: u64, delay: Duration, until: Instant) {
+        let class = self.machine.retry.last_failure().map_or(FailureClass::Retryable, |f| f.class);
+        match self.gate.try_retry(self.gate_now(), class) {
+            Ok(granted) => *self.ticket = Some(granted),
+            Err(refusal) => return self.refuse(refusal, next_attempt),
+        }
+        event!(next_attempt, delay_ns = delay.as_nanos() as u64, "retry scheduled");
+        metric!(metrics::counter!("persevere_retries_total").increment(1));
+        metric!(metrics::histogram!("persevere_retry_delay_seconds").record(delay.as_secs_f64()));
+        let error = self.machine.retry.last_failure().and_then(|f| f.error.as_ref()).and_then(Option::as_ref);
+        self.notify.notify(&RetryEvent { error, class, next_attempt, delay });
+        self.sleep_until(until);
+    }
+
+    /// The gate refused the retry: the machine, sleeping and drained, finishes `Rejected`.
+    #[inline(always)]
+    fn refuse(&mut self, refusal: Refusal, next_attempt: u64) {
+        self.refused = Some(refusal);
+        event!(next_attempt, "retry refused by the gate");
+        metric!(metrics::counter!("persevere_retries_refused_total").increment(1));
+        let _ = next_attempt;
+        let retry = &mut self.machine.retry;
+        let _ = retry.handle_rejected(self.policy, retry.now());
+    }
+
+    /// Sleeps until the machine's instant `until`. A zero delay (an `until` not past the
+    /// machine's now) goes straight to the next attempt: no timer, no clock.
+    #[inline(always)]
+    fn sleep_until(&mut self, until: Instant) {
+        let now = self.machine.retry.now();
+        if until <= now {
+            let (retry, mut rng) = self.machine.with_rng(self.seed, self.rt);
+            retry.handle_timeout(self.policy, now, &mut rng);
+            return;
+        }
+        self.machine.timeline.resume(self.rt, now);
+        let sleep = self.machine.timeline.sleep_until(self.rt, until);
+        self.timer.set(Some(sleep));
+    }
+
+    /// The operation gave up: the attempt and the timer are dropped, the gate hears of the last
+    /// failure (unless a retry of it was granted) and its request ends, and how it gave up is
+    /// kept for the output.
+    #[inline(always)]
+    fn finish(&mut self, outcome: Outcome<Option<E>>, stats: Stats) {
+        *self.stage = Stage::Done;
+        self.running.set(None);
+        self.drop_timer();
+        // A ticket still held: the last failure's retry was granted (and charged), and the
+        // operation ended waiting for it (its total budget ran out).
+        let retry_granted = self.ticket.take().is_some();
+        *self.request = G::Request::default();
+        event!(outcome = ?outcome.kind(), attempts = stats.attempts, "operation finished");
+        metric!(
+            metrics::counter!("persevere_operations_total", "outcome" => outcome_label(outcome.kind())).increment(1)
+        );
+        let _ = stats;
+        if let Some(class) = final_failure(&outcome)
+            && !retry_granted
+        {
+            self.gate.on_final_failure(self.gate_now(), class);
+        }
+        let now = self.machine.retry.now();
+        self.machine.gave_up = Some(GaveUp::from_outcome(outcome, now).refused(self.refused));
+    }
+
+    /// Drained: waits for the cancel signal, then the running attempt, then the timer.
+    #[inline(always)]
+    fn wait(&mut self, cx: &mut Context<'_>) -> Poll<Woken<T, E>> {
+        if self.cancel.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Woken::Ended(Ended::Canceled));
+        }
+        if let Some(attempt) = self.running.as_mut().as_pin_mut()
+            && let Poll::Ready(result) = poll_attempt(attempt, cx)
+        {
+            return Poll::Ready(match result {
+                Ok(value) => Woken::Succeeded(value),
+                Err(Some(error)) => Woken::Ended(Ended::Failed(error)),
+                Err(None) => Woken::Ended(Ended::Panicked),
+            });
+        }
+        let Some(sleep) = self.timer.as_mut().as_pin_mut() else {
             // Drained, with neither an attempt nor a sleep: only a panic in code the loop
             // called (a classifier, notify, gate or runtime), caught by the caller, leaves it
             // here. Waiting would be waiting forever.
-            if running.is_none() {
+            if self.running.is_none() {
                 panic!(
                     "`RetryFuture` polled again after a panic in code it called (classifier, notify, gate or runtime)"
                 );
             }
             return Poll::Pending;
         };
-        if sleep.poll(cx).is_pending() {
-            return Poll::Pending;
-        }
-        timer.set(None);
-        // The deadline or the sleep is over: whatever `poll_timeout` named is due.
-        let due = retry.poll_timeout().unwrap_or(Instant::ZERO);
-        let now = if timed {
-            rt.now().later(due)
-        } else {
-            // The sleep took as long as it really took, and at least its delay.
-            let slept = rt.now().saturating_duration_since(*slept_from);
-            retry.now().saturating_add(slept).later(due)
+        sleep.poll(cx).map(|_| Woken::Timer)
+    }
+
+    /// The running attempt succeeded: the operation is over ([`succeeded`]), and the machine
+    /// is told.
+    #[inline(always)]
+    fn succeed(&mut self) {
+        self.running.set(None);
+        self.drop_timer();
+        succeeded(self.stage, self.gate, self.ticket.take(), self.request);
+        let now = self.now();
+        let retry = &mut self.machine.retry;
+        let attempt = retry.attempt();
+        // The attempt is the running one and the machine is drained.
+        let _ = retry.handle_success(self.policy, now, attempt);
+        event!(attempts = retry.attempt(), "operation succeeded");
+    }
+
+    /// The running attempt ended without a value, or the cancel signal fired: drops the
+    /// attempt, any timer and its retry's ticket, and tells the machine (which is drained, and
+    /// runs that attempt). An error is classified once its attempt is dropped.
+    #[inline(always)]
+    fn end_attempt(&mut self, ended: Ended<E>) {
+        self.drop_attempt();
+        let now = self.now();
+        let (retry, mut rng) = self.machine.with_rng(self.seed, self.rt);
+        let failure = match ended {
+            Ended::Canceled => {
+                event!(attempt = retry.attempt(), "operation canceled");
+                // A started, unfinished, drained machine accepts a cancel.
+                let _ = retry.handle_cancel(self.policy, now);
+                return;
+            }
+            Ended::Failed(error) => Failure::new(self.classifier.classify(&error), Some(error)),
+            Ended::Panicked => Failure::new(FailureKind::Panicked, None),
         };
-        retry.handle_timeout(policy, now, rng);
+        event!(attempt = retry.attempt(), class = ?failure.kind.class(), "attempt failed");
+        let attempt = retry.attempt();
+        // The failed attempt is the running one, and the machine is drained.
+        let _ = retry.handle_failure(self.policy, now, attempt, failure, &mut rng);
+    }
+
+    /// The timer fired: whatever the machine's `poll_timeout` named (the attempt's deadline or
+    /// the sleep's end) is due.
+    #[inline(always)]
+    fn wake(&mut self) {
+        self.timer.set(None);
+        let retry = &self.machine.retry;
+        let due = retry.poll_timeout().unwrap_or(Instant::ZERO);
+        let now = self.machine.timeline.woken(self.rt, retry.now(), due);
+        self.end_sleep();
+        let (retry, mut rng) = self.machine.with_rng(self.seed, self.rt);
+        retry.handle_timeout(self.policy, now, &mut rng);
+    }
+
+    /// Drops the running attempt, the timer and the running retry's ticket.
+    #[inline(always)]
+    fn drop_attempt(&mut self) {
+        self.running.set(None);
+        self.drop_timer();
+        *self.ticket = None;
+    }
+
+    /// Drops the timer, ending any sleep.
+    #[inline(always)]
+    fn drop_timer(&mut self) {
+        self.timer.set(None);
+        self.end_sleep();
+    }
+
+    /// A sleep is over or dropped: an untimed machine's timeline pauses (it runs only while
+    /// the machine sleeps, and a sleep cut short counts for nothing).
+    #[inline(always)]
+    fn end_sleep(&mut self) {
+        if !self.machine.timed {
+            self.machine.timeline.pause();
+        }
+    }
+
+    /// The machine's time for an input (see [`Timeline::now`]).
+    #[inline(always)]
+    fn now(&self) -> Instant {
+        self.machine.timeline.now(self.rt, self.machine.retry.now())
+    }
+
+    /// What a gate is told about the time: the machine's now when it is the clock's.
+    #[inline(always)]
+    fn gate_now(&self) -> Option<Instant> {
+        self.machine.timed.then(|| self.machine.retry.now())
     }
 }
 
@@ -916,30 +1010,5 @@ pub(crate) fn final_failure<E>(outcome: &Outcome<E>) -> Option<FailureClass> {
         OutcomeKind::Exhausted | OutcomeKind::Deferred | OutcomeKind::OutOfTime => Some(class),
         OutcomeKind::Fatal if class == FailureClass::DoNotRetry => Some(class),
         _ => None,
-    }
-}
-
-/// The running attempt ended without a value at `now`, or the cancel signal fired (the attempt,
-/// if any, is already dropped): tell the machine, which is drained and runs that attempt.
-#[inline(always)]
-fn end_attempt<Rt: Runtime, E>(
-    retry: &mut Retry<Option<E>>,
-    policy: &RetryPolicy,
-    now: Instant,
-    rng: &mut LazyRng<'_, Rt>,
-    ended: Ended<E>,
-) {
-    match ended {
-        Ended::Canceled => {
-            event!(attempt = retry.attempt(), "operation canceled");
-            // A started, unfinished, drained machine accepts a cancel.
-            let _ = retry.handle_cancel(policy, now);
-        }
-        Ended::Failed(kind, error) => {
-            event!(attempt = retry.attempt(), class = ?kind.class(), "attempt failed");
-            let attempt = retry.attempt();
-            // The failed attempt is the running one, and the machine is drained.
-            let _ = retry.handle_failure(policy, now, attempt, Failure::new(kind, error), rng);
-        }
     }
 }

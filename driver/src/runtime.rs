@@ -100,3 +100,73 @@ impl LazyEpoch {
         self.epoch.get()?.to_std(instant)
     }
 }
+
+/// How a driving loop turns its runtime's clock into its machine's [`Instant`]s: the one time
+/// model of the retry, hedge, supervisor and scheduler loops.
+///
+/// A timeline is a stopwatch over the runtime's clock. While it runs, the machine's time is the
+/// clock's, shifted so that it went on from where it stood when the timeline last resumed;
+/// while it is paused, the machine's time stands still and no clock is read. The supervisor and
+/// the scheduler run on [`Timeline::CLOCK`] (their instants are the runtime's, and their events
+/// show them). A retry whose policy needs no clock runs only while it sleeps, so that it reads
+/// the clock only around its sleeps; a hedge resumes at its first wait and runs from then on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Timeline {
+    /// While running: a clock reading; `Instant::MAX` while paused.
+    clock: Instant,
+    /// While running: the machine's instant at that reading.
+    machine: Instant,
+}
+
+impl Timeline {
+    /// Running since the runtime's epoch: the machine's instants are the runtime's.
+    pub(crate) const CLOCK: Timeline = Timeline { clock: Instant::ZERO, machine: Instant::ZERO };
+
+    /// Paused: the machine's time stands still until [`resume`](Self::resume).
+    pub(crate) const PAUSED: Timeline = Timeline { clock: Instant::MAX, machine: Instant::ZERO };
+
+    /// Whether the machine's time follows the clock.
+    #[inline]
+    pub(crate) fn is_running(&self) -> bool {
+        self.clock != Instant::MAX
+    }
+
+    /// Goes on from the machine's instant `stood` with the clock (read once); a running
+    /// timeline is left as it is.
+    #[inline]
+    pub(crate) fn resume<Rt: Runtime>(&mut self, rt: &Rt, stood: Instant) {
+        if !self.is_running() {
+            *self = Timeline { clock: rt.now(), machine: stood };
+        }
+    }
+
+    /// Stops the machine's time where it is.
+    #[inline]
+    pub(crate) fn pause(&mut self) {
+        self.clock = Instant::MAX;
+    }
+
+    /// The machine's time now, never earlier than `stood` (the latest instant it accepted):
+    /// the clock's reading while running, `stood` while paused.
+    #[inline]
+    pub(crate) fn now<Rt: Runtime>(&self, rt: &Rt, stood: Instant) -> Instant {
+        if !self.is_running() {
+            return stood;
+        }
+        self.machine.saturating_add(rt.now().saturating_duration_since(self.clock)).later(stood)
+    }
+
+    /// The machine's time after a timer set for its instant `due` fired: whatever was due is.
+    #[inline]
+    pub(crate) fn woken<Rt: Runtime>(&self, rt: &Rt, stood: Instant, due: Instant) -> Instant {
+        self.now(rt, stood).later(due)
+    }
+
+    /// A timer for the machine's instant `at`, on the runtime's clock. Only a running timeline
+    /// can set one: a paused one does not know when `at` will come.
+    #[inline]
+    pub(crate) fn sleep_until<Rt: Runtime>(&self, rt: &Rt, at: Instant) -> Rt::Sleep {
+        debug_assert!(self.is_running(), "a timer on a paused timeline");
+        rt.sleep_until(self.clock.saturating_add(at.saturating_duration_since(self.machine)))
+    }
+}
