@@ -2,10 +2,9 @@
 
 use std::borrow::Borrow;
 use std::future::Future;
-use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::ops::ControlFlow;
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use persevere::{
     Failure, FailureClass, FailureKind, Hedge, HedgeAction, HedgePolicy, HedgeStats, Instant, Outcome, SplitMix64,
@@ -13,10 +12,10 @@ use persevere::{
 use pin_project_lite::pin_project;
 
 use crate::classify::{Classifier, RetryAll, RetryGate};
-use crate::operation::Operation;
+use crate::operation::{Operation, poll_attempt, start_attempt};
 use crate::refusal::Refusal;
 use crate::retry::{GaveUp, final_failure};
-use crate::runtime::Runtime;
+use crate::runtime::{Runtime, Timeline};
 
 /// The result of a hedged operation, with its statistics whatever the outcome (X5).
 #[derive(Debug)]
@@ -30,6 +29,7 @@ pub struct Hedged<T, E> {
 }
 
 pin_project! {
+    #[project = Projection]
     /// A hedged operation: runs attempts of `op` under a [`HedgePolicy`], a new one every
     /// `delay` while none has answered, until one succeeds (the others are dropped) or the
     /// policy gives up. Created by [`hedge`]; configure it with [`classify`](Self::classify)
@@ -63,8 +63,8 @@ pin_project! {
         machine: Hedge<Option<E>>,
         started: bool,
         done: bool,
-        // The runtime's clock at the machine's `Instant::ZERO`, read when first needed.
-        origin: Option<Instant>,
+        // The machine's time: paused at `Instant::ZERO` until the first wait, then running.
+        timeline: Timeline,
         // The gate's refusal of a hedge, which ends the operation `Rejected` if no attempt runs.
         refusal: Option<Refusal>,
         #[pin]
@@ -145,7 +145,7 @@ impl<Rt: Runtime, P, Op, Fut, E, C, G: RetryGate> HedgeFuture<Rt, P, Op, Fut, E,
             machine: Hedge::new(),
             started: false,
             done: false,
-            origin: None,
+            timeline: Timeline::PAUSED,
             refusal: None,
             first: None,
             hedges: Vec::new(),
@@ -161,20 +161,6 @@ enum Answer<T, E> {
     Failed(FailureKind, Option<E>),
 }
 
-/// Polls an attempt, catching a panic. Its error is classified by the caller, once the attempt
-/// is out of its slot (polled again after a panic in the classifier, the hedge must not poll
-/// the finished attempt again).
-fn poll_attempt<F, T, E>(fut: Pin<&mut F>, cx: &mut Context<'_>) -> Poll<Result<T, Option<E>>>
-where
-    F: Future<Output = Result<T, E>>,
-{
-    match catch_unwind(AssertUnwindSafe(|| fut.poll(cx))) {
-        Ok(Poll::Pending) => Poll::Pending,
-        Ok(Poll::Ready(result)) => Poll::Ready(result.map_err(Some)),
-        Err(_panic) => Poll::Ready(Err(None)),
-    }
-}
-
 /// What an attempt's end means: its value, or its failure as `classifier` sees it (`None`: it
 /// panicked).
 fn judge<T, E, C: Classifier<E>>(ended: Result<T, Option<E>>, classifier: &mut C) -> Answer<T, E> {
@@ -183,6 +169,25 @@ fn judge<T, E, C: Classifier<E>>(ended: Result<T, Option<E>>, classifier: &mut C
         Err(Some(error)) => Answer::Failed(classifier.classify(&error), Some(error)),
         Err(None) => Answer::Failed(FailureKind::Panicked, None),
     }
+}
+
+/// An attempt that answered, out of its slot.
+struct Answered<T, E, Ticket> {
+    /// Its number.
+    attempt: u64,
+    /// Its value, its error, or `Err(None)` if it panicked.
+    ended: Result<T, Option<E>>,
+    /// The gate's grant of it (a hedge's).
+    ticket: Option<Ticket>,
+}
+
+/// What one poll keeps between its turns of the loop.
+struct Pass<T, Ticket> {
+    /// The winner's value and its ticket, which the gate hears of once the hedge is over.
+    won: Option<(T, Option<Ticket>)>,
+    /// Attempts whose creation panicked: each is reported failed, one per turn, after the drain
+    /// (and after a refusal, which must come right after the drain that named it).
+    unborn: Vec<u64>,
 }
 
 impl<Rt, P, Op, Fut, T, E, C, G> Future for HedgeFuture<Rt, P, Op, Fut, E, C, G>
@@ -197,166 +202,229 @@ where
     type Output = Hedged<T, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Hedged<T, E>> {
+        // Drains the machine, then feeds back one thing per turn: the gate's refusal of a hedge,
+        // an attempt that could not be created, the first attempt to answer, or the timer of the
+        // next hedge; until the hedge is over or nothing is ready.
         let mut this = self.project();
         assert!(!*this.done, "`HedgeFuture` polled after it completed, or after a panic in code it called");
-        let policy: &HedgePolicy = (*this.policy).borrow();
-        let rt = &*this.rt;
-        // The machine's time: zero until the clock is first needed, then the runtime's clock
-        // since that first reading.
-        let origin = &mut *this.origin;
-        let now = |origin: &Option<Instant>| match origin {
-            None => Instant::ZERO,
-            Some(o) => Instant::from_nanos(rt.now().as_nanos().saturating_sub(o.as_nanos())),
-        };
         if !*this.started {
-            *this.started = true;
-            *this.request = Some(this.gate.on_request(None));
-            // A fresh machine accepts its start.
-            let _ = this.machine.handle_start(policy, Instant::ZERO);
+            this.begin();
         }
-        // The winner's value and its ticket, which the gate hears of once the hedge is over.
-        let mut won: Option<(T, Option<G::Ticket>)> = None;
-        // Attempts whose creation panicked: each is reported failed, one per pass, after the
-        // drain (and after a refusal, which must come right after the drain that named it).
-        let mut unborn: Vec<u64> = Vec::new();
+        let mut pass = Pass { won: None, unborn: Vec::new() };
         loop {
-            // Drain, acting on each action.
-            let mut refused = None;
-            while let Some(action) = this.machine.poll_action() {
-                match action {
-                    HedgeAction::Start { attempt } if refused.is_none() => {
-                        if attempt == 1 {
-                            match catch_unwind(AssertUnwindSafe(|| this.op.attempt())) {
-                                Ok(fut) => this.first.set(Some(fut)),
-                                Err(_) => unborn.push(1),
-                            }
-                            continue;
-                        }
-                        let class = this.machine.last_failure().map_or(FailureClass::Retryable, |f| f.class);
-                        let ticket = match this.gate.try_retry(origin.map(|_| now(origin)), class) {
-                            Ok(ticket) => ticket,
-                            Err(refusal) => {
-                                *this.refusal = Some(refusal);
-                                refused = Some(attempt);
-                                continue;
-                            }
-                        };
-                        match catch_unwind(AssertUnwindSafe(|| this.op.attempt())) {
-                            Ok(fut) => this.hedges.push((Some(Box::pin(fut)), Some(ticket))),
-                            Err(_) => {
-                                // Never ran: its place is given back at once.
-                                drop(ticket);
-                                unborn.push(attempt);
-                                this.hedges.push((None, None));
-                            }
-                        }
-                    }
-                    // A later start of a drain whose hedge the gate refused: never started.
-                    HedgeAction::Start { .. } => {}
-                    HedgeAction::Cancel { attempt } => {
-                        if attempt == 1 {
-                            this.first.set(None);
-                        } else if let Some(hedge) = this.hedges.get_mut(attempt as usize - 2) {
-                            *hedge = (None, None);
-                        }
-                    }
-                    HedgeAction::Finish { outcome, stats } => {
-                        *this.done = true;
-                        this.first.set(None);
-                        this.hedges.clear();
-                        this.timer.set(None);
-                        // The gate's request ends with the call, after a success is told and
-                        // before a final failure is (as in `retry`).
-                        let result = match (outcome, won.take()) {
-                            // Told when the hedge is over: polled again after a panic in the
-                            // gate, it says it completed rather than hedging on.
-                            (Outcome::Succeeded, Some((value, ticket))) => {
-                                this.gate.on_success(ticket);
-                                *this.request = None;
-                                Ok(value)
-                            }
-                            (outcome, _) => {
-                                *this.request = None;
-                                if let Some(class) = final_failure(&outcome) {
-                                    this.gate.on_final_failure(None, class);
-                                }
-                                Err(GaveUp::from_outcome(outcome, now(origin)).refused(*this.refusal))
-                            }
-                        };
-                        return Poll::Ready(Hedged { result, stats });
-                    }
-                }
-            }
-            if let Some(attempt) = refused {
-                // Drained, and `attempt` is the newest hedge.
-                let _ = this.machine.handle_rejected(policy, now(origin), attempt);
-                continue;
-            }
-            if !unborn.is_empty() {
-                let attempt = unborn.remove(0);
-                // It is in flight in the machine, which is drained.
-                let _ = this.machine.handle_failure(policy, now(origin), attempt, Failure::panicked(None));
-                continue;
-            }
-            // Poll every running attempt; the first answer is reported.
-            let mut answer = None;
-            if let Some(fut) = this.first.as_mut().as_pin_mut()
-                && let Poll::Ready(a) = poll_attempt(fut, cx)
-            {
-                this.first.set(None);
-                answer = Some((1, a, None));
-            }
-            if answer.is_none() {
-                for (index, (slot, ticket)) in this.hedges.iter_mut().enumerate() {
-                    if let Some(fut) = slot.as_mut()
-                        && let Poll::Ready(a) = poll_attempt(fut.as_mut(), cx)
-                    {
-                        *slot = None;
-                        answer = Some((index as u64 + 2, a, ticket.take()));
-                        break;
-                    }
-                }
-            }
-            // The attempt is out of its slot; while the classifier runs, the hedge counts as
-            // over, so that polled again after a panic in it, it says so rather than hedging on.
-            let answer = match answer {
-                Some((attempt, ended, ticket)) => {
-                    *this.done = true;
-                    let answer = judge(ended, &mut *this.classifier);
-                    *this.done = false;
-                    Some((attempt, answer, ticket))
-                }
-                None => None,
+            let refused = match this.drain(&mut pass) {
+                ControlFlow::Break(hedged) => return Poll::Ready(hedged),
+                ControlFlow::Continue(refused) => refused,
             };
-            match answer {
-                Some((attempt, Answer::Value(value), ticket)) => {
-                    won = Some((value, ticket));
-                    // A running attempt that answered is in flight, and the machine is drained.
-                    let _ = this.machine.handle_success(policy, now(origin), attempt);
-                    continue;
-                }
-                Some((attempt, Answer::Failed(kind, error), _ticket)) => {
-                    let _ = this.machine.handle_failure(policy, now(origin), attempt, Failure::new(kind, error));
-                    continue;
-                }
-                None => {}
-            }
-            // Nothing answered: the clock starts now if it has not (one read, only for an
-            // operation that waits), then wait for the next hedge's time, if there is one.
-            let origin_at = *origin.get_or_insert_with(|| rt.now());
-            let Some(due) = this.machine.poll_timeout() else { return Poll::Pending };
-            if *this.timer_at != Some(due) {
-                this.timer.set(Some(rt.sleep_until(origin_at.saturating_add(Duration::from_nanos(due.as_nanos())))));
-                *this.timer_at = Some(due);
-            }
-            let Some(sleep) = this.timer.as_mut().as_pin_mut() else { return Poll::Pending };
-            if sleep.poll(cx).is_pending() {
+            if let Some(attempt) = refused {
+                this.reject(attempt);
+            } else if !pass.unborn.is_empty() {
+                this.fail_unborn(pass.unborn.remove(0));
+            } else if let Some(answered) = this.poll_attempts(cx) {
+                this.answer(answered, &mut pass.won);
+            } else if this.wait(cx).is_pending() {
                 return Poll::Pending;
             }
-            this.timer.set(None);
-            *this.timer_at = None;
-            // A hedge draws no jitter: any RNG will do, and none is kept.
-            this.machine.handle_timeout(policy, now(origin).later(due), &mut SplitMix64::new(0));
         }
+    }
+}
+
+impl<Rt, P, Op, Fut, T, E, C, G> Projection<'_, Rt, P, Op, Fut, E, C, G>
+where
+    Rt: Runtime,
+    P: Borrow<HedgePolicy>,
+    Op: Operation<Future = Fut>,
+    Fut: Future<Output = Result<T, E>>,
+    C: Classifier<E>,
+    G: RetryGate,
+{
+    /// The first poll: the gate hears of the operation, and the machine starts at
+    /// `Instant::ZERO`.
+    fn begin(&mut self) {
+        *self.started = true;
+        *self.request = Some(self.gate.on_request(None));
+        // A fresh machine accepts its start.
+        let _ = self.machine.handle_start((*self.policy).borrow(), Instant::ZERO);
+    }
+
+    /// Drains the machine, acting on each action. `Break` with the output once the hedge is
+    /// over; otherwise the hedge the gate refused in this drain, if it refused one (the later
+    /// starts of that drain never start).
+    fn drain(&mut self, pass: &mut Pass<T, G::Ticket>) -> ControlFlow<Hedged<T, E>, Option<u64>> {
+        let mut refused = None;
+        while let Some(action) = self.machine.poll_action() {
+            match action {
+                HedgeAction::Start { attempt } if refused.is_none() => {
+                    if !self.start(attempt, &mut pass.unborn) {
+                        refused = Some(attempt);
+                    }
+                }
+                HedgeAction::Start { .. } => {}
+                HedgeAction::Cancel { attempt } => self.cancel(attempt),
+                HedgeAction::Finish { outcome, stats } => {
+                    return ControlFlow::Break(self.finish(outcome, stats, pass.won.take()));
+                }
+            }
+        }
+        ControlFlow::Continue(refused)
+    }
+
+    /// Starts attempt `attempt`: the first at once, a hedge only once the gate grants it
+    /// (`false` when it refuses; the refusal is kept). An attempt whose creation panics is
+    /// `unborn`.
+    fn start(&mut self, attempt: u64, unborn: &mut Vec<u64>) -> bool {
+        if attempt == 1 {
+            match start_attempt(&mut *self.op) {
+                Some(first) => self.first.set(Some(first)),
+                None => unborn.push(1),
+            }
+            return true;
+        }
+        let class = self.machine.last_failure().map_or(FailureClass::Retryable, |f| f.class);
+        let ticket = match self.gate.try_retry(self.gate_now(), class) {
+            Ok(ticket) => ticket,
+            Err(refusal) => {
+                *self.refusal = Some(refusal);
+                return false;
+            }
+        };
+        match start_attempt(&mut *self.op) {
+            Some(hedge) => self.hedges.push((Some(Box::pin(hedge)), Some(ticket))),
+            None => {
+                // Never ran: its place is given back at once.
+                drop(ticket);
+                unborn.push(attempt);
+                self.hedges.push((None, None));
+            }
+        }
+        true
+    }
+
+    /// Drops attempt `attempt`, which the machine canceled.
+    fn cancel(&mut self, attempt: u64) {
+        if attempt == 1 {
+            self.first.set(None);
+        } else if let Some(hedge) = self.hedges.get_mut(attempt as usize - 2) {
+            *hedge = (None, None);
+        }
+    }
+
+    /// The hedge is over: every attempt and the timer are dropped, the gate hears of the
+    /// success or the final failure, and the operation's request ends (after a success is
+    /// told, before a final failure is, as in `retry`).
+    fn finish(
+        &mut self,
+        outcome: Outcome<Option<E>>,
+        stats: HedgeStats,
+        won: Option<(T, Option<G::Ticket>)>,
+    ) -> Hedged<T, E> {
+        *self.done = true;
+        self.first.set(None);
+        self.hedges.clear();
+        self.timer.set(None);
+        let result = match (outcome, won) {
+            // Told when the hedge is over: polled again after a panic in the gate, it says it
+            // completed rather than hedging on.
+            (Outcome::Succeeded, Some((value, ticket))) => {
+                self.gate.on_success(ticket);
+                *self.request = None;
+                Ok(value)
+            }
+            (outcome, _) => {
+                *self.request = None;
+                if let Some(class) = final_failure(&outcome) {
+                    self.gate.on_final_failure(None, class);
+                }
+                Err(GaveUp::from_outcome(outcome, self.now()).refused(*self.refusal))
+            }
+        };
+        Hedged { result, stats }
+    }
+
+    /// The gate refused hedge `attempt`, the newest; the machine is drained.
+    fn reject(&mut self, attempt: u64) {
+        let now = self.now();
+        let _ = self.machine.handle_rejected((*self.policy).borrow(), now, attempt);
+    }
+
+    /// Attempt `attempt` could not be created: a panicked failure. It is in flight in the
+    /// machine, which is drained.
+    fn fail_unborn(&mut self, attempt: u64) {
+        let now = self.now();
+        let _ = self.machine.handle_failure((*self.policy).borrow(), now, attempt, Failure::panicked(None));
+    }
+
+    /// Polls every running attempt, attempt 1 first. The first to answer is taken out of its
+    /// slot and returned.
+    fn poll_attempts(&mut self, cx: &mut Context<'_>) -> Option<Answered<T, E, G::Ticket>> {
+        if let Some(first) = self.first.as_mut().as_pin_mut()
+            && let Poll::Ready(ended) = poll_attempt(first, cx)
+        {
+            self.first.set(None);
+            return Some(Answered { attempt: 1, ended, ticket: None });
+        }
+        for (index, (slot, ticket)) in self.hedges.iter_mut().enumerate() {
+            if let Some(hedge) = slot.as_mut()
+                && let Poll::Ready(ended) = poll_attempt(hedge.as_mut(), cx)
+            {
+                *slot = None;
+                return Some(Answered { attempt: index as u64 + 2, ended, ticket: ticket.take() });
+            }
+        }
+        None
+    }
+
+    /// An attempt answered: the machine hears of its value, kept in `won` with its ticket, or
+    /// of its failure. While the classifier runs the hedge counts as over, so that polled again
+    /// after a panic in it, it says so rather than hedging on.
+    fn answer(&mut self, answered: Answered<T, E, G::Ticket>, won: &mut Option<(T, Option<G::Ticket>)>) {
+        let Answered { attempt, ended, ticket } = answered;
+        *self.done = true;
+        let answer = judge(ended, &mut *self.classifier);
+        *self.done = false;
+        let now = self.now();
+        let policy = (*self.policy).borrow();
+        // A running attempt that answered is in flight, and the machine is drained.
+        match answer {
+            Answer::Value(value) => {
+                *won = Some((value, ticket));
+                let _ = self.machine.handle_success(policy, now, attempt);
+            }
+            Answer::Failed(kind, error) => {
+                let _ = self.machine.handle_failure(policy, now, attempt, Failure::new(kind, error));
+            }
+        }
+    }
+
+    /// Nothing answered: waits for the next hedge's time, if there is one. The machine's time
+    /// starts running at the first wait (one clock read, only for an operation that waits).
+    /// Ready once the timer fired and the machine has been told.
+    fn wait(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        self.timeline.resume(&*self.rt, self.machine.now());
+        let Some(due) = self.machine.poll_timeout() else { return Poll::Pending };
+        if *self.timer_at != Some(due) {
+            self.timer.set(Some(self.timeline.sleep_until(&*self.rt, due)));
+            *self.timer_at = Some(due);
+        }
+        let Some(sleep) = self.timer.as_mut().as_pin_mut() else { return Poll::Pending };
+        if sleep.poll(cx).is_pending() {
+            return Poll::Pending;
+        }
+        self.timer.set(None);
+        *self.timer_at = None;
+        let now = self.timeline.woken(&*self.rt, self.machine.now(), due);
+        // A hedge draws no jitter: any RNG will do, and none is kept.
+        self.machine.handle_timeout((*self.policy).borrow(), now, &mut SplitMix64::new(0));
+        Poll::Ready(())
+    }
+
+    /// The machine's time for an input (see [`Timeline::now`]).
+    fn now(&self) -> Instant {
+        self.timeline.now(&*self.rt, self.machine.now())
+    }
+
+    /// What a gate is told about the time: the machine's now once it runs on the clock.
+    fn gate_now(&self) -> Option<Instant> {
+        self.timeline.is_running().then(|| self.now())
     }
 }
