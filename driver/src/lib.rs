@@ -35,6 +35,8 @@
 #![deny(missing_docs)]
 
 pub mod blocking;
+#[cfg(any(feature = "supervisor", feature = "scheduler"))]
+pub mod bounds;
 mod breaker;
 mod budget;
 mod classify;

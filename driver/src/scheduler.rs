@@ -35,9 +35,9 @@ macro_rules! event {
         tracing::$level!(target: "persevere::scheduler", $($arg)*);
     };
 }
+use crate::bounds::{Id, JobErrorType, SendRuntime};
 use crate::job::{JobError, catch_create, poll_caught};
 use crate::listeners::Listeners;
-use crate::runtime::Runtime;
 use crate::signals::Nudge;
 use crate::spawn::Spawn;
 use crate::sync::lock;
@@ -104,15 +104,10 @@ trait Job<Rt, Sp, K, E>: Send + Sync {
 /// A job closure, as given to [`Scheduler::every`] or [`Scheduler::cron`].
 struct JobFn<F>(F);
 
-impl<F, Fut, Rt, Sp, K, E> Job<Rt, Sp, K, E> for JobFn<F>
+impl<F, Fut, Rt: SendRuntime, Sp: Spawn, K: Id, E: JobErrorType> Job<Rt, Sp, K, E> for JobFn<F>
 where
     F: Fn() -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<(), E>> + Send + 'static,
-    Rt: Runtime + Send + Sync + 'static,
-    Rt::Sleep: Send,
-    Sp: Spawn,
-    K: Ord + Clone + fmt::Debug + Send + 'static,
-    E: Clone + Send + 'static,
 {
     fn spawn_run(self: Arc<Self>, shared: &Arc<Shared<Rt, Sp, K, E>>, id: K, classifier: Option<SharedClassifier<E>>) {
         let guard = RunGuard { shared: shared.clone(), id: Some(id) };
@@ -216,14 +211,7 @@ impl<Rt, Sp, K, E> Scheduler<Rt, Sp, K, E> {
     }
 }
 
-impl<Rt, Sp, K, E> Scheduler<Rt, Sp, K, E>
-where
-    Rt: Runtime + Send + Sync + 'static,
-    Rt::Sleep: Send,
-    Sp: Spawn,
-    K: Ord + Clone + fmt::Debug + Send + 'static,
-    E: Clone + Send + 'static,
-{
+impl<Rt: SendRuntime, Sp: Spawn, K: Id, E: JobErrorType> Scheduler<Rt, Sp, K, E> {
     /// Adds a flow dispatched at start and then every `interval` after each run ends (F5).
     ///
     /// # Errors
@@ -503,14 +491,7 @@ struct Shared<Rt, Sp, K, E> {
     faults: Faults,
 }
 
-impl<Rt, Sp, K, E> Shared<Rt, Sp, K, E>
-where
-    Rt: Runtime + Send + Sync + 'static,
-    Rt::Sleep: Send,
-    Sp: Spawn,
-    K: Ord + Clone + fmt::Debug + Send + 'static,
-    E: Clone + Send + 'static,
-{
+impl<Rt: SendRuntime, Sp: Spawn, K: Id, E: JobErrorType> Shared<Rt, Sp, K, E> {
     /// Takes note of run `id`, which the registry has just dispatched; the caller spawns it
     /// with [`launch`](Self::launch) once the lock is released (a spawner may drop a future at
     /// once, and its drop takes the lock).
@@ -634,26 +615,12 @@ where
 }
 
 /// Reports a run's result; if the run is dropped before it ends, reports a clean cancel.
-struct RunGuard<Rt, Sp, K, E>
-where
-    Rt: Runtime + Send + Sync + 'static,
-    Rt::Sleep: Send,
-    Sp: Spawn,
-    K: Ord + Clone + fmt::Debug + Send + 'static,
-    E: Clone + Send + 'static,
-{
+struct RunGuard<Rt: SendRuntime, Sp: Spawn, K: Id, E: JobErrorType> {
     shared: Arc<Shared<Rt, Sp, K, E>>,
     id: Option<K>,
 }
 
-impl<Rt, Sp, K, E> Drop for RunGuard<Rt, Sp, K, E>
-where
-    Rt: Runtime + Send + Sync + 'static,
-    Rt::Sleep: Send,
-    Sp: Spawn,
-    K: Ord + Clone + fmt::Debug + Send + 'static,
-    E: Clone + Send + 'static,
-{
+impl<Rt: SendRuntime, Sp: Spawn, K: Id, E: JobErrorType> Drop for RunGuard<Rt, Sp, K, E> {
     fn drop(&mut self) {
         if let Some(id) = self.id.take() {
             self.shared.complete(&id, None);
@@ -662,18 +629,13 @@ where
 }
 
 /// One run of a flow.
-async fn run<Rt, Sp, K, E, F, Fut>(
+async fn run<Rt: SendRuntime, Sp: Spawn, K: Id, E: JobErrorType, F, Fut>(
     mut guard: RunGuard<Rt, Sp, K, E>,
     job: Arc<JobFn<F>>,
     classifier: Option<SharedClassifier<E>>,
 ) where
     F: Fn() -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<(), E>> + Send + 'static,
-    Rt: Runtime + Send + Sync + 'static,
-    Rt::Sleep: Send,
-    Sp: Spawn,
-    K: Ord + Clone + fmt::Debug + Send + 'static,
-    E: Clone + Send + 'static,
 {
     let result = match catch_create(|| (job.0)()) {
         Ok(future) => {
@@ -699,14 +661,7 @@ async fn run<Rt, Sp, K, E, F, Fut>(
 }
 
 /// The one timer loop of a scheduler.
-async fn timer_loop<Rt, Sp, K, E>(shared: Arc<Shared<Rt, Sp, K, E>>)
-where
-    Rt: Runtime + Send + Sync + 'static,
-    Rt::Sleep: Send,
-    Sp: Spawn,
-    K: Ord + Clone + fmt::Debug + Send + 'static,
-    E: Clone + Send + 'static,
-{
+async fn timer_loop<Rt: SendRuntime, Sp: Spawn, K: Id, E: JobErrorType>(shared: Arc<Shared<Rt, Sp, K, E>>) {
     let mut timer = pin!(None::<Rt::Sleep>);
     let mut batch = Vec::new();
     let mut armed: Option<Instant> = None;
@@ -775,14 +730,7 @@ impl<Rt, Sp, K, E> fmt::Debug for SchedulerHandle<Rt, Sp, K, E> {
     }
 }
 
-impl<Rt, Sp, K, E> SchedulerHandle<Rt, Sp, K, E>
-where
-    Rt: Runtime + Send + Sync + 'static,
-    Rt::Sleep: Send,
-    Sp: Spawn,
-    K: Ord + Clone + fmt::Debug + Send + 'static,
-    E: Clone + Send + 'static,
-{
+impl<Rt: SendRuntime, Sp: Spawn, K: Id, E: JobErrorType> SchedulerHandle<Rt, Sp, K, E> {
     /// What the flow `id` looks like now (F9): always a state some transition left it in,
     /// never one in between (F3).
     ///

@@ -21,6 +21,7 @@ use persevere::{
 };
 use pin_project_lite::pin_project;
 
+use crate::bounds::{Id, JobErrorType, SendRuntime};
 use crate::classify::{Classifier, RetryAll};
 use crate::fault::{Fault, Faults};
 use crate::job::{JobError, catch_create, drop_caught, poll_caught};
@@ -385,14 +386,7 @@ impl<Rt, Sp, K, E> Clone for Supervisor<Rt, Sp, K, E> {
     }
 }
 
-impl<Rt, Sp, K, E> Supervisor<Rt, Sp, K, E>
-where
-    Rt: Runtime + Send + Sync + 'static,
-    Rt::Sleep: Send,
-    Sp: Spawn,
-    K: Ord + Clone + fmt::Debug + Send + 'static,
-    E: Clone + Send + 'static,
-{
+impl<Rt: SendRuntime, Sp: Spawn, K: Id, E: JobErrorType> Supervisor<Rt, Sp, K, E> {
     /// A supervisor whose tasks inherit `defaults` (S1, S2), on the default runtime and
     /// spawner, with an event channel of [`DEFAULT_EVENT_CAPACITY`].
     pub fn new(defaults: TaskDefaults) -> Self
