@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::future::{Future, poll_fn};
+use std::ops::ControlFlow;
 use std::pin::{Pin, pin};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -26,8 +27,8 @@ use crate::classify::{Classifier, RetryAll};
 use crate::fault::{Fault, Faults};
 use crate::job::{JobError, catch_create, drop_caught, poll_caught};
 use crate::listeners::Listeners;
-use crate::runtime::Runtime;
-use crate::signals::{OneshotReceiver, OneshotSender, TaskCell, oneshot};
+use crate::runtime::{Runtime, Timeline};
+use crate::signals::{OneshotReceiver, OneshotSender, Signal, TaskCell, oneshot};
 use crate::spawn::Spawn;
 use crate::sync::lock;
 use persevere::SplitMix64;
@@ -757,18 +758,17 @@ enum Step<E> {
 
 /// One task's driving loop: the future each task spawns.
 ///
-/// Written as a function returning an `async move` block, not an `async fn`, and reading the
-/// policy in place: an `async fn` moves its arguments into locals, so the future would hold the
-/// guard twice (once as the argument, once as the local) and a copy of the policy (some 770
-/// bytes) on top. Each task's spawned allocation is this future: 1.3 KB with a small job, where
-/// it was 3 KB (`a_tasks_future_holds_its_policy_once` in tests/tests/supervisor.rs).
+/// Its state is put together here and the `async move` block works on it in place: an `async
+/// fn`, or a block that moved its captures into new locals, would hold them twice, and the
+/// guard holds the policy (some 770 bytes). Each task's spawned allocation is this future
+/// (`a_tasks_future_holds_its_policy_once` in tests/tests/supervisor.rs).
 #[allow(clippy::manual_async_fn, reason = "an `async fn` would hold its arguments twice")]
 fn drive<Rt, Sp, K, E, C, F, Fut>(
-    mut guard: TaskGuard<Rt, Sp, K, E>,
+    guard: TaskGuard<Rt, Sp, K, E>,
     cell: Arc<TaskCell<TaskExit<E>>>,
-    mut rng: SplitMix64,
-    mut classifier: C,
-    mut task: F,
+    rng: SplitMix64,
+    classifier: C,
+    task: F,
 ) -> impl Future<Output = ()>
 where
     Rt: Runtime,
@@ -778,154 +778,231 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<(), E>>,
 {
+    let mut run = TaskLoop { guard, cell, rng, classifier, task, now: Instant::ZERO };
     async move {
-        let inner = guard.inner.clone();
-        let control = &cell.control;
-        let rt = &inner.rt;
         let mut attempt = pin!(None::<Fut>);
         let mut timer = pin!(None::<Rt::Sleep>);
-        let mut now = rt.now();
-        let mut current = 0;
-        if control.level() >= STOP {
-            // Stopped before its first attempt: finishes Canceled without one.
-            let _ = guard.machine.handle_cancel(&guard.policy, now);
+        run.begin();
+        loop {
+            if let ControlFlow::Break((outcome, attempts)) = run.drain(attempt.as_mut(), timer.as_mut()) {
+                // Compiled only with the feature: the extra attempt's await would otherwise
+                // take room in every task's future.
+                #[cfg(feature = "fault-injection")]
+                if run.guard.inner.faults.has(Fault::RestartAfterFatal) && outcome.kind() == TaskOutcomeKind::Fatal {
+                    // The injected defect: one more attempt, unseen by the machine (polled
+                    // once, then dropped: it may hang).
+                    if let Ok(extra) = catch_create(&mut run.task) {
+                        let mut extra = pin!(extra);
+                        let _ = poll_fn(|cx| Poll::Ready(poll_caught(extra.as_mut(), cx))).await;
+                    }
+                }
+                run.guard.finish(run.now, outcome, attempts);
+                return;
+            }
+            let control = &run.cell.control;
+            let step = poll_fn(|cx| poll_step(control, attempt.as_mut(), timer.as_mut(), cx)).await;
+            run.feed(step, attempt.as_mut(), timer.as_mut());
+        }
+    }
+}
+
+/// Waits, the machine drained, for what comes first: a cancel or an abort, the attempt's end,
+/// a graceful stop while no attempt runs, or the timer.
+fn poll_step<Fut, S, E>(
+    control: &Signal,
+    attempt: Pin<&mut Option<Fut>>,
+    timer: Pin<&mut Option<S>>,
+    cx: &mut Context<'_>,
+) -> Poll<Step<E>>
+where
+    Fut: Future<Output = Result<(), E>>,
+    S: Future,
+{
+    let level = control.poll(cx);
+    if level >= CANCEL {
+        return Poll::Ready(Step::Cancel(level >= ABORT));
+    }
+    match attempt.as_pin_mut() {
+        Some(running) => {
+            if let Poll::Ready(result) = poll_caught(running, cx) {
+                return Poll::Ready(Step::Ended(result));
+            }
+        }
+        None if level >= STOP => return Poll::Ready(Step::Stop),
+        None => {}
+    }
+    match timer.as_pin_mut() {
+        Some(sleep) => sleep.poll(cx).map(|_| Step::Timer),
+        None => Poll::Pending,
+    }
+}
+
+/// What one task's driving loop works on: its guard (the machine, the policy and the
+/// reporting), its control signal, its jitter RNG, its classifier and its job. Its machine runs
+/// on the runtime's clock ([`Timeline::CLOCK`]).
+struct TaskLoop<Rt: Runtime, Sp, K: Ord + Clone + fmt::Debug, E: Clone, C, F> {
+    guard: TaskGuard<Rt, Sp, K, E>,
+    cell: Arc<TaskCell<TaskExit<E>>>,
+    rng: SplitMix64,
+    classifier: C,
+    task: F,
+    /// The machine's time for the step being handled: the clock, read once per step.
+    now: Instant,
+}
+
+impl<Rt, Sp, K, E, C, F, Fut> TaskLoop<Rt, Sp, K, E, C, F>
+where
+    Rt: Runtime,
+    K: Ord + Clone + fmt::Debug,
+    E: Clone,
+    C: Classifier<E>,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<(), E>>,
+{
+    /// Starts the machine, or cancels it if the task was stopped before its first attempt (it
+    /// then finishes `Canceled` without one).
+    fn begin(&mut self) {
+        self.now = Timeline::CLOCK.now(&self.guard.inner.rt, Instant::ZERO);
+        let guard = &mut self.guard;
+        if self.cell.control.level() >= STOP {
+            let _ = guard.machine.handle_cancel(&guard.policy, self.now);
         } else {
             // A fresh machine accepts its start.
-            let _ = guard.machine.handle_start(&guard.policy, now);
+            let _ = guard.machine.handle_start(&guard.policy, self.now);
         }
-        loop {
-            while let Some(event) = guard.machine.poll_action() {
-                match event {
-                    SupervisionAction::AttemptStarting { attempt: n, deadline } => {
-                        guard.emit(now, event);
-                        current = n;
-                        match catch_create(&mut task) {
-                            Ok(future) => {
-                                attempt.set(Some(future));
-                                timer.set(deadline.map(|d| rt.sleep_until(d)));
-                            }
-                            Err(message) => {
-                                let failure = Failure::panicked(JobError::Panicked(message));
-                                // Attempt `n` is the running one, so the machine accepts its failure.
-                                let _ = guard.machine.handle_failure(&guard.policy, now, n, failure, &mut rng);
-                            }
-                        }
-                    }
-                    SupervisionAction::AttemptTimedOut { attempt: n } => {
-                        guard.emit(now, event);
-                        timer.set(None);
-                        let panic = drop_caught(|| attempt.set(None));
-                        // The machine waits for exactly this drop.
-                        let _ = guard.machine.handle_abandoned(
-                            &guard.policy,
-                            now,
-                            n,
-                            panic.map(JobError::Panicked),
-                            &mut rng,
-                        );
-                    }
-                    SupervisionAction::BackoffScheduled { until, .. } => {
-                        if control.level() >= STOP {
-                            // No attempt follows after all: the task is being stopped.
-                            let _ = guard.machine.handle_cancel(&guard.policy, now);
-                        } else {
-                            guard.emit(now, event);
-                            if until <= now {
-                                // A zero wait never touches the timer.
-                                guard.machine.handle_timeout(&guard.policy, now, &mut rng);
-                            } else {
-                                timer.set(Some(rt.sleep_until(until)));
-                            }
-                        }
-                    }
-                    SupervisionAction::TaskFinished { outcome, attempts } => {
-                        // Compiled only with the feature: the extra attempt's await would otherwise
-                        // take room in every task's future.
-                        #[cfg(feature = "fault-injection")]
-                        if inner.faults.has(Fault::RestartAfterFatal) && outcome.kind() == TaskOutcomeKind::Fatal {
-                            // The injected defect: one more attempt, unseen by the machine (polled
-                            // once, then dropped: it may hang).
-                            if let Ok(extra) = catch_create(&mut task) {
-                                let mut extra = pin!(extra);
-                                let _ = poll_fn(|cx| Poll::Ready(poll_caught(extra.as_mut(), cx))).await;
-                            }
-                        }
-                        guard.finish(now, outcome, attempts);
-                        return;
-                    }
-                    other => guard.emit(now, other),
-                }
-            }
+    }
 
-            let step = poll_fn(|cx| {
-                let level = control.poll(cx);
-                if level >= CANCEL {
-                    return Poll::Ready(Step::Cancel(level >= ABORT));
+    /// Drains the machine, acting on each action; `Break` with the task's outcome and attempts
+    /// once it has finished.
+    fn drain(
+        &mut self,
+        mut attempt: Pin<&mut Option<Fut>>,
+        mut timer: Pin<&mut Option<Rt::Sleep>>,
+    ) -> ControlFlow<(TaskOutcome<JobError<E>>, u64)> {
+        while let Some(event) = self.guard.machine.poll_action() {
+            match event {
+                SupervisionAction::AttemptStarting { attempt: n, deadline } => {
+                    self.guard.emit(self.now, event);
+                    self.start(n, deadline, attempt.as_mut(), timer.as_mut());
                 }
-                match attempt.as_mut().as_pin_mut() {
-                    Some(running) => {
-                        if let Poll::Ready(result) = poll_caught(running, cx) {
-                            return Poll::Ready(Step::Ended(result));
-                        }
-                    }
-                    None if level >= STOP => return Poll::Ready(Step::Stop),
-                    None => {}
+                SupervisionAction::AttemptTimedOut { attempt: n } => {
+                    self.guard.emit(self.now, event);
+                    self.abandon(n, attempt.as_mut(), timer.as_mut());
                 }
-                match timer.as_mut().as_pin_mut() {
-                    Some(sleep) => sleep.poll(cx).map(|_| Step::Timer),
-                    None => Poll::Pending,
-                }
-            })
-            .await;
-
-            now = rt.now().later(now);
-            match step {
-                Step::Ended(result) => {
-                    timer.set(None);
-                    // A panic while dropping a finished attempt is the attempt's own business.
-                    let _ = drop_caught(|| attempt.set(None));
-                    // `current` is the running attempt, so the machine accepts its result.
-                    let _ = match result {
-                        Ok(Ok(())) => guard.machine.handle_success(&guard.policy, now, current),
-                        Ok(Err(error)) => {
-                            let kind = classifier.classify(&error);
-                            let failure = Failure::new(kind, JobError::Error(error));
-                            guard
-                                .machine
-                                .handle_failure(&guard.policy, now, current, failure, &mut rng)
-                                .map_err(|r| r.error)
-                        }
-                        Err(message) => {
-                            let failure = Failure::panicked(JobError::Panicked(message));
-                            guard
-                                .machine
-                                .handle_failure(&guard.policy, now, current, failure, &mut rng)
-                                .map_err(|r| r.error)
-                        }
-                    };
-                }
-                Step::Timer => {
-                    timer.set(None);
-                    if let Some(due) = guard.machine.poll_timeout() {
-                        now = now.later(due);
-                    }
-                    if control.level() >= STOP && attempt.is_none() {
-                        let _ = guard.machine.handle_cancel(&guard.policy, now);
+                SupervisionAction::BackoffScheduled { until, .. } => {
+                    if self.cell.control.level() >= STOP {
+                        // No attempt follows after all: the task is being stopped.
+                        self.cancel();
                     } else {
-                        guard.machine.handle_timeout(&guard.policy, now, &mut rng);
+                        self.guard.emit(self.now, event);
+                        self.wait_until(until, timer.as_mut());
                     }
                 }
-                Step::Stop => {
-                    timer.set(None);
-                    let _ = guard.machine.handle_cancel(&guard.policy, now);
+                SupervisionAction::TaskFinished { outcome, attempts } => {
+                    return ControlFlow::Break((outcome, attempts));
                 }
-                Step::Cancel(abort) => {
-                    timer.set(None);
-                    let _ = drop_caught(|| attempt.set(None));
-                    guard.aborted = abort;
-                    let _ = guard.machine.handle_cancel(&guard.policy, now);
-                }
+                other => self.guard.emit(self.now, other),
             }
         }
+        ControlFlow::Continue(())
+    }
+
+    /// Starts attempt `n`, with a timer for its deadline if it has one; a panic while creating
+    /// it is its failure.
+    fn start(
+        &mut self,
+        n: u64,
+        deadline: Option<Instant>,
+        mut attempt: Pin<&mut Option<Fut>>,
+        mut timer: Pin<&mut Option<Rt::Sleep>>,
+    ) {
+        match catch_create(&mut self.task) {
+            Ok(future) => {
+                attempt.set(Some(future));
+                let rt = &self.guard.inner.rt;
+                timer.set(deadline.map(|d| Timeline::CLOCK.sleep_until(rt, d)));
+            }
+            Err(message) => {
+                let guard = &mut self.guard;
+                let failure = Failure::panicked(JobError::Panicked(message));
+                // Attempt `n` is the running one, so the machine accepts its failure.
+                let _ = guard.machine.handle_failure(&guard.policy, self.now, n, failure, &mut self.rng);
+            }
+        }
+    }
+
+    /// Drops attempt `n`, past its deadline, and tells the machine, which waits for exactly
+    /// this drop (a panic while dropping it is reported with it).
+    fn abandon(&mut self, n: u64, mut attempt: Pin<&mut Option<Fut>>, mut timer: Pin<&mut Option<Rt::Sleep>>) {
+        timer.set(None);
+        let panic = drop_caught(|| attempt.set(None));
+        let guard = &mut self.guard;
+        let _ =
+            guard.machine.handle_abandoned(&guard.policy, self.now, n, panic.map(JobError::Panicked), &mut self.rng);
+    }
+
+    /// Waits until `until` before the next attempt; a zero wait goes straight on, never
+    /// touching the timer.
+    fn wait_until(&mut self, until: Instant, mut timer: Pin<&mut Option<Rt::Sleep>>) {
+        let guard = &mut self.guard;
+        if until <= self.now {
+            guard.machine.handle_timeout(&guard.policy, self.now, &mut self.rng);
+        } else {
+            timer.set(Some(Timeline::CLOCK.sleep_until(&guard.inner.rt, until)));
+        }
+    }
+
+    /// Feeds back what woke the loop, at the clock's time (one reading per step; after the
+    /// timer fired, no earlier than what it was set for).
+    fn feed(&mut self, step: Step<E>, mut attempt: Pin<&mut Option<Fut>>, mut timer: Pin<&mut Option<Rt::Sleep>>) {
+        let due = if matches!(step, Step::Timer) { self.guard.machine.poll_timeout() } else { None };
+        let rt = &self.guard.inner.rt;
+        self.now = match due {
+            Some(due) => Timeline::CLOCK.woken(rt, self.now, due),
+            None => Timeline::CLOCK.now(rt, self.now),
+        };
+        timer.set(None);
+        match step {
+            Step::Ended(result) => {
+                // A panic while dropping a finished attempt is the attempt's own business.
+                let _ = drop_caught(|| attempt.set(None));
+                self.end_attempt(result);
+            }
+            Step::Timer if self.cell.control.level() >= STOP && attempt.is_none() => self.cancel(),
+            Step::Timer => {
+                let guard = &mut self.guard;
+                guard.machine.handle_timeout(&guard.policy, self.now, &mut self.rng);
+            }
+            Step::Stop => self.cancel(),
+            Step::Cancel(abort) => {
+                let _ = drop_caught(|| attempt.set(None));
+                self.guard.aborted = abort;
+                self.cancel();
+            }
+        }
+    }
+
+    /// The running attempt ended (and is dropped): the machine hears of its success, or of its
+    /// error as the classifier sees it, or of its panic.
+    fn end_attempt(&mut self, result: Result<Result<(), E>, Arc<str>>) {
+        let failure = match result {
+            Ok(Ok(())) => {
+                let guard = &mut self.guard;
+                // The running attempt is the machine's latest, so it accepts its result.
+                let _ = guard.machine.handle_success(&guard.policy, self.now, guard.machine.attempt());
+                return;
+            }
+            Ok(Err(error)) => Failure::new(self.classifier.classify(&error), JobError::Error(error)),
+            Err(message) => Failure::panicked(JobError::Panicked(message)),
+        };
+        let guard = &mut self.guard;
+        let attempt = guard.machine.attempt();
+        let _ = guard.machine.handle_failure(&guard.policy, self.now, attempt, failure, &mut self.rng);
+    }
+
+    /// Cancels the machine (a started, unfinished, drained machine accepts it).
+    fn cancel(&mut self) {
+        let guard = &mut self.guard;
+        let _ = guard.machine.handle_cancel(&guard.policy, self.now);
     }
 }
