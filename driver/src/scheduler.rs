@@ -10,6 +10,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::future::{Future, poll_fn};
+use std::ops::ControlFlow;
 use std::pin::pin;
 use std::str::FromStr;
 use std::sync::{Arc, Mutex};
@@ -38,6 +39,7 @@ macro_rules! event {
 use crate::bounds::{Id, JobErrorType, SendRuntime};
 use crate::job::{JobError, catch_create, poll_caught};
 use crate::listeners::Listeners;
+use crate::runtime::Timeline;
 use crate::signals::Nudge;
 use crate::spawn::Spawn;
 use crate::sync::lock;
@@ -565,6 +567,37 @@ impl<Rt: SendRuntime, Sp: Spawn, K: Id, E: JobErrorType> Shared<Rt, Sp, K, E> {
         }
     }
 
+    /// One turn of the timer loop, under the lock: dispatches into `batch` what is due now (after
+    /// the timer fired, at least what it was set for, `fired`) and says when the loop must wake
+    /// next (`None`: only a nudge wakes it); `Break` once the scheduler is stopped.
+    fn turn(&self, fired: Option<Instant>, batch: &mut Batch<Rt, Sp, K, E>) -> ControlFlow<(), Option<Instant>> {
+        let mut state = lock(&self.state);
+        if state.stopped {
+            return ControlFlow::Break(());
+        }
+        // The registry's flows each keep their own latest time: no floor but the timer's.
+        let now = match fired {
+            Some(fired) => Timeline::CLOCK.woken(&self.rt, Instant::ZERO, fired),
+            None => Timeline::CLOCK.now(&self.rt, Instant::ZERO),
+        };
+        let next = self.dispatch_due(&mut state, now, batch);
+        state.sleeping_until = next.unwrap_or(Instant::MAX);
+        ControlFlow::Continue(next)
+    }
+
+    /// The timer loop has ended: once no run is in flight either, [`SchedulerHandle::wait`]
+    /// hears of it.
+    fn loop_ended(&self) {
+        let idle = {
+            let mut state = lock(&self.state);
+            state.loop_done = true;
+            state.in_flight == 0
+        };
+        if idle {
+            self.done.notify(usize::MAX);
+        }
+    }
+
     /// Feeds a run's end back (one transition under the lock, F3); `None` when the run was
     /// dropped before it ended (a clean cancel, F4).
     fn complete(&self, id: &K, end: Option<RunEnd<E>>) {
@@ -660,31 +693,20 @@ async fn run<Rt: SendRuntime, Sp: Spawn, K: Id, E: JobErrorType, F, Fut>(
     }
 }
 
-/// The one timer loop of a scheduler.
+/// The one timer loop of a scheduler: dispatches what is due, sleeps until the next due time
+/// or a nudge, and again, until the scheduler is stopped.
 async fn timer_loop<Rt: SendRuntime, Sp: Spawn, K: Id, E: JobErrorType>(shared: Arc<Shared<Rt, Sp, K, E>>) {
     let mut timer = pin!(None::<Rt::Sleep>);
     let mut batch = Vec::new();
+    // What the timer is set for, and what it was set for once it fired.
     let mut armed: Option<Instant> = None;
     let mut fired: Option<Instant> = None;
     loop {
         shared.wake.clear();
-        let next = {
-            let mut state = lock(&shared.state);
-            if state.stopped {
-                break;
-            }
-            let mut now = shared.rt.now();
-            if let Some(fired) = fired.take() {
-                // The timer fired: whatever it was set for is due.
-                now = now.later(fired);
-            }
-            let next = shared.dispatch_due(&mut state, now, &mut batch);
-            state.sleeping_until = next.unwrap_or(Instant::MAX);
-            next
-        };
+        let ControlFlow::Continue(next) = shared.turn(fired.take(), &mut batch) else { break };
         shared.launch(&mut batch);
         if next != armed {
-            timer.set(next.map(|at| shared.rt.sleep_until(at)));
+            timer.set(next.map(|at| Timeline::CLOCK.sleep_until(&shared.rt, at)));
             armed = next;
         }
         let timer_fired = poll_fn(|cx| {
@@ -702,14 +724,7 @@ async fn timer_loop<Rt: SendRuntime, Sp: Spawn, K: Id, E: JobErrorType>(shared: 
             timer.set(None);
         }
     }
-    let idle = {
-        let mut state = lock(&shared.state);
-        state.loop_done = true;
-        state.in_flight == 0
-    };
-    if idle {
-        shared.done.notify(usize::MAX);
-    }
+    shared.loop_ended();
 }
 
 /// A running scheduler (from [`Scheduler::start`]). Cloning gives another handle to it;
