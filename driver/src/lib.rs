@@ -1,9 +1,17 @@
 //! # persevere-driver
 //!
-//! The one async driving loop of persevere, written once and generic over a tiny [`Runtime`]
-//! trait (a clock and a timer). The tokio adapter (`persevere-tokio`), the smol adapter
+//! persevere's async driving loops, written once and generic over a tiny [`Runtime`] trait (a
+//! clock and a timer). The tokio adapter (`persevere-tokio`), the smol adapter
 //! (`persevere-smol`, which also runs under async-std's executor) and the simulator implement
 //! `Runtime` and re-export what is here; they hold only what differs per executor.
+//!
+//! There is one loop per shape of work: a single operation ([`retry`], [`hedge`]), a fleet of
+//! long-running tasks ([`Supervisor`]) and a registry of flows ([`Scheduler`]). Each drains its
+//! core machine after every input, acting on each action in turn, and feeds back what happened.
+//! All four turn the runtime's clock into their machine's [`Instant`](persevere::Instant)s the
+//! same way, a stopwatch over the clock: running from the start (the supervisor, the scheduler,
+//! a retry whose policy has a deadline or a budget), only while it sleeps (any other retry, so
+//! that its success path reads no clock), or from its first wait (a hedge).
 //!
 //! What lives here, once:
 //! - [`retry`] / [`RetryFuture`]: drains the core's [`persevere::Retry`] machine, sleeps until

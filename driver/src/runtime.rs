@@ -106,10 +106,12 @@ impl LazyEpoch {
 ///
 /// A timeline is a stopwatch over the runtime's clock. While it runs, the machine's time is the
 /// clock's, shifted so that it went on from where it stood when the timeline last resumed;
-/// while it is paused, the machine's time stands still and no clock is read. The supervisor and
-/// the scheduler run on [`Timeline::CLOCK`] (their instants are the runtime's, and their events
-/// show them). A retry whose policy needs no clock runs only while it sleeps, so that it reads
-/// the clock only around its sleeps; a hedge resumes at its first wait and runs from then on.
+/// while it is paused, the machine's time stands still and no clock is read. The supervisor, the
+/// scheduler and a retry that reads the clock from the start (a deadline, a budget, or
+/// `measure_elapsed`) run on [`Timeline::CLOCK`]: their instants are the runtime's, as their
+/// events and statistics show them. Any other retry's timeline runs only while it sleeps, so
+/// that it reads the clock only around its sleeps; a hedge's resumes at its first wait and runs
+/// from then on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Timeline {
     /// While running: a clock reading; `Instant::MAX` while paused.
