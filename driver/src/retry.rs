@@ -628,11 +628,7 @@ where
         };
         let result = match value {
             Some(value) => Ok(value),
-            None => {
-                let GaveUp { outcome, class, refused_by, error, retry_after } =
-                    machine.gave_up.take().unwrap_or_else(|| unreachable!("the driver kept how it gave up"));
-                Err(GaveUp { outcome, class, refused_by, error, retry_after })
-            }
+            None => Err(machine.gave_up.take().unwrap_or_else(|| unreachable!("the driver kept how it gave up"))),
         };
         Poll::Ready(Retried { result, stats: machine.stats() })
     }
