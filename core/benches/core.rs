@@ -112,7 +112,7 @@ fn retry_cycle(c: &mut Criterion) {
             let Some(RetryAction::Sleep { until, .. }) = retry.poll_action() else { unreachable!() };
             retry.handle_timeout(&policy, until, &mut rng);
             let Some(RetryAction::Start { attempt, .. }) = retry.poll_action() else { unreachable!() };
-            retry.handle_success(&policy, until, attempt).unwrap();
+            retry.handle_success(until, attempt).unwrap();
             black_box(retry.poll_action())
         })
     });
@@ -121,7 +121,7 @@ fn retry_cycle(c: &mut Criterion) {
             let mut retry = Retry::<u32>::new();
             retry.handle_start(&policy, black_box(Instant::from_secs(1))).unwrap();
             let Some(RetryAction::Start { attempt, .. }) = retry.poll_action() else { unreachable!() };
-            retry.handle_success(&policy, Instant::from_secs(1), attempt).unwrap();
+            retry.handle_success(Instant::from_secs(1), attempt).unwrap();
             black_box(retry.poll_action())
         })
     });

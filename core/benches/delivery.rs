@@ -45,7 +45,7 @@ fn benches(c: &mut Criterion) {
             while let Some(a) = r.poll_action() {
                 black_box(a);
             }
-            r.handle_success(&retry_policy, now, 1).unwrap();
+            r.handle_success(now, 1).unwrap();
             while let Some(a) = r.poll_action() {
                 black_box(a);
             }
@@ -58,7 +58,7 @@ fn benches(c: &mut Criterion) {
             |t| {
                 t.handle_hand_out(&policy, now, black_box(3)).unwrap();
                 drain(t);
-                t.handle_success(&policy, now, 1, &3).unwrap();
+                t.handle_success(now, 1, &3).unwrap();
                 drain(t);
             },
             BatchSize::SmallInput,
@@ -72,7 +72,7 @@ fn benches(c: &mut Criterion) {
                 drain(t);
                 t.handle_started(&policy, now, 1, &3).unwrap();
                 t.handle_heartbeat(&policy, now, 1, &3, Some(black_box(9))).unwrap();
-                t.handle_success(&policy, now, 1, &3).unwrap();
+                t.handle_success(now, 1, &3).unwrap();
                 drain(t);
             },
             BatchSize::SmallInput,

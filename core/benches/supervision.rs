@@ -62,7 +62,7 @@ fn bench(c: &mut Criterion) {
         task.handle_failure(&policy, Instant::ZERO, attempt, Failure::retryable(0), &mut rng).unwrap();
         while task.poll_action().is_some() {}
         let until = task.poll_timeout().unwrap();
-        task.handle_timeout(&policy, until, &mut rng);
+        task.handle_timeout(&policy, until);
     }
     group.bench_function("failure_decision", |b| {
         let policy = black_box(&policy);
@@ -100,7 +100,7 @@ fn bench(c: &mut Criterion) {
             black_box(task.poll_action());
             black_box(task.poll_action());
             now = task.poll_timeout().unwrap_or(now);
-            task.handle_timeout(&periodic, now, &mut rng);
+            task.handle_timeout(&periodic, now);
             black_box(task.poll_action())
         })
     });

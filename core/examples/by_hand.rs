@@ -49,7 +49,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     _ => {
                         now = now.saturating_add(work);
                         println!("{:>8.1} ms  attempt {attempt} succeeds", ms(now));
-                        retry.handle_success(&policy, now, attempt)?;
+                        retry.handle_success(now, attempt)?;
                     }
                 }
             }

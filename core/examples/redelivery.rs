@@ -164,7 +164,7 @@ fn main() {
                     table.handle_started(&policy, t.now, &task, attempt, &worker).expect("started");
                     t.now = t.now.saturating_add(Duration::from_millis(400));
                     t.log(task, format!("{worker} completes attempt {attempt}"));
-                    table.handle_success(&policy, t.now, &task, attempt, &worker)
+                    table.handle_success(t.now, &task, attempt, &worker)
                 }
             }
             .expect("the report is accepted");

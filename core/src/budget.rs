@@ -36,7 +36,7 @@
 //! retry.handle_failure(&policy, now, 1, Failure::retryable(()), &mut rng).unwrap();
 //! if let Some(RetryAction::Sleep { .. }) = retry.poll_action() {
 //!     if budget.try_acquire(&budget_policy, RetryClass::Transient).is_err() {
-//!         retry.handle_rejected(&policy, now)?; // ends with Outcome::Rejected
+//!         retry.handle_rejected(now)?; // ends with Outcome::Rejected
 //!     }
 //! }
 //! assert_eq!(budget.balance_milli(), 495_000); // 500 tokens, one retry at 5

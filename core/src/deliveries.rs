@@ -97,7 +97,7 @@ type ActionQueue<K, W, C, E, R> = VecDeque<(K, DeliveryAction<K, W, C, E, R>)>;
 /// table.handle_returned(&policy, now, &1, 1, &"w1", FreeReturn::Declined)?; // w1 does no "pdf"
 /// assert_eq!(table.hand_out_next(&policy, now, &"w1"), Some(2)); // so it gets the email
 /// assert_eq!(table.hand_out_next(&policy, now, &"w2"), Some(1)); // and w2 the pdf, attempt 1 still
-/// table.handle_success(&policy, now, &1, 1, &"w2")?;
+/// table.handle_success(now, &1, 1, &"w2")?;
 /// let counts = table.counts();
 /// assert_eq!((counts.handed_out, counts.completed, counts.total()), (1, 1, 2));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -270,45 +270,33 @@ where
     ///
     /// # Errors
     /// [`DeliveryError::UnknownTask`], or what the task refuses; nothing changes.
-    pub fn handle_persisted(
-        &mut self,
-        policy: &DeliveryPolicy<R>,
-        now: Instant,
-        task: &K,
-        attempt: u64,
-    ) -> Result<(), DeliveryError> {
-        self.with(task, |d| d.handle_persisted(policy, now, attempt)).and_then(|r| r)
+    pub fn handle_persisted(&mut self, now: Instant, task: &K, attempt: u64) -> Result<(), DeliveryError> {
+        self.with(task, |d| d.handle_persisted(now, attempt)).and_then(|r| r)
     }
 
     /// See [`Delivery::handle_success`].
     ///
     /// # Errors
     /// [`DeliveryError::UnknownTask`], or what the task refuses; nothing changes.
-    pub fn handle_success(
-        &mut self,
-        policy: &DeliveryPolicy<R>,
-        now: Instant,
-        task: &K,
-        attempt: u64,
-        worker: &W,
-    ) -> Result<(), DeliveryError> {
-        self.with(task, |d| d.handle_success(policy, now, attempt, worker)).and_then(|r| r)
+    pub fn handle_success(&mut self, now: Instant, task: &K, attempt: u64, worker: &W) -> Result<(), DeliveryError> {
+        self.with(task, |d| d.handle_success(now, attempt, worker)).and_then(|r| r)
     }
 
-    /// The former name of [`handle_success`](Self::handle_success).
+    /// The former name of [`handle_success`](Self::handle_success), with its former arguments:
+    /// the policy, which a success never reads, is taken and ignored so that old calls compile.
     ///
     /// # Errors
     /// As [`handle_success`](Self::handle_success).
-    #[deprecated(since = "0.1.0", note = "renamed `handle_success`, as every machine names it")]
+    #[deprecated(since = "0.1.0", note = "renamed `handle_success`, as every machine names it, which takes no policy")]
     pub fn handle_completed(
         &mut self,
-        policy: &DeliveryPolicy<R>,
+        _policy: &DeliveryPolicy<R>,
         now: Instant,
         task: &K,
         attempt: u64,
         worker: &W,
     ) -> Result<(), DeliveryError> {
-        self.handle_success(policy, now, task, attempt, worker)
+        self.handle_success(now, task, attempt, worker)
     }
 
     /// The former name of [`handle_failure`](Self::handle_failure).

@@ -448,7 +448,7 @@ enum Phase<E> {
 /// let policy = FlowPolicy::builder().with_trip(2).build()?;
 /// let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
 /// let mut flow = Flow::<&str>::every(Instant::ZERO, Duration::from_secs(10));
-/// flow.handle_timeout(&policy, Instant::ZERO, &mut rng);
+/// flow.handle_timeout(Instant::ZERO);
 /// assert_eq!(flow.poll_action(), Some(FlowAction::Dispatch { run: 1 }));
 /// flow.handle_failure(&policy, Instant::from_secs(1), Failure::retryable("db down"), &mut rng).unwrap();
 /// let Some(until) = flow.next_eligible() else { unreachable!() };
@@ -508,8 +508,7 @@ impl<E> Flow<E> {
     /// next_eligible)`, unless it runs or is tripped (F10). Early, repeated or spurious calls,
     /// calls on cron flows, and calls while an action waits to be drained change nothing.
     #[inline]
-    pub fn handle_timeout<R: Rng + ?Sized>(&mut self, policy: &FlowPolicy, now: Instant, rng: &mut R) {
-        let _ = (policy, rng);
+    pub fn handle_timeout(&mut self, now: Instant) {
         let now = self.last_now.later(now);
         if self.pending.is_none() && self.poll_timeout().is_some_and(|due| due <= now) {
             self.last_now = now;
@@ -524,8 +523,7 @@ impl<E> Flow<E> {
     /// # Errors
     /// [`FlowError::NotCron`] for an every-flow, [`FlowError::Undrained`] while an action
     /// waits to be drained; nothing changes.
-    pub fn handle_tick(&mut self, policy: &FlowPolicy, now: Instant, tick: Instant) -> Result<(), FlowError> {
-        let _ = policy;
+    pub fn handle_tick(&mut self, now: Instant, tick: Instant) -> Result<(), FlowError> {
         self.tick(now, tick).map(drop)
     }
 
@@ -575,8 +573,7 @@ impl<E> Flow<E> {
     /// # Errors
     /// [`FlowError::NotRunning`] or [`FlowError::Undrained`]; nothing changes.
     #[inline]
-    pub fn handle_success(&mut self, policy: &FlowPolicy, now: Instant) -> Result<(), FlowError> {
-        let _ = policy;
+    pub fn handle_success(&mut self, now: Instant) -> Result<(), FlowError> {
         self.check_running()?;
         self.end_run(now);
         self.phase = Phase::Completed;
@@ -635,8 +632,7 @@ impl<E> Flow<E> {
     ///
     /// # Errors
     /// [`FlowError::NotRunning`] or [`FlowError::Undrained`]; nothing changes.
-    pub fn handle_cancel(&mut self, policy: &FlowPolicy, now: Instant) -> Result<(), FlowError> {
-        let _ = policy;
+    pub fn handle_cancel(&mut self, now: Instant) -> Result<(), FlowError> {
         self.check_running()?;
         self.end_run(now);
         self.phase = Phase::Idle;
@@ -852,20 +848,17 @@ mod registry {
     ///
     /// ```
     /// use core::time::Duration;
-    /// use persevere::{Flow, FlowAction, FlowPolicy, Flows, Instant};
-    /// use rand_core::SeedableRng;
+    /// use persevere::{Flow, FlowAction, Flows, Instant};
     ///
-    /// let policy = FlowPolicy::default();
-    /// let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
     /// let mut flows = Flows::<&str, ()>::new();
     /// flows.insert("b", Flow::every(Instant::from_secs(2), Duration::from_secs(60))).unwrap();
     /// flows.insert("a", Flow::every(Instant::from_secs(1), Duration::from_secs(60))).unwrap();
     /// assert_eq!(flows.poll_timeout(), Some(Instant::from_secs(1)));
-    /// flows.handle_timeout(&policy, Instant::from_secs(5), &mut rng);
+    /// flows.handle_timeout(Instant::from_secs(5));
     /// assert_eq!(flows.poll_action(), Some(("a", FlowAction::Dispatch { run: 1 })));
     /// assert_eq!(flows.poll_action(), Some(("b", FlowAction::Dispatch { run: 1 })));
     /// assert_eq!(flows.poll_action(), None);
-    /// flows.handle_success(&policy, Instant::from_secs(6), &"a")?;
+    /// flows.handle_success(Instant::from_secs(6), &"a")?;
     /// assert_eq!(flows.poll_timeout(), Some(Instant::from_secs(66)));
     /// # Ok::<(), persevere::FlowError>(())
     /// ```
@@ -956,14 +949,7 @@ mod registry {
         ///
         /// # Errors
         /// [`FlowError::UnknownId`], or the flow's refusal; nothing changes.
-        pub fn handle_tick(
-            &mut self,
-            policy: &FlowPolicy,
-            now: Instant,
-            id: &K,
-            tick: Instant,
-        ) -> Result<FlowAction, FlowError> {
-            let _ = policy;
+        pub fn handle_tick(&mut self, now: Instant, id: &K, tick: Instant) -> Result<FlowAction, FlowError> {
             self.with(id, |flow| flow.tick(now, tick))?
         }
 
@@ -971,8 +957,8 @@ mod registry {
         ///
         /// # Errors
         /// [`FlowError::UnknownId`], or the flow's refusal; nothing changes.
-        pub fn handle_success(&mut self, policy: &FlowPolicy, now: Instant, id: &K) -> Result<(), FlowError> {
-            self.with(id, |flow| flow.handle_success(policy, now))?
+        pub fn handle_success(&mut self, now: Instant, id: &K) -> Result<(), FlowError> {
+            self.with(id, |flow| flow.handle_success(now))?
         }
 
         /// [`Flow::handle_failure`] on the flow under `id`; returns [`FlowAction::Tripped`]
@@ -1003,8 +989,8 @@ mod registry {
         ///
         /// # Errors
         /// [`FlowError::UnknownId`], or the flow's refusal; nothing changes.
-        pub fn handle_cancel(&mut self, policy: &FlowPolicy, now: Instant, id: &K) -> Result<(), FlowError> {
-            self.with(id, |flow| flow.handle_cancel(policy, now))?
+        pub fn handle_cancel(&mut self, now: Instant, id: &K) -> Result<(), FlowError> {
+            self.with(id, |flow| flow.handle_cancel(now))?
         }
 
         /// [`Flow::reset_flow`] on the flow under `id` (F8); returns [`FlowAction::Reset`] when
@@ -1022,8 +1008,7 @@ mod registry {
         /// here (an earlier one is read as it); per-flow inputs keep each flow's own clock and do
         /// not move the registry's, since a flow may be created at a future instant (its first
         /// dispatch) that the registry must not reach before `handle_timeout` says so.
-        pub fn handle_timeout<R: Rng + ?Sized>(&mut self, policy: &FlowPolicy, now: Instant, rng: &mut R) {
-            let _ = (policy, rng);
+        pub fn handle_timeout(&mut self, now: Instant) {
             self.last_now = self.last_now.later(now);
         }
 

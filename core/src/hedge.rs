@@ -7,8 +7,6 @@
 
 use core::time::Duration;
 
-use rand_core::Rng;
-
 use crate::decision::DEFAULT_MAX_HINT;
 use crate::error::Refused;
 use crate::failure::{Failure, FailureKind, Hint, LastFailure};
@@ -268,7 +266,7 @@ enum Stop {
 ///
 /// ```
 /// use core::time::Duration;
-/// use persevere::{Failure, Hedge, HedgeAction, HedgePolicy, Instant, Outcome, SplitMix64};
+/// use persevere::{Failure, Hedge, HedgeAction, HedgePolicy, Instant, Outcome};
 ///
 /// let policy = HedgePolicy::builder(3, Duration::from_millis(100)).build()?;
 /// let mut hedge = Hedge::<&str>::new();
@@ -277,11 +275,11 @@ enum Stop {
 /// assert_eq!(hedge.poll_action(), None);
 /// // Nobody answered within 100 ms: a hedge.
 /// assert_eq!(hedge.poll_timeout(), Some(Instant::from_millis(100)));
-/// hedge.handle_timeout(&policy, Instant::from_millis(100), &mut SplitMix64::new(0));
+/// hedge.handle_timeout(&policy, Instant::from_millis(100));
 /// assert_eq!(hedge.poll_action(), Some(HedgeAction::Start { attempt: 2 }));
 /// assert_eq!(hedge.poll_action(), None);
 /// // The hedge answers first: it wins, and attempt 1 is canceled.
-/// hedge.handle_success(&policy, Instant::from_millis(130), 2)?;
+/// hedge.handle_success(Instant::from_millis(130), 2)?;
 /// assert_eq!(hedge.poll_action(), Some(HedgeAction::Cancel { attempt: 1 }));
 /// let Some(HedgeAction::Finish { outcome, stats }) = hedge.poll_action() else { panic!() };
 /// assert_eq!(outcome, Outcome::Succeeded);
@@ -365,8 +363,7 @@ impl<E> Hedge<E> {
     /// # Errors
     /// [`HedgeError`] when the operation has not started or has finished, outputs wait to be
     /// drained, or `attempt` is not in flight; nothing changes.
-    pub fn handle_success(&mut self, policy: &HedgePolicy, now: Instant, attempt: u64) -> Result<(), HedgeError> {
-        let _ = policy;
+    pub fn handle_success(&mut self, now: Instant, attempt: u64) -> Result<(), HedgeError> {
         self.check(attempt)?;
         self.fresh = 0;
         self.now = self.now.later(now);
@@ -454,8 +451,7 @@ impl<E> Hedge<E> {
     /// # Errors
     /// [`HedgeError::NothingToReject`] for attempt 1, or an attempt the latest input did not
     /// start, or as [`handle_success`](Self::handle_success); nothing changes.
-    pub fn handle_rejected(&mut self, policy: &HedgePolicy, now: Instant, attempt: u64) -> Result<(), HedgeError> {
-        let _ = policy;
+    pub fn handle_rejected(&mut self, now: Instant, attempt: u64) -> Result<(), HedgeError> {
         self.check(attempt)?;
         // The refused attempt and every later one were started by the latest input.
         let later = (attempt..=u64::from(self.started)).fold(0, |bits, a| bits | bit(a));
@@ -473,10 +469,9 @@ impl<E> Hedge<E> {
 
     /// Wakes the machine at `now`: the next hedge starts if its time has come (X1). Early,
     /// repeated or spurious calls, undrained ones, and ones before the start or after the
-    /// outcome change nothing (not even the machine's `now`). A hedge draws no jitter: `rng` is
-    /// there so that every machine's `handle_timeout` has one shape, and is not used.
-    pub fn handle_timeout<R: Rng + ?Sized>(&mut self, policy: &HedgePolicy, now: Instant, rng: &mut R) {
-        let _ = rng;
+    /// outcome change nothing (not even the machine's `now`). A hedge draws no jitter, so it
+    /// takes no RNG.
+    pub fn handle_timeout(&mut self, policy: &HedgePolicy, now: Instant) {
         let now = self.now.later(now);
         // Nothing is due before the start or after the outcome (neither has a next hedge).
         let due = self.next_at.is_some_and(|at| at <= now);
@@ -496,8 +491,7 @@ impl<E> Hedge<E> {
     ///
     /// # Errors
     /// As [`handle_success`](Self::handle_success) without an attempt; nothing changes.
-    pub fn handle_cancel(&mut self, policy: &HedgePolicy, now: Instant) -> Result<(), HedgeError> {
-        let _ = policy;
+    pub fn handle_cancel(&mut self, now: Instant) -> Result<(), HedgeError> {
         self.check_running()?;
         self.fresh = 0;
         self.now = self.now.later(now);

@@ -101,7 +101,7 @@
 //! let (outcome, stats) = loop {
 //!     match retry.poll_action() {
 //!         Some(RetryAction::Start { attempt, .. }) => match call() {
-//!             Ok(()) => retry.handle_success(&policy, now, attempt)?,
+//!             Ok(()) => retry.handle_success(now, attempt)?,
 //!             Err(e) => retry.handle_failure(&policy, now, attempt, Failure::retryable(e), &mut rng)?,
 //!         },
 //!         Some(RetryAction::Sleep { .. }) | Some(RetryAction::Abandon { .. }) => {}

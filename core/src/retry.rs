@@ -662,7 +662,7 @@ const ENDS: Ends<OutcomeKind> = Ends {
 /// now = until; // the driver sleeps
 /// retry.handle_timeout(&policy, now, &mut rng);
 /// assert_eq!(retry.poll_action(), Some(RetryAction::Start { attempt: 2, deadline: None }));
-/// retry.handle_success(&policy, now, 2)?;
+/// retry.handle_success(now, 2)?;
 /// let Some(RetryAction::Finish { outcome, stats }) = retry.poll_action() else { unreachable!() };
 /// assert_eq!(outcome, Outcome::Succeeded);
 /// assert_eq!((stats.attempts, stats.slept), (2, Duration::from_millis(10)));
@@ -708,8 +708,7 @@ impl<E> Retry<E> {
     /// When `attempt` is not the running attempt, or actions wait to be drained; nothing
     /// changes.
     #[inline(always)]
-    pub fn handle_success(&mut self, policy: &RetryPolicy, now: Instant, attempt: u64) -> Result<(), RetryError> {
-        let _ = policy;
+    pub fn handle_success(&mut self, now: Instant, attempt: u64) -> Result<(), RetryError> {
         self.engine.check_running(attempt)?;
         self.engine.accept(now);
         self.engine.succeed();
@@ -781,8 +780,7 @@ impl<E> Retry<E> {
     /// [`RetryError::Finished`] after the outcome, [`RetryError::Undrained`] while actions
     /// wait to be drained; nothing changes.
     #[inline]
-    pub fn handle_cancel(&mut self, policy: &RetryPolicy, now: Instant) -> Result<(), RetryError> {
-        let _ = policy;
+    pub fn handle_cancel(&mut self, now: Instant) -> Result<(), RetryError> {
         if self.engine.cancel(now, OutcomeKind::Canceled)? == Phase::Idle {
             // Canceled before it started: it took no time.
             self.first_start = self.engine.last_now();
@@ -799,8 +797,7 @@ impl<E> Retry<E> {
     /// before the start, [`RetryError::Finished`] after the outcome, and
     /// [`RetryError::Undrained`] while actions wait to be drained; nothing changes.
     #[inline]
-    pub fn handle_rejected(&mut self, policy: &RetryPolicy, now: Instant) -> Result<(), RetryError> {
-        let _ = policy;
+    pub fn handle_rejected(&mut self, now: Instant) -> Result<(), RetryError> {
         match self.engine.phase() {
             Phase::Running | Phase::Abandoning => return Err(RetryError::NothingToReject),
             _ => self.engine.check_started()?,

@@ -691,7 +691,7 @@ enum Ended {
 /// task.handle_failure(&policy, Instant::from_millis(5), 1, Failure::retryable("io"), &mut rng).unwrap();
 /// assert!(matches!(task.poll_action(), Some(SupervisionAction::AttemptFailed { attempt: 1, .. })));
 /// let Some(SupervisionAction::BackoffScheduled { until, .. }) = task.poll_action() else { unreachable!() };
-/// task.handle_timeout(&policy, until, &mut rng); // 100..=200 ms later (equal jitter)
+/// task.handle_timeout(&policy, until); // 100..=200 ms later (equal jitter)
 /// assert!(matches!(task.poll_action(), Some(SupervisionAction::AttemptStarting { attempt: 2, .. })));
 /// task.handle_success(&policy, until, 2)?;
 /// assert_eq!(task.poll_action(), Some(SupervisionAction::AttemptSucceeded { attempt: 2 }));
@@ -833,8 +833,7 @@ impl<E> Supervision<E> {
     /// ([`SupervisionAction::AttemptTimedOut`]); a wait that has ended starts the next attempt.
     /// Early, repeated or spurious calls, and calls while actions wait to be drained, change
     /// nothing.
-    pub fn handle_timeout<R: Rng + ?Sized>(&mut self, policy: &SupervisionPolicy, now: Instant, rng: &mut R) {
-        let _ = rng;
+    pub fn handle_timeout(&mut self, policy: &SupervisionPolicy, now: Instant) {
         let now = self.engine.last_now().later(now);
         match self.engine.due(now) {
             Due::Deadline => {
@@ -869,8 +868,7 @@ impl<E> Supervision<E> {
     /// # Errors
     /// [`SupervisionError::Finished`] after the outcome, [`SupervisionError::Undrained`]
     /// while actions wait to be drained; nothing changes.
-    pub fn handle_cancel(&mut self, policy: &SupervisionPolicy, now: Instant) -> Result<(), SupervisionError> {
-        let _ = policy;
+    pub fn handle_cancel(&mut self, now: Instant) -> Result<(), SupervisionError> {
         if self.engine.cancel(now, TaskOutcomeKind::Canceled)? == Phase::Running {
             self.ended = Ended::Canceled;
         }

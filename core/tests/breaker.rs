@@ -71,14 +71,14 @@ fn k1_automatic_states_closed_open_half_open_closed() {
 fn k1_isolated_rejects_everything_and_disabled_admits_everything_until_reset() {
     let p = policy(|b| b.consecutive_failures(1));
     let mut b = Breaker::new(&p, 1);
-    b.handle_isolate(&p, at(0));
+    b.handle_isolate(at(0));
     assert_eq!(b.status(), BreakerStatus::Isolated);
     assert_eq!(b.try_acquire(&p, at(1_000_000), &mut rng()), Err(Rejected { retry_after: None }));
     assert_eq!(b.poll_timeout(), None);
     b.handle_timeout(&p, Instant::MAX, &mut rng());
     assert_eq!(b.status(), BreakerStatus::Isolated);
 
-    b.handle_disable(&p, at(1));
+    b.handle_disable(at(1));
     assert_eq!(b.status(), BreakerStatus::Disabled);
     for i in 0..50 {
         fail(&mut b, &p, at(2 + i));
@@ -431,10 +431,10 @@ fn k4_outstanding_permits_count_the_current_states_unrecorded_permits() {
     b.record(&p, at(1_005), probes[1], CallOutcome::Failure, &mut r).unwrap();
     assert_eq!(b.outstanding_permits(), 0, "reopened");
 
-    b.handle_disable(&p, at(5_000));
+    b.handle_disable(at(5_000));
     let disabled = b.try_acquire(&p, at(5_000), &mut r).unwrap();
     assert_eq!(b.outstanding_permits(), 1, "disabled still counts its permits");
-    b.handle_isolate(&p, at(5_001));
+    b.handle_isolate(at(5_001));
     assert_eq!(b.outstanding_permits(), 0, "isolated: the disabled permit is stale");
     assert!(b.record(&p, at(5_002), disabled, CallOutcome::Success, &mut r).is_err());
 }
@@ -617,7 +617,7 @@ fn k5_closed_and_disabled_permits_are_counted_out_and_back_across_states() {
     ));
 
     // Disabled counts the same way.
-    b.handle_disable(&p, at(1_000));
+    b.handle_disable(at(1_000));
     let permit = b.try_acquire(&p, at(1_000), &mut rng()).unwrap();
     b.record(&p, at(1_000), permit, CallOutcome::Failure, &mut rng()).unwrap();
     assert!(matches!(
@@ -883,8 +883,8 @@ proptest! {
                     told = false;
                     now = now.saturating_add(ms(d));
                 }
-                Op::Isolate => b.handle_isolate(&p, now),
-                Op::Disable => b.handle_disable(&p, now),
+                Op::Isolate => b.handle_isolate(now),
+                Op::Disable => b.handle_disable(now),
                 Op::Reset => b.handle_reset(&p, now),
                 Op::Open | Op::HalfOpen => {
                     let before = b;

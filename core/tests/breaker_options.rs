@@ -242,9 +242,9 @@ fn in_each_state(p: &BreakerPolicy) -> Vec<Breaker> {
     let mut half_open = open;
     half_open.handle_half_open(p, at(10), &mut rng()).unwrap();
     let mut isolated = fresh;
-    isolated.handle_isolate(p, at(0));
+    isolated.handle_isolate(at(0));
     let mut disabled = fresh;
-    disabled.handle_disable(p, at(0));
+    disabled.handle_disable(at(0));
     let mut metrics_only = fresh;
     metrics_only.handle_metrics_only(p, at(0));
     vec![fresh, open, half_open, isolated, disabled, metrics_only]

@@ -437,14 +437,14 @@ fn run_shared(operations: usize, failures_each: u32, mut ask: impl FnMut(Instant
             while let Some(action) = r.poll_action() {
                 match action {
                     RetryAction::Start { attempt, .. } if attempt > u64::from(failures_each) => {
-                        r.handle_success(&policy, now, attempt).unwrap()
+                        r.handle_success(now, attempt).unwrap()
                     }
                     RetryAction::Start { attempt, .. } => {
                         r.handle_failure(&policy, now, attempt, Failure::retryable(attempt), &mut rng).unwrap()
                     }
                     RetryAction::Sleep { .. } => {
                         if !ask(now) {
-                            r.handle_rejected(&policy, now).unwrap();
+                            r.handle_rejected(now).unwrap();
                         }
                     }
                     RetryAction::Finish { outcome, stats } => outcomes[i] = Some((outcome.kind(), stats.attempts)),

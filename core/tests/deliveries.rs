@@ -100,7 +100,7 @@ fn d9_counts_cover_every_task_in_exactly_one_state() {
         assert_eq!(t.hand_out_next(&p, at(0), &id), Some(u32::from(id)));
     }
     t.handle_started(&p, at(0), &2, 1, &2).unwrap();
-    t.handle_success(&p, at(0), &3, 1, &3).unwrap();
+    t.handle_success(at(0), &3, 1, &3).unwrap();
     t.handle_failure(&p, at(0), &4, 1, &4, Failure::retryable("x"), &mut r).unwrap();
     t.handle_returned(&p, at(0), &5, 1, &5, FreeReturn::SendFailed).unwrap();
     let counts = t.counts();
@@ -158,12 +158,12 @@ fn g12_the_table_refuses_unknown_and_duplicate_ids_and_changes_nothing() {
     let before = t.clone();
     let err = t.insert(&p, at(0), 1, "b", 0).unwrap_err();
     assert_eq!((err.error, err.input), (DeliveryError::DuplicateTask, (1, "b")));
-    assert_eq!(t.handle_success(&p, at(0), &9, 1, &1), Err(DeliveryError::UnknownTask));
+    assert_eq!(t.handle_success(at(0), &9, 1, &1), Err(DeliveryError::UnknownTask));
     let err = t.handle_failure(&p, at(0), &9, 1, &1, Failure::fatal("kept"), &mut r).unwrap_err();
     assert_eq!((err.error, err.input), (DeliveryError::UnknownTask, Failure::fatal("kept")));
     let err = t.handle_heartbeat(&p, at(0), &9, 1, &1, Some(3)).unwrap_err();
     assert_eq!((err.error, err.input), (DeliveryError::UnknownTask, Some(3)));
-    assert_eq!(t.handle_success(&p, at(0), &1, 1, &1), Err(DeliveryError::NotHandedOut { attempt: 1 }));
+    assert_eq!(t.handle_success(at(0), &1, 1, &1), Err(DeliveryError::NotHandedOut { attempt: 1 }));
     assert_eq!(t, before);
 }
 
@@ -183,7 +183,7 @@ fn actions_of_several_inputs_to_several_tasks_come_out_in_the_order_they_were_ma
     assert_eq!(t.hand_out_next(&p, at(0), &2), Some(2));
     assert_eq!(t.hand_out_next(&p, at(0), &3), Some(3));
     t.handle_returned(&p, at(5), &3, 1, &3, FreeReturn::Declined).unwrap();
-    t.handle_success(&p, at(6), &2, 1, &2).unwrap();
+    t.handle_success(at(6), &2, 1, &2).unwrap();
     t.handle_failure(&p, at(10), &1, 1, &1, Failure::retryable("busy"), &mut r).unwrap();
     t.handle_timeout(&p, at(110), &mut r);
     assert_eq!(t.hand_out_next(&p, at(110), &3), None, "worker 3 declined type \"a\"");
@@ -261,8 +261,8 @@ fn a_table_survives_a_serde_round_trip_with_its_tasks_declines_and_undrained_act
 
     // Both resume alike: the loaded table still refuses worker 1 a type-0 task.
     assert_eq!(back.hand_out_next(&p, at(200), &1), t.hand_out_next(&p, at(200), &1));
-    back.handle_success(&p, at(201), &1, 1, &2).unwrap();
-    t.handle_success(&p, at(201), &1, 1, &2).unwrap();
+    back.handle_success(at(201), &1, 1, &2).unwrap();
+    t.handle_success(at(201), &1, 1, &2).unwrap();
     assert_eq!(back, t);
 }
 
@@ -282,7 +282,7 @@ fn a_loaded_table_whose_tasks_or_queued_actions_no_input_could_make_is_refused()
     }
     assert_eq!(t.hand_out_next(&p, at(1), &7), Some(1));
     assert_eq!(t.hand_out_next(&p, at(1), &7), Some(2));
-    t.handle_success(&p, at(2), &2, 1, &7).unwrap();
+    t.handle_success(at(2), &2, 1, &7).unwrap();
     let saved = serde_json::to_value(&t).unwrap();
     let load = |edit: &dyn Fn(&mut Value)| {
         let mut value = saved.clone();
@@ -367,7 +367,7 @@ proptest! {
             let refused = match kind {
                 0 => { t.hand_out_next(&p, now, &worker); false }
                 1 => t.handle_started(&p, now, &id, attempt, &worker).is_err(),
-                2 => t.handle_success(&p, now, &id, attempt, &worker).is_err(),
+                2 => t.handle_success(now, &id, attempt, &worker).is_err(),
                 3 => t.handle_failure(&p, now, &id, attempt, &worker, Failure::retryable("e"), &mut r).is_err(),
                 4 => t.handle_returned(&p, now, &id, attempt, &worker,
                         [FreeReturn::Declined, FreeReturn::SendFailed, FreeReturn::ClosedBeforeStart][k as usize]).is_err(),
@@ -409,7 +409,7 @@ fn a_stale_timeout_expires_what_each_tasks_latest_now_makes_due() {
     let mut table = Table::new();
     table.insert(&p, at(0), 1, "pdf", 1).unwrap();
     assert_eq!(table.hand_out_next(&p, at(1_000), &7), Some(1)); // lease until 2 s
-    table.handle_persisted(&p, at(3_000), &1, 1).unwrap(); // the task has seen 3 s
+    table.handle_persisted(at(3_000), &1, 1).unwrap(); // the task has seen 3 s
     drain(&mut table);
     table.handle_timeout(&p, at(1_500), &mut rng); // a stale reading: read as 3 s
     let actions = drain(&mut table);

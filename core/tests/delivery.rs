@@ -97,7 +97,7 @@ fn d1_a_task_goes_pending_handed_out_running_completed() {
     task.handle_heartbeat(&p, at(1_000), 1, &1, None).unwrap();
     assert_eq!(task.poll_timeout(), Some(at(3_000)), "a heartbeat moves the deadline");
 
-    task.handle_success(&p, at(1_500), 1, &1).unwrap();
+    task.handle_success(at(1_500), 1, &1).unwrap();
     assert_eq!(task.status(), &DeliveryStatus::Done(Terminal::Completed { attempt: 1 }));
     assert_eq!(drain(&mut task), vec![DeliveryAction::Finish(Terminal::Completed { attempt: 1 })]);
     assert_eq!(task.poll_timeout(), None);
@@ -180,7 +180,7 @@ fn d2_every_interruption_consumes_a_retry_and_retires_its_attempt_number() {
         let out = hand_out(&mut task, &p, at(105), 2);
         assert_eq!(out.attempt, 2);
         let before = task;
-        assert_eq!(task.handle_success(&p, at(110), 1, &1), Err(DeliveryError::StaleAttempt { current: 2, got: 1 }));
+        assert_eq!(task.handle_success(at(110), 1, &1), Err(DeliveryError::StaleAttempt { current: 2, got: 1 }));
         assert_eq!(task, before);
     }
 }
@@ -418,10 +418,10 @@ fn d6_async_failover_before_the_start_is_durable_rolls_back_without_a_retry() {
     assert_eq!((second.attempt, second.key), (1, first.key));
     // Worker 1 may still be running attempt 1 (the documented overlap); its result is refused.
     let before = task;
-    assert_eq!(task.handle_success(&p, at(40), 1, &1), Err(DeliveryError::WrongWorker { attempt: 1 }));
+    assert_eq!(task.handle_success(at(40), 1, &1), Err(DeliveryError::WrongWorker { attempt: 1 }));
     assert_eq!(task, before);
     // Once the start is durable, a failover interrupts: a retry is used.
-    task.handle_persisted(&p, at(40), 1).unwrap();
+    task.handle_persisted(at(40), 1).unwrap();
     assert!(matches!(task.status(), DeliveryStatus::HandedOut { durable: true, .. }));
     task.handle_failover(&p, at(50), &mut r).unwrap();
     assert_eq!(task.retries_used(), 1);
@@ -526,7 +526,7 @@ fn d9_each_terminal_state_is_reached_once_and_is_final() {
     let p = policy(1);
     let mut t = new_task(&p, at(0));
     hand_out(&mut t, &p, at(0), 1);
-    t.handle_success(&p, at(0), 1, &1).unwrap();
+    t.handle_success(at(0), 1, &1).unwrap();
     terminals.push((p, t));
     for on_failure in [FailurePolicy::Fail, FailurePolicy::Proceed, FailurePolicy::Divert("x")] {
         let p = policy_with(|r| r.max_attempts(1), |d| d.on_failure(on_failure));
@@ -561,8 +561,8 @@ fn d9_each_terminal_state_is_reached_once_and_is_final() {
         assert_eq!(t.handle_hand_out(&p, at(9), 3).unwrap_err().error, finished);
         assert_eq!(t.handle_started(&p, at(9), 1, &1), Err(finished));
         assert_eq!(t.handle_heartbeat(&p, at(9), 1, &1, Some(1)).unwrap_err().error, finished);
-        assert_eq!(t.handle_persisted(&p, at(9), 1), Err(finished));
-        assert_eq!(t.handle_success(&p, at(9), 1, &1), Err(finished), "a second result");
+        assert_eq!(t.handle_persisted(at(9), 1), Err(finished));
+        assert_eq!(t.handle_success(at(9), 1, &1), Err(finished), "a second result");
         assert_eq!(t.handle_failure(&p, at(9), 1, &1, Failure::fatal("x"), &mut r).unwrap_err().error, finished);
         assert_eq!(t.handle_interrupted(&p, at(9), 1, &1, Interruption::WorkerCrashed, &mut r), Err(finished));
         assert_eq!(t.handle_returned(&p, at(9), 1, &1, FreeReturn::Declined), Err(finished));
@@ -597,16 +597,16 @@ fn d9_an_input_before_the_actions_are_drained_is_refused_and_changes_nothing() {
     assert_eq!(task.handle_started(&p, at(1), 1, &1), Err(undrained));
     let err = task.handle_heartbeat(&p, at(1), 1, &1, Some(4)).unwrap_err();
     assert_eq!((err.error, err.input), (undrained, Some(4)), "the checkpoint is handed back");
-    assert_eq!(task.handle_persisted(&p, at(1), 1), Err(undrained));
-    assert_eq!(task.handle_success(&p, at(1), 1, &1), Err(undrained));
+    assert_eq!(task.handle_persisted(at(1), 1), Err(undrained));
+    assert_eq!(task.handle_success(at(1), 1, &1), Err(undrained));
     let err = task.handle_failure(&p, at(1), 1, &1, Failure::retryable("x"), &mut r).unwrap_err();
     assert_eq!((err.error, err.input), (undrained, Failure::retryable("x")), "the failure is handed back");
     assert_eq!(task.handle_interrupted(&p, at(1), 1, &1, Interruption::WorkerCrashed, &mut r), Err(undrained));
     assert_eq!(task.handle_returned(&p, at(1), 1, &1, FreeReturn::Declined), Err(undrained));
     assert_eq!(task.handle_failover(&p, at(1), &mut r), Err(undrained));
     // Validity errors take precedence over the drain rule.
-    assert_eq!(task.handle_success(&p, at(1), 2, &1), Err(DeliveryError::StaleAttempt { current: 1, got: 2 }));
-    assert_eq!(task.handle_success(&p, at(1), 1, &2), Err(DeliveryError::WrongWorker { attempt: 1 }));
+    assert_eq!(task.handle_success(at(1), 2, &1), Err(DeliveryError::StaleAttempt { current: 1, got: 2 }));
+    assert_eq!(task.handle_success(at(1), 1, &2), Err(DeliveryError::WrongWorker { attempt: 1 }));
     assert_eq!(task.handle_hand_out(&p, at(1), 2).unwrap_err().error, DeliveryError::AlreadyHandedOut { attempt: 1 });
     // Past the lease deadline, a timeout does nothing either: no revoke is mixed in unseen.
     task.handle_timeout(&p, at(5_000), &mut r);
@@ -619,9 +619,9 @@ fn d9_an_input_before_the_actions_are_drained_is_refused_and_changes_nothing() {
     };
     assert_eq!((out.attempt, out.worker, out.deadline), (1, 1, at(1_000)));
     task.handle_started(&p, at(1), 1, &1).unwrap();
-    task.handle_success(&p, at(2), 1, &1).unwrap();
+    task.handle_success(at(2), 1, &1).unwrap();
     // The `Finish` waits: a later input is refused as finished (validity first), not as undrained.
-    assert_eq!(task.handle_success(&p, at(3), 1, &1), Err(DeliveryError::Finished(TerminalKind::Completed)));
+    assert_eq!(task.handle_success(at(3), 1, &1), Err(DeliveryError::Finished(TerminalKind::Completed)));
     assert_eq!(drain(&mut task), vec![DeliveryAction::Finish(Terminal::Completed { attempt: 1 })]);
 }
 
@@ -656,8 +656,8 @@ fn g12_reports_for_attempts_not_out_or_from_the_wrong_worker_are_refused() {
     let mut r = rng();
     let mut task = new_task(&p, at(0));
     let before = task;
-    assert_eq!(task.handle_success(&p, at(0), 1, &1), Err(DeliveryError::NotHandedOut { attempt: 1 }));
-    assert_eq!(task.handle_persisted(&p, at(0), 1), Err(DeliveryError::NotHandedOut { attempt: 1 }));
+    assert_eq!(task.handle_success(at(0), 1, &1), Err(DeliveryError::NotHandedOut { attempt: 1 }));
+    assert_eq!(task.handle_persisted(at(0), 1), Err(DeliveryError::NotHandedOut { attempt: 1 }));
     assert_eq!(task.handle_started(&p, at(0), 2, &1), Err(DeliveryError::StaleAttempt { current: 1, got: 2 }));
     assert_eq!(task, before);
     hand_out(&mut task, &p, at(0), 1);
@@ -813,8 +813,8 @@ fn apply(task: &mut Task, p: &Policy, now: &mut Instant, op: Op, r: &mut ChaCha8
         Op::HandOut(w) => task.handle_hand_out(p, *now, w).is_ok(),
         Op::Start(a, w) => task.handle_started(p, *now, attempt(a), &worker(w)).is_ok(),
         Op::Heartbeat(a, w, c) => task.handle_heartbeat(p, *now, attempt(a), &worker(w), c).is_ok(),
-        Op::Persist(a) => task.handle_persisted(p, *now, attempt(a)).is_ok(),
-        Op::Complete(a, w) => task.handle_success(p, *now, attempt(a), &worker(w)).is_ok(),
+        Op::Persist(a) => task.handle_persisted(*now, attempt(a)).is_ok(),
+        Op::Complete(a, w) => task.handle_success(*now, attempt(a), &worker(w)).is_ok(),
         Op::Fail(a, w, k) => {
             let failure = match k {
                 0 => Failure::retryable("e"),

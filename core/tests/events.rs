@@ -75,8 +75,8 @@ fn o1_the_breaker_reports_each_transition_with_the_rule_that_made_it() {
     );
 
     // By hand: every change of kind is an event; a reset of a closed breaker is none.
-    b.handle_isolate(&p, at(4_000));
-    b.handle_disable(&p, at(4_001));
+    b.handle_isolate(at(4_000));
+    b.handle_disable(at(4_001));
     b.handle_metrics_only(&p, at(4_002));
     assert_eq!(
         drain(&mut b),
@@ -174,7 +174,7 @@ fn o1_an_undrained_breaker_keeps_the_latest_four_events_and_counts_the_rest() {
     call(&mut b, &p, at(0), at(0), CallOutcome::Success);
     assert_eq!(b.poll_event(), None, "the closed path makes no event");
     for i in 0..3 {
-        b.handle_isolate(&p, at(i * 2));
+        b.handle_isolate(at(i * 2));
         b.handle_reset(&p, at(i * 2 + 1));
     }
     assert_eq!(b.dropped_events(), 2, "six events, four kept");

@@ -35,7 +35,7 @@ fn flat(trip: Option<u32>) -> FlowPolicy {
 /// A flow that has just been dispatched at `now` (its dispatch drained).
 fn running(now: Instant) -> Flow<u32> {
     let mut flow = Flow::every(now, ms(200));
-    flow.handle_timeout(&FlowPolicy::default(), now, &mut rng());
+    flow.handle_timeout(now);
     assert_eq!(flow.poll_action(), Some(FlowAction::Dispatch { run: 1 }));
     flow
 }
@@ -60,7 +60,7 @@ fn f1_status_moves_through_idle_running_completed_backoff_tripped() {
     assert_eq!(flow.status(), FlowStatus::Idle);
     trigger(&mut flow, at(0));
     assert_eq!(flow.status(), FlowStatus::Running);
-    flow.handle_success(&p, at(1)).unwrap();
+    flow.handle_success(at(1)).unwrap();
     assert_eq!(flow.status(), FlowStatus::Completed);
     trigger(&mut flow, at(2));
     flow.handle_failure(&p, at(3), fail(7), &mut r).unwrap();
@@ -116,7 +116,7 @@ fn f3_a_success_completes_with_streak_zero_and_no_window() {
     let mut flow = running(at(0));
     flow.handle_failure(&p, at(1), fail(1), &mut r).unwrap();
     trigger(&mut flow, at(2));
-    flow.handle_success(&p, at(3)).unwrap();
+    flow.handle_success(at(3)).unwrap();
     assert_eq!(
         flow.info(),
         FlowInfo { failure_streak: 0, next_eligible: None, run_count: 2, status: FlowStatus::Completed }
@@ -288,10 +288,10 @@ fn f3_a_result_for_a_flow_that_is_not_running_is_refused() {
     let mut r = rng();
     let mut flow = Flow::<u32>::every(at(0), ms(10));
     let before = flow;
-    assert_eq!(flow.handle_success(&p, at(1)), Err(FlowError::NotRunning(FlowStatusKind::Idle)));
+    assert_eq!(flow.handle_success(at(1)), Err(FlowError::NotRunning(FlowStatusKind::Idle)));
     let refused = flow.handle_failure(&p, at(1), fail(5), &mut r).unwrap_err();
     assert_eq!((refused.error, refused.input), (FlowError::NotRunning(FlowStatusKind::Idle), fail(5)));
-    assert_eq!(flow.handle_cancel(&p, at(1)), Err(FlowError::NotRunning(FlowStatusKind::Idle)));
+    assert_eq!(flow.handle_cancel(at(1)), Err(FlowError::NotRunning(FlowStatusKind::Idle)));
     assert_eq!(flow, before);
 }
 
@@ -301,16 +301,16 @@ fn f3_an_input_before_the_action_is_drained_is_refused() {
     let mut r = rng();
     // An every-flow dispatched by time: its dispatch waits to be drained.
     let mut flow = Flow::<u32>::every(at(0), ms(200));
-    flow.handle_timeout(&p, at(0), &mut r);
+    flow.handle_timeout(at(0));
     let before = flow;
     let rng_before = r.clone();
-    assert_eq!(flow.handle_success(&p, at(1)), Err(FlowError::Undrained));
+    assert_eq!(flow.handle_success(at(1)), Err(FlowError::Undrained));
     let refused = flow.handle_failure(&p, at(1), fail(5), &mut r).unwrap_err();
     assert_eq!((refused.error, refused.input), (FlowError::Undrained, fail(5)));
-    assert_eq!(flow.handle_cancel(&p, at(1)), Err(FlowError::Undrained));
+    assert_eq!(flow.handle_cancel(at(1)), Err(FlowError::Undrained));
     assert_eq!(flow.trigger(at(1)), Err(FlowError::Running), "a validity error takes precedence");
-    assert_eq!(flow.handle_tick(&p, at(1), at(1)), Err(FlowError::NotCron), "a validity error takes precedence");
-    flow.handle_timeout(&p, at(1_000), &mut r);
+    assert_eq!(flow.handle_tick(at(1), at(1)), Err(FlowError::NotCron), "a validity error takes precedence");
+    flow.handle_timeout(at(1_000));
     assert_eq!(flow, before, "nothing changed, not even the accepted now");
     assert_eq!(r, rng_before);
     assert_eq!(flow.poll_action(), Some(FlowAction::Dispatch { run: 1 }));
@@ -319,22 +319,22 @@ fn f3_an_input_before_the_action_is_drained_is_refused() {
     // A trigger's dispatch, on a flow in its window.
     flow.trigger(at(2)).unwrap();
     let before = flow;
-    assert_eq!(flow.handle_success(&p, at(3)), Err(FlowError::Undrained));
+    assert_eq!(flow.handle_success(at(3)), Err(FlowError::Undrained));
     assert_eq!(flow, before);
     assert_eq!(flow.poll_action(), Some(FlowAction::Dispatch { run: 2 }));
-    flow.handle_success(&p, at(3)).unwrap();
+    flow.handle_success(at(3)).unwrap();
     // A cron flow's skipped tick: the next tick and a trigger wait for it to be drained.
     let mut flow = Flow::<u32>::cron(at(0));
     trigger(&mut flow, at(0));
     flow.handle_failure(&p, at(10), fail(1), &mut r).unwrap(); // window until 110
-    flow.handle_tick(&p, at(20), at(20)).unwrap();
+    flow.handle_tick(at(20), at(20)).unwrap();
     let before = flow;
-    assert_eq!(flow.handle_tick(&p, at(120), at(120)), Err(FlowError::Undrained));
+    assert_eq!(flow.handle_tick(at(120), at(120)), Err(FlowError::Undrained));
     assert_eq!(flow.trigger(at(120)), Err(FlowError::Undrained));
     assert_eq!(flow, before);
     let skipped = FlowAction::TickSkipped { tick: at(20), reason: SkipReason::InBackoff { until: at(110) } };
     assert_eq!(flow.poll_action(), Some(skipped));
-    flow.handle_tick(&p, at(120), at(120)).unwrap();
+    flow.handle_tick(at(120), at(120)).unwrap();
     assert_eq!(flow.poll_action(), Some(FlowAction::Dispatch { run: 2 }));
     // `reset_flow` obeys the drain rule too: refused while the dispatch waits, which stays.
     let mut flow = Flow::<u32>::cron(at(0));
@@ -352,7 +352,7 @@ fn f4_a_clean_cancel_returns_to_idle_with_the_streak_unchanged() {
     trigger(&mut flow, at(2));
     flow.handle_failure(&p, at(3), fail(2), &mut r).unwrap();
     trigger(&mut flow, at(4));
-    flow.handle_cancel(&p, at(5)).unwrap();
+    flow.handle_cancel(at(5)).unwrap();
     assert_eq!(flow.status(), FlowStatus::Idle);
     assert_eq!(flow.streak(), 2);
     assert_eq!(flow.next_eligible(), Some(at(103)), "the window is unchanged too");
@@ -366,7 +366,7 @@ fn f4_a_canceled_failure_is_a_clean_cancel() {
     flow.handle_failure(&p, at(1), fail(1), &mut r).unwrap();
     trigger(&mut flow, at(2));
     let mut canceled = flow;
-    flow.handle_cancel(&p, at(5)).unwrap();
+    flow.handle_cancel(at(5)).unwrap();
     let rng_before = r.clone();
     canceled.handle_failure(&p, at(5), Failure::canceled(9), &mut r).unwrap();
     assert_eq!(r, rng_before);
@@ -381,19 +381,19 @@ fn f5_every_dispatches_at_start_then_at_max_of_run_end_plus_interval_and_next_el
     let mut r = rng();
     let mut flow = Flow::<u32>::every(at(1_000), ms(200));
     assert_eq!(flow.poll_timeout(), Some(at(1_000)), "dispatch at start");
-    flow.handle_timeout(&p, at(1_000), &mut r);
+    flow.handle_timeout(at(1_000));
     assert_eq!(flow.poll_action(), Some(FlowAction::Dispatch { run: 1 }));
     assert_eq!(flow.poll_timeout(), None, "not while running");
-    flow.handle_success(&p, at(1_050)).unwrap();
+    flow.handle_success(at(1_050)).unwrap();
     assert_eq!(flow.poll_timeout(), Some(at(1_250)), "run end + interval");
-    flow.handle_timeout(&p, at(1_249), &mut r);
+    flow.handle_timeout(at(1_249));
     assert_eq!(flow.poll_action(), None, "early");
-    flow.handle_timeout(&p, at(1_250), &mut r);
+    flow.handle_timeout(at(1_250));
     assert_eq!(flow.poll_action(), Some(FlowAction::Dispatch { run: 2 }));
     flow.handle_failure(&p, at(1_300), fail(0), &mut r).unwrap();
     assert_eq!(flow.poll_timeout(), Some(at(1_800)), "the window (1800) is later than end + interval (1500)");
     let p = flat(None);
-    flow.handle_timeout(&p, at(1_800), &mut r);
+    flow.handle_timeout(at(1_800));
     flow.poll_action();
     flow.handle_failure(&p, at(1_900), fail(0), &mut r).unwrap();
     assert_eq!(flow.poll_timeout(), Some(at(2_100)), "end + interval (2100) is later than the window (2000)");
@@ -405,23 +405,23 @@ fn f6_cron_ticks_inside_the_backoff_window_are_skipped_and_never_replayed() {
     let mut r = rng();
     let mut flow = Flow::<u32>::cron(at(0));
     assert_eq!(flow.poll_timeout(), None, "cron flows are timed by their ticks");
-    flow.handle_tick(&p, at(0), at(0)).unwrap();
+    flow.handle_tick(at(0), at(0)).unwrap();
     assert_eq!(flow.poll_action(), Some(FlowAction::Dispatch { run: 1 }));
-    flow.handle_tick(&p, at(30), at(30)).unwrap();
+    flow.handle_tick(at(30), at(30)).unwrap();
     assert_eq!(flow.poll_action(), Some(FlowAction::TickSkipped { tick: at(30), reason: SkipReason::Running }));
     flow.handle_failure(&p, at(50), fail(1), &mut r).unwrap(); // window until 150
     for t in [60, 100, 149] {
-        flow.handle_tick(&p, at(t), at(t)).unwrap();
+        flow.handle_tick(at(t), at(t)).unwrap();
         assert_eq!(
             flow.poll_action(),
             Some(FlowAction::TickSkipped { tick: at(t), reason: SkipReason::InBackoff { until: at(150) } })
         );
     }
-    flow.handle_timeout(&p, at(10_000), &mut r);
+    flow.handle_timeout(at(10_000));
     assert_eq!(flow.poll_action(), None, "skipped ticks are not replayed when the window ends");
-    flow.handle_tick(&p, at(150), at(150)).unwrap();
+    flow.handle_tick(at(150), at(150)).unwrap();
     assert_eq!(flow.poll_action(), Some(FlowAction::Dispatch { run: 2 }));
-    assert_eq!(Flow::<u32>::every(at(0), ms(1)).handle_tick(&p, at(0), at(0)), Err(FlowError::NotCron));
+    assert_eq!(Flow::<u32>::every(at(0), ms(1)).handle_tick(at(0), at(0)), Err(FlowError::NotCron));
 }
 
 #[test]
@@ -459,9 +459,9 @@ fn f7_trigger_and_every_other_input_on_an_unknown_id_is_rejected() {
     let before = flows.clone();
     assert_eq!(flows.trigger(at(1), &2), Err(FlowError::UnknownId));
     assert_eq!(flows.reset_flow(at(1), &2), Err(FlowError::UnknownId));
-    assert_eq!(flows.handle_success(&p, at(1), &2), Err(FlowError::UnknownId));
-    assert_eq!(flows.handle_cancel(&p, at(1), &2), Err(FlowError::UnknownId));
-    assert_eq!(flows.handle_tick(&p, at(1), &2, at(1)), Err(FlowError::UnknownId));
+    assert_eq!(flows.handle_success(at(1), &2), Err(FlowError::UnknownId));
+    assert_eq!(flows.handle_cancel(at(1), &2), Err(FlowError::UnknownId));
+    assert_eq!(flows.handle_tick(at(1), &2, at(1)), Err(FlowError::UnknownId));
     let refused = flows.handle_failure(&p, at(1), &2, fail(44), &mut r).unwrap_err();
     assert_eq!((refused.error, refused.input), (FlowError::UnknownId, fail(44)));
     let refused = flows.insert(1, Flow::every(at(0), ms(5))).unwrap_err();
@@ -482,7 +482,7 @@ fn f8_reset_flow_zeroes_streak_and_window_and_sets_idle() {
     );
     assert_eq!(flow.poll_action(), Some(FlowAction::Reset { streak: 1, tripped: false }), "O1");
     trigger(&mut flow, at(3));
-    flow.handle_success(&p, at(4)).unwrap();
+    flow.handle_success(at(4)).unwrap();
     flow.reset_flow(at(5)).unwrap();
     assert_eq!(flow.status(), FlowStatus::Idle, "Completed becomes Idle as well");
     assert_eq!(flow.poll_action(), None, "a reset that cleared no streak is no transition");
@@ -512,7 +512,7 @@ fn f9_flow_info_exposes_streak_next_eligible_run_count_and_status() {
     let mut r = rng();
     let mut flows = Flows::<&str, u32>::new();
     flows.insert("f", Flow::every(at(0), ms(10))).unwrap();
-    flows.handle_timeout(&p, at(0), &mut r);
+    flows.handle_timeout(at(0));
     assert_eq!(flows.poll_action(), Some(("f", FlowAction::Dispatch { run: 1 })));
     flows.handle_failure(&p, at(5), &"f", fail(3), &mut r).unwrap();
     assert_eq!(
@@ -535,21 +535,21 @@ fn f10_a_tripped_flow_is_not_dispatched_by_time_or_tick_until_reset() {
     let mut flows = Flows::<u8, u32>::new();
     flows.insert(1, Flow::every(at(0), ms(10))).unwrap();
     flows.insert(2, Flow::cron(at(0))).unwrap();
-    flows.handle_timeout(&p, at(0), &mut r);
+    flows.handle_timeout(at(0));
     assert_eq!(flows.poll_action(), Some((1, FlowAction::Dispatch { run: 1 })));
     flows.handle_failure(&p, at(1), &1, fail(1), &mut r).unwrap();
     assert_eq!(flows.trigger(at(1), &2), Ok(FlowAction::Dispatch { run: 1 }));
     flows.handle_failure(&p, at(1), &2, fail(1), &mut r).unwrap();
     assert_eq!(flows.poll_timeout(), None);
-    flows.handle_timeout(&p, at(1_000_000), &mut r);
+    flows.handle_timeout(at(1_000_000));
     assert_eq!(flows.poll_action(), None);
     assert_eq!(
-        flows.handle_tick(&p, at(1_000_000), &2, at(1_000_000)),
+        flows.handle_tick(at(1_000_000), &2, at(1_000_000)),
         Ok(FlowAction::TickSkipped { tick: at(1_000_000), reason: SkipReason::Tripped })
     );
     flows.reset_flow(at(1_000_001), &1).unwrap();
     assert_eq!(flows.poll_timeout(), Some(at(11)), "due again at run end + interval");
-    flows.handle_timeout(&p, at(1_000_001), &mut r);
+    flows.handle_timeout(at(1_000_001));
     assert_eq!(flows.poll_action(), Some((1, FlowAction::Dispatch { run: 2 })));
 }
 
@@ -576,7 +576,7 @@ fn seed_scenario_scheduler_flow_trips_after_three_failures_and_runs_again_after_
     let mut dispatches = Vec::new();
     for failure in 1..=3u32 {
         now = flows.poll_timeout().unwrap();
-        flows.handle_timeout(&p, now, &mut r);
+        flows.handle_timeout(now);
         let (id, action) = flows.poll_action().unwrap();
         assert_eq!((id, action), ("sync", FlowAction::Dispatch { run: u64::from(failure) }));
         dispatches.push(now);
@@ -598,7 +598,7 @@ fn seed_scenario_scheduler_flow_trips_after_three_failures_and_runs_again_after_
         FlowStatus::Tripped { streak: 3, last_error: &"boom", reason: TripReason::Streak }
     );
     assert_eq!(flows.poll_timeout(), None, "a tripped flow is not dispatched");
-    flows.handle_timeout(&p, now.saturating_add(Duration::from_secs(3600)), &mut r);
+    flows.handle_timeout(now.saturating_add(Duration::from_secs(3600)));
     assert_eq!(flows.poll_action(), None);
     let before = flows.clone();
     assert_eq!(flows.trigger(now, &"sync"), Err(FlowError::Tripped { streak: 3, reason: TripReason::Streak }));
@@ -609,9 +609,9 @@ fn seed_scenario_scheduler_flow_trips_after_three_failures_and_runs_again_after_
         flows.info(&"sync").unwrap(),
         FlowInfo { failure_streak: 0, next_eligible: None, run_count: 3, status: FlowStatus::Idle }
     );
-    flows.handle_timeout(&p, now, &mut r);
+    flows.handle_timeout(now);
     assert_eq!(flows.poll_action(), Some(("sync", FlowAction::Dispatch { run: 4 })), "it runs again");
-    flows.handle_success(&p, now.saturating_add(ms(5)), &"sync").unwrap();
+    flows.handle_success(now.saturating_add(ms(5)), &"sync").unwrap();
     assert_eq!(flows.info(&"sync").unwrap().status, FlowStatus::Completed);
 }
 
@@ -622,7 +622,7 @@ fn flows_dispatch_the_earliest_due_first_and_keep_the_index_in_step() {
     for id in 0..100u32 {
         flows.insert(id, Flow::every(at(u64::from((id * 37) % 100)), ms(1_000))).unwrap();
     }
-    flows.handle_timeout(&FlowPolicy::default(), at(49), &mut rng());
+    flows.handle_timeout(at(49));
     let mut seen = Vec::new();
     while let Some((id, FlowAction::Dispatch { .. })) = flows.poll_action() {
         seen.push((id * 37) % 100);
@@ -645,11 +645,11 @@ fn flows_persist_with_serde_and_an_invalid_flow_is_refused_on_load() {
         flows.insert(id, Flow::every(at(u64::from(id)), ms(1_000))).unwrap();
     }
     flows.insert(9, Flow::cron(at(0))).unwrap();
-    flows.handle_timeout(&p, at(3), &mut r);
+    flows.handle_timeout(at(3));
     let dispatched: Vec<_> = core::iter::from_fn(|| flows.poll_action()).map(|(id, _)| id).collect();
     assert_eq!(dispatched, vec![0, 1, 2, 3]);
     flows.handle_failure(&p, at(10), &0, fail(7), &mut r).unwrap(); // backoff until 110
-    flows.handle_success(&p, at(20), &1).unwrap(); // due at 1020
+    flows.handle_success(at(20), &1).unwrap(); // due at 1020
     flows.handle_failure(&p, at(30), &2, Failure::fatal(8), &mut r).unwrap(); // tripped
     flows.trigger(at(40), &9).unwrap(); // running
     let json = serde_json::to_string(&flows).unwrap();
@@ -662,15 +662,15 @@ fn flows_persist_with_serde_and_an_invalid_flow_is_refused_on_load() {
     }
     // Both dispatch the same flows in the same order from here on.
     for now in [at(500), at(1_100), at(5_000)] {
-        flows.handle_timeout(&p, now, &mut r);
-        back.handle_timeout(&p, now, &mut r);
+        flows.handle_timeout(now);
+        back.handle_timeout(now);
         let a: Vec<_> = core::iter::from_fn(|| flows.poll_action()).collect();
         let b: Vec<_> = core::iter::from_fn(|| back.poll_action()).collect();
         assert_eq!(a, b);
         assert!(!a.is_empty(), "at {now:?}");
         for (id, _) in a {
-            flows.handle_success(&p, now, &id).unwrap();
-            back.handle_success(&p, now, &id).unwrap();
+            flows.handle_success(now, &id).unwrap();
+            back.handle_success(now, &id).unwrap();
         }
         assert_eq!(back.poll_timeout(), flows.poll_timeout());
     }
@@ -679,7 +679,7 @@ fn flows_persist_with_serde_and_an_invalid_flow_is_refused_on_load() {
     // is not its window's end.
     let mut flows = Flows::<u32, u32>::new();
     flows.insert(0, Flow::every(at(0), ms(1_000))).unwrap();
-    flows.handle_timeout(&p, at(0), &mut r);
+    flows.handle_timeout(at(0));
     flows.poll_action().unwrap();
     flows.handle_failure(&p, at(10), &0, fail(7), &mut r).unwrap();
     let mut value = serde_json::to_value(&flows).unwrap();
@@ -693,7 +693,7 @@ fn flows_persist_with_serde_and_an_invalid_flow_is_refused_on_load() {
     assert_eq!(serde_json::from_value::<Flows<u32, u32>>(value.clone()).unwrap(), flows);
     // A flow that holds an action (its dispatch never reached the registry's driver).
     let mut holding = Flow::<u32>::every(at(0), ms(1_000));
-    holding.handle_timeout(&p, at(0), &mut r);
+    holding.handle_timeout(at(0));
     assert!(holding.clone().poll_action().is_some(), "the flow this test loads holds its dispatch");
     value["flows"]["0"] = serde_json::to_value(holding).unwrap();
     let error = serde_json::from_value::<Flows<u32, u32>>(value).unwrap_err().to_string();
@@ -758,14 +758,14 @@ fn any_policy() -> impl Strategy<Value = FlowPolicy> {
 fn apply(flow: &mut Flow<u32>, policy: &FlowPolicy, op: Op, r: &mut ChaCha8Rng) -> bool {
     match op {
         Op::Timeout(t) => {
-            flow.handle_timeout(policy, at(t), r);
+            flow.handle_timeout(at(t));
             false
         }
-        Op::Tick(t) => flow.handle_tick(policy, at(t), at(t)).is_err(),
+        Op::Tick(t) => flow.handle_tick(at(t), at(t)).is_err(),
         Op::Trigger(t) => flow.trigger(at(t)).is_err(),
-        Op::Success(t) => flow.handle_success(policy, at(t)).is_err(),
+        Op::Success(t) => flow.handle_success(at(t)).is_err(),
         Op::Failure(t, k) => flow.handle_failure(policy, at(t), failure_of(t, k), r).is_err(),
-        Op::Cancel(t) => flow.handle_cancel(policy, at(t)).is_err(),
+        Op::Cancel(t) => flow.handle_cancel(at(t)).is_err(),
         Op::Reset(t) => flow.reset_flow(at(t)).is_err(),
     }
 }
@@ -816,12 +816,12 @@ proptest! {
         for (op, id) in ops {
             let before = flows.clone();
             let refused = match op {
-                Op::Timeout(t) => { flows.handle_timeout(&policy, at(t), &mut r); while flows.poll_action().is_some() {} false }
-                Op::Tick(t) => flows.handle_tick(&policy, at(t), &id, at(t)).is_err(),
+                Op::Timeout(t) => { flows.handle_timeout(at(t)); while flows.poll_action().is_some() {} false }
+                Op::Tick(t) => flows.handle_tick(at(t), &id, at(t)).is_err(),
                 Op::Trigger(t) => flows.trigger(at(t), &id).is_err(),
-                Op::Success(t) => flows.handle_success(&policy, at(t), &id).is_err(),
+                Op::Success(t) => flows.handle_success(at(t), &id).is_err(),
                 Op::Failure(t, k) => flows.handle_failure(&policy, at(t), &id, failure_of(t, k), &mut r).is_err(),
-                Op::Cancel(t) => flows.handle_cancel(&policy, at(t), &id).is_err(),
+                Op::Cancel(t) => flows.handle_cancel(at(t), &id).is_err(),
                 Op::Reset(t) => flows.reset_flow(at(t), &id).is_err(),
             };
             if refused {

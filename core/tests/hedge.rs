@@ -7,7 +7,7 @@ use core::time::Duration;
 
 use persevere::{
     Failure, FailureClass, Hedge, HedgeAction, HedgeError, HedgePolicy, HedgeStats, Instant, LastFailure, Outcome,
-    OutcomeKind, PolicyError, SplitMix64,
+    OutcomeKind, PolicyError,
 };
 use proptest::prelude::*;
 
@@ -34,7 +34,7 @@ fn finish<E: core::fmt::Debug>(h: &mut Hedge<E>) -> (Outcome<E>, HedgeStats) {
 
 /// `handle_timeout` at `ms` (a hedge draws no jitter: any RNG will do).
 fn wake<E>(h: &mut Hedge<E>, p: &HedgePolicy, ms: u64) {
-    h.handle_timeout(p, at(ms), &mut SplitMix64::new(0));
+    h.handle_timeout(p, at(ms));
 }
 
 fn starts(attempts: &[u64]) -> Vec<HedgeAction<&'static str>> {
@@ -115,12 +115,12 @@ fn x2_the_first_success_wins_and_every_other_attempt_in_flight_is_cancelled() {
     assert_eq!(drain(&mut h), starts(&[1]));
     wake(&mut h, &p, 100);
     // Inputs wait for the drain (and a timeout does nothing meanwhile).
-    assert_eq!(h.handle_success(&p, at(100), 1), Err(HedgeError::Undrained));
+    assert_eq!(h.handle_success(at(100), 1), Err(HedgeError::Undrained));
     wake(&mut h, &p, 200);
     assert_eq!(drain(&mut h), starts(&[2]));
     wake(&mut h, &p, 200);
     assert_eq!(drain(&mut h), starts(&[3]));
-    h.handle_success(&p, at(250), 2).unwrap();
+    h.handle_success(at(250), 2).unwrap();
     assert_eq!(
         drain(&mut h),
         [
@@ -134,7 +134,7 @@ fn x2_the_first_success_wins_and_every_other_attempt_in_flight_is_cancelled() {
     );
     // A result that still arrives for a cancelled attempt is refused and changes nothing.
     let before = h.clone();
-    assert_eq!(h.handle_success(&p, at(260), 1), Err(HedgeError::Finished(OutcomeKind::Succeeded)));
+    assert_eq!(h.handle_success(at(260), 1), Err(HedgeError::Finished(OutcomeKind::Succeeded)));
     let refused = h.handle_failure(&p, at(260), 3, Failure::retryable("late")).unwrap_err();
     assert_eq!(refused.input.error, "late", "handed back");
     assert_eq!(h, before);
@@ -220,7 +220,7 @@ fn x3_pushback_delays_the_next_hedge_never_shortening_it_and_stops_it_past_max_h
     h.handle_failure(&p, at(120), 1, Failure::do_not_retry("stop")).unwrap();
     assert_eq!(drain(&mut h), starts(&[]));
     assert_eq!(h.poll_timeout(), None);
-    h.handle_success(&p, at(130), 2).unwrap();
+    h.handle_success(at(130), 2).unwrap();
     let (outcome, stats) = finish(&mut h);
     assert_eq!((outcome, stats.winner), (Outcome::Succeeded, Some(2)));
 }
@@ -272,7 +272,7 @@ fn x4_only_a_hedge_the_latest_input_started_may_be_refused() {
     h.handle_failure(&p, at(150), 1, Failure::retryable("lost")).unwrap();
     assert_eq!(drain(&mut h), starts(&[3]));
     let before = h.clone();
-    assert_eq!(h.handle_rejected(&p, at(150), 2), Err(HedgeError::NothingToReject { attempt: 2 }));
+    assert_eq!(h.handle_rejected(at(150), 2), Err(HedgeError::NothingToReject { attempt: 2 }));
     assert_eq!(h, before);
 }
 
@@ -284,9 +284,9 @@ fn x4_a_refused_hedge_stops_further_hedges_but_not_those_in_flight() {
     // The budget refuses hedge 3: neither it nor 4 starts.
     assert_eq!(drain(&mut h), starts(&[1, 2, 3, 4]));
     let before = h.clone();
-    assert_eq!(h.handle_rejected(&p, at(0), 1), Err(HedgeError::NothingToReject { attempt: 1 }));
+    assert_eq!(h.handle_rejected(at(0), 1), Err(HedgeError::NothingToReject { attempt: 1 }));
     assert_eq!(h, before, "the first attempt is not a hedge");
-    h.handle_rejected(&p, at(0), 3).unwrap();
+    h.handle_rejected(at(0), 3).unwrap();
     assert_eq!((h.started(), h.in_flight()), (2, 2));
     assert_eq!(drain(&mut h), starts(&[]));
     h.handle_failure(&p, at(10), 1, Failure::retryable("busy")).unwrap();
@@ -305,17 +305,17 @@ fn x5_invalid_policies_and_misuse_are_refused() {
     assert!(matches!(HedgePolicy::builder(2, Duration::MAX).build(), Err(PolicyError::DurationOverflow { .. })));
     let p = policy(2, 10);
     let mut h = Hedge::<()>::new();
-    assert_eq!(h.handle_success(&p, at(0), 1), Err(HedgeError::NotStarted));
-    assert_eq!(h.handle_cancel(&p, at(0)), Err(HedgeError::NotStarted));
+    assert_eq!(h.handle_success(at(0), 1), Err(HedgeError::NotStarted));
+    assert_eq!(h.handle_cancel(at(0)), Err(HedgeError::NotStarted));
     h.handle_start(&p, at(0)).unwrap();
     assert_eq!(h.handle_start(&p, at(0)), Err(HedgeError::AlreadyStarted));
     drain(&mut h);
     for attempt in [0, 2, 17, u64::MAX] {
         let before = h.clone();
-        assert_eq!(h.handle_success(&p, at(1), attempt), Err(HedgeError::NotInFlight { attempt }));
+        assert_eq!(h.handle_success(at(1), attempt), Err(HedgeError::NotInFlight { attempt }));
         assert_eq!(h, before);
     }
-    h.handle_cancel(&p, at(5)).unwrap();
+    h.handle_cancel(at(5)).unwrap();
     let actions = drain(&mut h);
     assert_eq!(actions[0], HedgeAction::Cancel { attempt: 1 });
     assert!(matches!(actions[1], HedgeAction::Finish { outcome: Outcome::Canceled { last_failure: None }, .. }));
@@ -444,7 +444,7 @@ fn x4_x5_a_canceled_attempt_ends_it_hedge_two_can_be_refused_and_a_late_timeout_
     assert_eq!(h, done, "a timeout after the outcome");
 
     let mut r = two_started(&p);
-    assert_eq!(r.handle_rejected(&p, at(100), 2), Ok(()));
+    assert_eq!(r.handle_rejected(at(100), 2), Ok(()));
     assert_eq!((r.started(), r.in_flight()), (1, 1));
 }
 
@@ -461,9 +461,9 @@ fn x1_x5_sixteen_attempts_are_answered_and_a_smaller_policy_starts_no_more() {
     h.handle_start(&all, at(0)).unwrap();
     assert_eq!(drain(&mut h).len(), 16);
     for attempt in [0, 17] {
-        assert_eq!(h.handle_success(&all, at(1), attempt), Err(HedgeError::NotInFlight { attempt }));
+        assert_eq!(h.handle_success(at(1), attempt), Err(HedgeError::NotInFlight { attempt }));
     }
-    assert_eq!(h.handle_success(&all, at(1), 16), Ok(()));
+    assert_eq!(h.handle_success(at(1), 16), Ok(()));
 
     let (four, three) = (policy(4, 100), policy(3, 100));
     let mut h = three_started(&four);
@@ -531,7 +531,7 @@ proptest! {
                 }
                 Op::Success(pick) => {
                     let attempt = pick_running(pick, &seen);
-                    let ok = h.handle_success(&p, at(now), attempt).is_ok();
+                    let ok = h.handle_success(at(now), attempt).is_ok();
                     if ok {
                         seen.running.retain(|&a| a != attempt);
                     }
@@ -555,7 +555,7 @@ proptest! {
                 }
                 Op::Reject => match seen.running.last().copied() {
                     Some(newest) if newest >= 2 => {
-                        let ok = h.handle_rejected(&p, at(now), newest).is_ok();
+                        let ok = h.handle_rejected(at(now), newest).is_ok();
                         if ok {
                             seen.running.retain(|&a| a != newest);
                             seen.started.retain(|&(a, _)| a != newest);
@@ -563,9 +563,9 @@ proptest! {
                         }
                         ok
                     }
-                    _ => h.handle_rejected(&p, at(now), 1).is_ok(),
+                    _ => h.handle_rejected(at(now), 1).is_ok(),
                 },
-                Op::Cancel => h.handle_cancel(&p, at(now)).is_ok(),
+                Op::Cancel => h.handle_cancel(at(now)).is_ok(),
             };
             if !accepted {
                 prop_assert_eq!(&h, &before, "G12: a refused input changes nothing");

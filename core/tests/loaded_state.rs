@@ -91,14 +91,13 @@ fn s1_a_task_waiting_to_repeat_driven_under_a_policy_that_does_not_repeat_comple
     let defaults = TaskDefaults::new();
     let periodic = SupervisionPolicy::periodic(ms(100)).build(&defaults).unwrap();
     let once = SupervisionPolicy::once().build(&defaults).unwrap();
-    let mut rng = ChaCha8Rng::seed_from_u64(3);
     let mut task = Supervision::<u32>::new();
     task.handle_start(&periodic, at(0)).unwrap();
     task_drain(&mut task);
     task.handle_success(&periodic, at(5), 1).unwrap();
     task_drain(&mut task);
     let until = task.poll_timeout().unwrap();
-    task.handle_timeout(&once, until, &mut rng);
+    task.handle_timeout(&once, until);
     assert_eq!(
         task_drain(&mut task),
         vec![SupervisionAction::TaskFinished { outcome: TaskOutcome::Completed, attempts: 1 }]
@@ -120,12 +119,12 @@ fn s3_a_task_waiting_to_retry_past_a_stricter_limit_fails() {
         task_drain(&mut task);
         now = task.poll_timeout().unwrap();
         if attempt < 3 {
-            task.handle_timeout(&lenient, now, &mut rng);
+            task.handle_timeout(&lenient, now);
             task_drain(&mut task);
         }
     }
     // Three failures in a row: one retry is all the strict policy allows, so no fourth attempt.
-    task.handle_timeout(&strict, now, &mut rng);
+    task.handle_timeout(&strict, now);
     let trace = task_drain(&mut task);
     assert!(
         matches!(trace[..], [SupervisionAction::TaskFinished { outcome: TaskOutcome::Failed { .. }, attempts: 3 }]),
@@ -168,11 +167,10 @@ mod on_load {
     fn a_supervised_attempts_end_to_report_must_fit_what_followed_it() {
         let defaults = TaskDefaults::new();
         let policy = SupervisionPolicy::restartable().attempt_timeout(ms(10)).build(&defaults).unwrap();
-        let mut rng = ChaCha8Rng::seed_from_u64(5);
         let mut task = Supervision::<u32>::new();
         task.handle_start(&policy, at(0)).unwrap();
         task_drain(&mut task);
-        task.handle_timeout(&policy, at(10), &mut rng); // AttemptTimedOut waits to be drained
+        task.handle_timeout(&policy, at(10)); // AttemptTimedOut waits to be drained
         let timed_out = serde_json::to_value(task).unwrap();
         serde_json::from_value::<Supervision<u32>>(timed_out.clone()).unwrap();
         let mut s = timed_out;
@@ -208,7 +206,6 @@ fn r1_a_loaded_retry_at_the_last_attempt_number_never_hands_it_out_again() {
 fn s4_a_loaded_periodic_task_with_no_attempt_number_left_to_repeat_completes() {
     let defaults = TaskDefaults::new();
     let periodic = SupervisionPolicy::periodic(ms(100)).build(&defaults).unwrap();
-    let mut rng = ChaCha8Rng::seed_from_u64(6);
     let mut task = Supervision::<u32>::new();
     task.handle_start(&periodic, at(0)).unwrap();
     task_drain(&mut task);
@@ -219,7 +216,7 @@ fn s4_a_loaded_periodic_task_with_no_attempt_number_left_to_repeat_completes() {
     json["engine"]["attempt"] = serde_json::Value::from(u64::MAX);
     let mut task: Supervision<u32> =
         serde_json::from_value(json).expect("a task waiting to repeat at any attempt number loads");
-    task.handle_timeout(&periodic, until, &mut rng);
+    task.handle_timeout(&periodic, until);
     let reloaded = serde_json::to_value(task).unwrap();
     assert_eq!(
         task_drain(&mut task),

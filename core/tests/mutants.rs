@@ -223,7 +223,7 @@ fn d6_persisting_a_sync_start_changes_nothing_not_even_the_clock() {
     let policy = delivery_policy();
     let mut task = handed_out(&policy);
     let before = task.clone();
-    task.handle_persisted(&policy, Instant::from_millis(500), 1).unwrap();
+    task.handle_persisted(Instant::from_millis(500), 1).unwrap();
     assert_eq!(task, before, "a Sync start is durable already");
 }
 
@@ -290,7 +290,7 @@ fn g12_loaded_states_with_actions_of_another_state_are_refused() {
         assert!(reloaded(&out, |j| j["pending"] = bits.into()).is_err(), "handed out with {bits}");
     }
     let mut done = out.clone();
-    done.handle_success(&policy, Instant::ZERO, 1, &1).unwrap();
+    done.handle_success(Instant::ZERO, 1, &1).unwrap();
     let undrained = reloaded(&done, |_| {}).unwrap();
     assert_eq!(undrained, done, "a finish waiting to be drained loads");
     drained(&mut done);
@@ -338,10 +338,9 @@ fn g12_the_decliners_ring_loads_only_as_handle_returned_fills_it() {
 #[test]
 fn g12_a_rejection_or_an_abandon_before_the_start_is_refused_and_changes_nothing() {
     use persevere::{Retry, RetryError, Supervision, SupervisionError, SupervisionPolicy, TaskDefaults};
-    let policy = retry_policy(3);
     let mut retry: Retry<()> = Retry::new();
     let before = retry;
-    assert_eq!(retry.handle_rejected(&policy, Instant::from_nanos(5)), Err(RetryError::NotStarted));
+    assert_eq!(retry.handle_rejected(Instant::from_nanos(5)), Err(RetryError::NotStarted));
     assert_eq!(retry, before);
 
     let policy = SupervisionPolicy::restartable().build(&TaskDefaults::new()).unwrap();
@@ -362,7 +361,7 @@ fn s4_a_timed_out_attempt_whose_drop_panics_counts_into_the_streak() {
     let drain = |task: &mut Supervision<u32>| while task.poll_action().is_some() {};
     task.handle_start(&policy, at(0)).unwrap();
     drain(&mut task);
-    task.handle_timeout(&policy, at(30), &mut Fixed(0));
+    task.handle_timeout(&policy, at(30));
     assert_eq!(task.poll_action(), Some(SupervisionAction::AttemptTimedOut { attempt: 1 }));
     task.handle_abandoned(&policy, at(31), 1, Some(5), &mut Fixed(0)).unwrap();
     assert_eq!(task.streak(), 1, "the timed-out attempt failed: it counts");
@@ -411,7 +410,7 @@ fn g12_an_operation_canceled_mid_attempt_with_its_outputs_undrained_loads_back()
     use persevere::{Retry, RetryAction};
     let policy = retry_policy(3);
     let mut retry = started(&policy);
-    retry.handle_cancel(&policy, Instant::from_nanos(5)).unwrap();
+    retry.handle_cancel(Instant::from_nanos(5)).unwrap();
     let json = serde_json::to_string(&retry).unwrap();
     let mut loaded: Retry<u8> = serde_json::from_str(&json).unwrap_or_else(|e| panic!("{json}: {e}"));
     assert_eq!(loaded, retry);
@@ -468,7 +467,7 @@ fn g12_a_drained_outcome_loads_back_and_a_cancel_before_the_start_with_a_failure
     assert_eq!(serde_json::from_str::<Retry<u8>>(&json).map_err(|e| e.to_string()), Ok(retry));
 
     let mut canceled: Retry<u8> = Retry::new();
-    canceled.handle_cancel(&policy, Instant::ZERO).unwrap();
+    canceled.handle_cancel(Instant::ZERO).unwrap();
     let mut s = serde_json::to_value(canceled).unwrap();
     serde_json::from_value::<Retry<u8>>(s.clone()).unwrap();
     s["engine"]["last_failure"] = json!({ "class": "Retryable", "error": null });
@@ -577,7 +576,7 @@ fn s4_a_drop_reported_for_another_attempt_is_refused() {
     let mut task = Supervision::<u32>::new();
     task.handle_start(&policy, Instant::ZERO).unwrap();
     while task.poll_action().is_some() {}
-    task.handle_timeout(&policy, Instant::from_nanos(30_000_000), &mut Fixed(0));
+    task.handle_timeout(&policy, Instant::from_nanos(30_000_000));
     while task.poll_action().is_some() {}
     let before = task;
     let refused = task.handle_abandoned(&policy, Instant::from_nanos(31_000_000), 2, None, &mut Fixed(0)).unwrap_err();
@@ -596,7 +595,7 @@ fn s4_an_abandoning_task_loads_only_with_its_timeout() {
     let mut task = Supervision::<u8>::new();
     task.handle_start(&policy, Instant::ZERO).unwrap();
     while task.poll_action().is_some() {}
-    task.handle_timeout(&policy, Instant::from_nanos(30_000_000), &mut Fixed(0));
+    task.handle_timeout(&policy, Instant::from_nanos(30_000_000));
     while task.poll_action().is_some() {}
     let mut s = serde_json::to_value(task).unwrap();
     assert_eq!(serde_json::from_value::<Supervision<u8>>(s.clone()).map_err(|e| e.to_string()), Ok(task));
@@ -661,7 +660,7 @@ fn s6_an_undrained_attempt_end_loads_only_where_it_fits() {
     refused(waiting_after_failure, json!({ "Failed": "Fatal" }));
 
     let mut task = started(&restartable);
-    task.handle_cancel(&restartable, Instant::from_nanos(5)).unwrap();
+    task.handle_cancel(Instant::from_nanos(5)).unwrap();
     loads(task);
 
     let once = SupervisionPolicy::once().build(&defaults).unwrap();
@@ -693,7 +692,7 @@ fn f3_a_loaded_flow_has_a_window_exactly_when_it_backs_off() {
         if failed {
             flow.handle_failure(policy, Instant::from_nanos(5), Failure::retryable(1), &mut Fixed(0)).unwrap();
         } else {
-            flow.handle_success(policy, Instant::from_nanos(5)).unwrap();
+            flow.handle_success(Instant::from_nanos(5)).unwrap();
         }
         while flow.poll_action().is_some() {}
         let value = serde_json::to_value(flow).unwrap();
@@ -748,7 +747,7 @@ fn f1_a_loaded_flow_holds_only_an_action_its_transitions_leave() {
 
     let mut cron = Flow::<u8>::cron(Instant::ZERO);
     running(&mut cron);
-    cron.handle_tick(&policy, Instant::from_nanos(3), Instant::from_nanos(3)).unwrap();
+    cron.handle_tick(Instant::from_nanos(3), Instant::from_nanos(3)).unwrap();
     let skipped = loads(cron);
     let mut every = Flow::<u8>::every(Instant::ZERO, ms(10));
     running(&mut every);
@@ -1118,7 +1117,7 @@ fn k4_k5_a_zero_open_period_probes_at_once_and_permit_ids_run_on() {
     assert_eq!(b.status(), BreakerStatus::Closed);
     let next = b.try_acquire(&p, Instant::from_secs(1), &mut Fixed(0)).unwrap();
     assert_eq!((next.id(), next.is_probe()), (2, false));
-    b.handle_disable(&p, Instant::from_secs(2));
+    b.handle_disable(Instant::from_secs(2));
     let disabled = b.try_acquire(&p, Instant::from_secs(1), &mut Fixed(0)).unwrap();
     assert_eq!((disabled.id(), disabled.acquired_at()), (3, Instant::from_secs(1)));
 }

@@ -64,7 +64,7 @@ fn a_full_retry_cycle_allocates_nothing() {
                     Some(RetryAction::Start { attempt, .. }) if attempt < 3 => {
                         retry.handle_failure(&policy, now, attempt, Failure::retryable(round), &mut rng).unwrap();
                     }
-                    Some(RetryAction::Start { attempt, .. }) => retry.handle_success(&policy, now, attempt).unwrap(),
+                    Some(RetryAction::Start { attempt, .. }) => retry.handle_success(now, attempt).unwrap(),
                     Some(RetryAction::Finish { outcome, .. }) => {
                         std::hint::black_box(outcome);
                         break;
@@ -98,7 +98,7 @@ fn the_supervision_decision_allocates_nothing() {
             }
             while task.poll_action().is_some() {}
             now = task.poll_timeout().unwrap();
-            task.handle_timeout(&policy, now, &mut rng);
+            task.handle_timeout(&policy, now);
         }
     });
     assert_eq!(task.attempt(), 10_001);
@@ -114,12 +114,12 @@ fn flow_outcome_transitions_allocate_nothing() {
     let n = allocations(|| {
         for run in 0..10_000u32 {
             now = flow.poll_timeout().unwrap().later(now);
-            flow.handle_timeout(&policy, now, &mut rng);
+            flow.handle_timeout(now);
             while flow.poll_action().is_some() {}
             match run % 3 {
                 0 => flow.handle_failure(&policy, now, Failure::retryable(run), &mut rng).unwrap(),
-                1 => flow.handle_cancel(&policy, now).unwrap(),
-                _ => flow.handle_success(&policy, now).unwrap(),
+                1 => flow.handle_cancel(now).unwrap(),
+                _ => flow.handle_success(now).unwrap(),
             }
             let _ = flow.info();
         }

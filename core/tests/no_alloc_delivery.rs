@@ -60,7 +60,7 @@ fn the_per_task_delivery_path_allocates_nothing() {
                 drain(&mut task);
                 task.handle_hand_out(&policy, now, 2).unwrap();
                 drain(&mut task);
-                task.handle_persisted(&policy, now, 1).unwrap();
+                task.handle_persisted(now, 1).unwrap();
                 task.handle_started(&policy, now, 1, &2).unwrap();
                 task.handle_heartbeat(&policy, now, 1, &2, Some(task_id)).unwrap();
                 task.handle_interrupted(&policy, now, 1, &2, Interruption::WorkerCrashed, &mut rng).unwrap();
@@ -88,7 +88,7 @@ fn the_per_task_delivery_path_allocates_nothing() {
                 task.handle_hand_out(&policy, now, 5).unwrap();
                 drain(&mut task);
                 if task_id % 2 == 0 {
-                    task.handle_success(&policy, now, attempt, &5).unwrap();
+                    task.handle_success(now, attempt, &5).unwrap();
                 } else {
                     task.handle_failure(&policy, now, attempt, &5, Failure::retryable(1), &mut rng).unwrap();
                 }
@@ -130,7 +130,7 @@ fn the_table_allocates_nothing_per_hand_out_and_result_once_warm() {
             let id = table.hand_out_next(&policy, now, &worker).unwrap();
             while table.poll_action().is_some() {}
             table.handle_started(&policy, now, &id, 1, &worker).unwrap();
-            table.handle_success(&policy, now, &id, 1, &worker).unwrap();
+            table.handle_success(now, &id, 1, &worker).unwrap();
             while table.poll_action().is_some() {}
         }
     });

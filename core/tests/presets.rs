@@ -26,7 +26,7 @@ fn delays(policy: &RetryPolicy, failure: impl Fn(u64) -> Failure<u64>, limit: u6
     retry.handle_start(policy, now).unwrap();
     loop {
         match retry.poll_action() {
-            Some(RetryAction::Start { attempt, .. }) if attempt > limit => retry.handle_cancel(policy, now).unwrap(),
+            Some(RetryAction::Start { attempt, .. }) if attempt > limit => retry.handle_cancel(now).unwrap(),
             Some(RetryAction::Start { attempt, .. }) => {
                 retry.handle_failure(policy, now, attempt, failure(attempt), &mut r).unwrap()
             }

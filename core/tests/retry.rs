@@ -106,7 +106,7 @@ fn r1_a_second_result_for_the_same_attempt_is_refused() {
     let err = retry.handle_failure(&p, at(2), 1, Failure::retryable(9), &mut r).unwrap_err();
     assert_eq!(err.error, RetryError::NoAttemptRunning);
     assert_eq!(err.input, Failure::retryable(9), "the refused failure is handed back");
-    assert_eq!(retry.handle_success(&p, at(2), 1), Err(RetryError::NoAttemptRunning));
+    assert_eq!(retry.handle_success(at(2), 1), Err(RetryError::NoAttemptRunning));
 }
 
 #[test]
@@ -218,7 +218,7 @@ fn r3_the_total_budget_never_cuts_a_running_attempt() {
     assert_eq!(retry.poll_timeout(), None, "the budget sets no deadline on the attempt");
     retry.handle_timeout(&p, at(10_000), &mut r);
     assert_eq!(retry.status(), RetryStatus::Running { attempt: 1, deadline: None });
-    retry.handle_success(&p, at(10_000), 1).unwrap();
+    retry.handle_success(at(10_000), 1).unwrap();
     assert_eq!(finish(&drain(&mut retry)).0, Outcome::Succeeded);
 }
 
@@ -242,7 +242,7 @@ fn r3_an_attempt_past_its_deadline_is_abandoned_and_counts_as_a_timeout() {
     );
     assert_eq!(retry.last_failure(), Some(&LastFailure { class: FailureClass::Timeout, error: None }));
     assert_eq!(
-        retry.handle_success(&p, at(36), 1),
+        retry.handle_success(at(36), 1),
         Err(RetryError::NoAttemptRunning),
         "a late result of the abandoned attempt is refused"
     );
@@ -320,7 +320,7 @@ fn r4_a_success_resets_the_failure_streak() {
     assert_eq!(retry.streak(), 2);
     retry.handle_timeout(&p, at(200), &mut r);
     drain(&mut retry);
-    retry.handle_success(&p, at(200), 3).unwrap();
+    retry.handle_success(at(200), 3).unwrap();
     assert_eq!(retry.streak(), 0);
     assert_eq!(retry.last_failure(), None);
 }
@@ -340,7 +340,7 @@ fn r5_the_outcome_carries_attempts_time_asleep_and_elapsed_time() {
     drain(&mut retry);
     retry.handle_timeout(&p, at(1_270), &mut r);
     drain(&mut retry);
-    retry.handle_success(&p, at(1_300), 3).unwrap();
+    retry.handle_success(at(1_300), 3).unwrap();
     let (outcome, stats) = finish(&drain(&mut retry));
     assert_eq!(outcome, Outcome::Succeeded);
     assert_eq!(stats, Stats { attempts: 3, slept: ms(210), elapsed: Some(ms(300)) });
@@ -355,9 +355,9 @@ fn r5_the_core_always_measures_the_elapsed_time() {
     let p = policy(|b| b.max_attempts(2).total(ms(1_000)).max_hint(ms(500)));
     type Drive = fn(&mut Retry<u64>, &RetryPolicy, &mut ChaCha8Rng);
     let cases: [(OutcomeKind, Drive, Duration); 7] = [
-        (OutcomeKind::Succeeded, |t, p, _| t.handle_success(p, at(1_030), 1).unwrap(), ms(30)),
+        (OutcomeKind::Succeeded, |t, _, _| t.handle_success(at(1_030), 1).unwrap(), ms(30)),
         (OutcomeKind::Fatal, |t, p, r| t.handle_failure(p, at(1_040), 1, Failure::fatal(1), r).unwrap(), ms(40)),
-        (OutcomeKind::Canceled, |t, p, _| t.handle_cancel(p, at(1_050)).unwrap(), ms(50)),
+        (OutcomeKind::Canceled, |t, _, _| t.handle_cancel(at(1_050)).unwrap(), ms(50)),
         (
             OutcomeKind::Deferred,
             |t, p, r| t.handle_failure(p, at(1_060), 1, Failure::retry_after(ms(501), 1), r).unwrap(),
@@ -373,7 +373,7 @@ fn r5_the_core_always_measures_the_elapsed_time() {
             |t, p, r| {
                 t.handle_failure(p, at(1_080), 1, Failure::retryable(1), r).unwrap();
                 drain(t);
-                t.handle_rejected(p, at(1_090)).unwrap();
+                t.handle_rejected(at(1_090)).unwrap();
             },
             ms(90),
         ),
@@ -417,9 +417,9 @@ fn r5_exactly_one_finish_is_emitted_and_everything_after_it_is_refused() {
     assert_eq!(retry.poll_action(), None);
     let done = RetryError::Finished(OutcomeKind::Exhausted);
     assert_eq!(retry.handle_start(&p, at(1)), Err(done));
-    assert_eq!(retry.handle_success(&p, at(1), 1), Err(done));
-    assert_eq!(retry.handle_cancel(&p, at(1)), Err(done));
-    assert_eq!(retry.handle_rejected(&p, at(1)), Err(done));
+    assert_eq!(retry.handle_success(at(1), 1), Err(done));
+    assert_eq!(retry.handle_cancel(at(1)), Err(done));
+    assert_eq!(retry.handle_rejected(at(1)), Err(done));
     assert_eq!(retry.handle_failure(&p, at(1), 1, Failure::retryable(8), &mut r).unwrap_err().error, done);
     let before = retry;
     retry.handle_timeout(&p, at(1_000_000), &mut r);
@@ -444,7 +444,7 @@ fn r6_the_timeline_is_start_result_sleep_start_finish() {
     retry.handle_timeout(&p, at(120), &mut r);
     retry.handle_timeout(&p, at(120), &mut r); // twice: nothing more
     assert_eq!(drain(&mut retry), vec![RetryAction::Start { attempt: 2, deadline: None }]);
-    retry.handle_success(&p, at(130), 2).unwrap();
+    retry.handle_success(at(130), 2).unwrap();
     assert_eq!(finish(&drain(&mut retry)).0, Outcome::Succeeded);
 }
 
@@ -476,12 +476,12 @@ fn r6_an_input_before_the_actions_are_drained_is_refused_and_changes_nothing() {
     let refused = retry.handle_failure(&p, at(10), 1, Failure::retryable(1), &mut r).unwrap_err();
     assert_eq!(refused.error, RetryError::Undrained);
     assert_eq!(refused.input, Failure::retryable(1), "the refused failure is handed back");
-    assert_eq!(retry.handle_success(&p, at(10), 1), Err(RetryError::Undrained));
-    assert_eq!(retry.handle_cancel(&p, at(10)), Err(RetryError::Undrained));
+    assert_eq!(retry.handle_success(at(10), 1), Err(RetryError::Undrained));
+    assert_eq!(retry.handle_cancel(at(10)), Err(RetryError::Undrained));
     // A validity error takes precedence over the drain rule.
     assert_eq!(retry.handle_start(&p, at(10)), Err(RetryError::AlreadyStarted));
-    assert_eq!(retry.handle_success(&p, at(10), 2), Err(RetryError::StaleAttempt { running: 1, got: 2 }));
-    assert_eq!(retry.handle_rejected(&p, at(10)), Err(RetryError::NothingToReject));
+    assert_eq!(retry.handle_success(at(10), 2), Err(RetryError::StaleAttempt { running: 1, got: 2 }));
+    assert_eq!(retry.handle_rejected(at(10)), Err(RetryError::NothingToReject));
     // `handle_timeout` past the deadline does nothing while the start waits to be drained.
     retry.handle_timeout(&p, at(60), &mut r);
     assert_eq!(retry, before, "a refused input changed the state");
@@ -500,8 +500,8 @@ fn r6_an_input_before_the_actions_are_drained_is_refused_and_changes_nothing() {
     let before = retry;
     let rng_before = r.clone();
     retry.handle_timeout(&p, at(10_000), &mut r);
-    assert_eq!(retry.handle_cancel(&p, at(10_000)), Err(RetryError::Undrained));
-    assert_eq!(retry.handle_rejected(&p, at(10_000)), Err(RetryError::Undrained));
+    assert_eq!(retry.handle_cancel(at(10_000)), Err(RetryError::Undrained));
+    assert_eq!(retry.handle_rejected(at(10_000)), Err(RetryError::Undrained));
     assert_eq!(retry, before);
     assert_eq!(r, rng_before);
     assert_eq!(
@@ -514,9 +514,9 @@ fn r6_an_input_before_the_actions_are_drained_is_refused_and_changes_nothing() {
     );
     retry.handle_timeout(&p, at(160), &mut r);
     assert_eq!(drain(&mut retry), vec![RetryAction::Start { attempt: 2, deadline: Some(at(210)) }]);
-    retry.handle_success(&p, at(170), 2).unwrap();
+    retry.handle_success(at(170), 2).unwrap();
     // The finish is pending: after the outcome, `Finished` takes precedence.
-    assert_eq!(retry.handle_cancel(&p, at(170)), Err(RetryError::Finished(OutcomeKind::Succeeded)));
+    assert_eq!(retry.handle_cancel(at(170)), Err(RetryError::Finished(OutcomeKind::Succeeded)));
     assert_eq!(finish(&drain(&mut retry)).0, Outcome::Succeeded);
 }
 
@@ -623,7 +623,7 @@ fn b6_a_hint_within_max_hint_is_waited_in_full() {
     );
     retry.handle_timeout(&p, until + DEFAULT_MAX_HINT, &mut r);
     drain(&mut retry);
-    retry.handle_success(&p, until + DEFAULT_MAX_HINT, 3).unwrap();
+    retry.handle_success(until + DEFAULT_MAX_HINT, 3).unwrap();
     let (outcome, stats) = finish(&drain(&mut retry));
     assert_eq!(outcome, Outcome::Succeeded);
     assert_eq!(stats.slept, Duration::from_secs(240) + DEFAULT_MAX_HINT);
@@ -703,7 +703,7 @@ fn cancel_abandons_a_running_attempt_and_finishes_canceled() {
     let mut retry = Retry::<u64>::new();
     retry.handle_start(&p, at(0)).unwrap();
     drain(&mut retry);
-    retry.handle_cancel(&p, at(5)).unwrap();
+    retry.handle_cancel(at(5)).unwrap();
     let trace = drain(&mut retry);
     assert_eq!(trace[0], RetryAction::Abandon { attempt: 1 });
     assert_eq!(finish(&trace).0, Outcome::Canceled { last_failure: None });
@@ -713,7 +713,7 @@ fn cancel_abandons_a_running_attempt_and_finishes_canceled() {
     drain(&mut retry);
     retry.handle_failure(&p, at(0), 1, Failure::retryable(4), &mut r).unwrap();
     drain(&mut retry);
-    retry.handle_cancel(&p, at(50)).unwrap();
+    retry.handle_cancel(at(50)).unwrap();
     let trace = drain(&mut retry);
     assert_eq!(trace.len(), 1);
     assert_eq!(finish(&trace).0, Outcome::Canceled { last_failure: Some(lf(FailureClass::Retryable, 4)) });
@@ -726,10 +726,10 @@ fn u4_a_refused_retry_finishes_rejected() {
     let mut retry = Retry::<u64>::new();
     retry.handle_start(&p, at(0)).unwrap();
     drain(&mut retry);
-    assert_eq!(retry.handle_rejected(&p, at(0)), Err(RetryError::NothingToReject));
+    assert_eq!(retry.handle_rejected(at(0)), Err(RetryError::NothingToReject));
     retry.handle_failure(&p, at(0), 1, Failure::retryable(3), &mut r).unwrap();
     drain(&mut retry);
-    retry.handle_rejected(&p, at(0)).unwrap();
+    retry.handle_rejected(at(0)).unwrap();
     let (outcome, stats) = finish(&drain(&mut retry));
     assert_eq!(outcome, Outcome::Rejected { last_failure: lf(FailureClass::Retryable, 3) });
     assert_eq!(stats.attempts, 1);
@@ -748,7 +748,7 @@ fn time_never_runs_backwards_inside_the_machine() {
     assert_eq!(drain(&mut retry), vec![RetryAction::Sleep { next_attempt: 2, delay: ms(100), until: at(600) }]);
     retry.handle_timeout(&p, at(650), &mut r);
     drain(&mut retry);
-    retry.handle_success(&p, at(0), 2).unwrap();
+    retry.handle_success(at(0), 2).unwrap();
     assert_eq!(retry.now(), at(650));
     let (_, stats) = finish(&drain(&mut retry));
     assert_eq!(stats.elapsed, Some(ms(150)));
@@ -851,7 +851,7 @@ proptest! {
             let undrained = retry.has_actions();
             let result = match op {
                 Op::Start(t) => retry.handle_start(&policy, at(t)),
-                Op::Success(t, a) => retry.handle_success(&policy, at(t), a),
+                Op::Success(t, a) => retry.handle_success(at(t), a),
                 Op::Failure(t, a, k) => {
                     retry.handle_failure(&policy, at(t), a, failure_of(k, a), &mut r).map_err(|refused| {
                         assert_eq!(refused.input, failure_of(k, a), "the refused failure is handed back");
@@ -865,8 +865,8 @@ proptest! {
                     }
                     Ok(())
                 }
-                Op::Cancel(t) => retry.handle_cancel(&policy, at(t)),
-                Op::Reject(t) => retry.handle_rejected(&policy, at(t)),
+                Op::Cancel(t) => retry.handle_cancel(at(t)),
+                Op::Reject(t) => retry.handle_rejected(at(t)),
             };
             if let Err(error) = result {
                 prop_assert_eq!(retry, before, "{:?} was refused ({:?}) but changed the state", op, error);
@@ -916,7 +916,7 @@ proptest! {
                     } else {
                         now = finish_at;
                         if attempt == succeed_at {
-                            retry.handle_success(&policy, now, attempt).unwrap();
+                            retry.handle_success(now, attempt).unwrap();
                         } else {
                             retry.handle_failure(&policy, now, attempt, Failure::retryable(attempt), &mut r).unwrap();
                         }

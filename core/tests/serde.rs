@@ -43,7 +43,7 @@ fn a_retry_in_flight_round_trips_and_continues_identically() {
     restored.handle_timeout(&policy, until, &mut b);
     for t in [&mut retry, &mut restored] {
         assert_eq!(t.poll_action(), Some(RetryAction::Start { attempt: 2, deadline: None }));
-        t.handle_success(&policy, until, 2).unwrap();
+        t.handle_success(until, 2).unwrap();
     }
     assert_eq!(restored.poll_action(), retry.poll_action());
     assert_eq!(restored, retry);
@@ -231,7 +231,7 @@ fn a_finished_retry_round_trips_with_its_outcome_still_to_drain() {
 #[test]
 fn a_retry_canceled_before_its_start_round_trips() {
     let mut retry = Retry::<u32>::new();
-    retry.handle_cancel(&policy(), Instant::from_secs(5)).unwrap();
+    retry.handle_cancel(Instant::from_secs(5)).unwrap();
     let loaded = serde_json::from_str::<Retry<u32>>(&serde_json::to_string(&retry).unwrap());
     assert_eq!(loaded.map_err(|e| e.to_string()), Ok(retry));
 }
@@ -279,7 +279,7 @@ fn a_supervised_task_and_a_flow_round_trip_and_continue_identically() {
     assert_ne!(bad, json);
     assert!(serde_json::from_str::<FlowPolicy>(&bad).unwrap_err().to_string().contains("trip limit"));
     let mut flow = Flow::<String>::every(Instant::ZERO, Duration::from_secs(5));
-    flow.handle_timeout(&flow_policy, Instant::ZERO, &mut rng);
+    flow.handle_timeout(Instant::ZERO);
     while flow.poll_action().is_some() {}
     flow.handle_failure(&flow_policy, Instant::from_millis(7), Failure::retryable("down".into()), &mut rng).unwrap();
     let restored: Flow<String> = serde_json::from_str(&serde_json::to_string(&flow).unwrap()).unwrap();

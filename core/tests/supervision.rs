@@ -67,7 +67,7 @@ fn drive(
             SupervisionAction::TaskFinished { .. } => return trace,
             SupervisionAction::AttemptStarting { attempt, deadline } => {
                 if attempt > max_attempts {
-                    task.handle_cancel(policy, now).unwrap();
+                    task.handle_cancel(now).unwrap();
                     continue;
                 }
                 match script(attempt) {
@@ -82,7 +82,7 @@ fn drive(
                     Step::Hang { drop_panics } => {
                         now = deadline.expect("a hanging attempt needs a timeout");
                         drop_panic = drop_panics.then_some(attempt as u32);
-                        task.handle_timeout(policy, now, &mut r);
+                        task.handle_timeout(policy, now);
                     }
                 }
             }
@@ -92,7 +92,7 @@ fn drive(
             SupervisionAction::BackoffScheduled { until, .. } => {
                 assert_eq!(task.poll_timeout(), Some(until));
                 now = until;
-                task.handle_timeout(policy, now, &mut r);
+                task.handle_timeout(policy, now);
             }
             other => panic!("a batch cannot end with {other:?}"),
         }
@@ -529,7 +529,7 @@ fn b6_restart_after_hint_restarts_the_supervision_backoff_while_failures_keep_co
             seen.push((wait, task.streak()));
             if let Some(until) = task.poll_timeout() {
                 now = until;
-                task.handle_timeout(p, now, &mut r);
+                task.handle_timeout(p, now);
                 drain(&mut task);
             }
         }
@@ -650,14 +650,14 @@ fn s6_a_cancel_while_running_ends_the_attempt_then_the_task() {
     let mut task = Supervision::<u32>::new();
     task.handle_start(&p, at(0)).unwrap();
     task.poll_action();
-    task.handle_cancel(&p, at(5)).unwrap();
+    task.handle_cancel(at(5)).unwrap();
     assert_eq!(task.poll_action(), Some(SupervisionAction::AttemptCanceled { attempt: 1 }));
     assert_eq!(
         task.poll_action(),
         Some(SupervisionAction::TaskFinished { outcome: TaskOutcome::Canceled { last_failure: None }, attempts: 1 })
     );
     assert_eq!(task.poll_action(), None);
-    assert_eq!(task.handle_cancel(&p, at(6)), Err(SupervisionError::Finished(TaskOutcomeKind::Canceled)));
+    assert_eq!(task.handle_cancel(at(6)), Err(SupervisionError::Finished(TaskOutcomeKind::Canceled)));
 }
 
 #[test]
@@ -673,13 +673,13 @@ fn s6_an_input_before_the_actions_are_drained_is_refused_and_changes_nothing() {
     assert_eq!(task.handle_success(&p, at(1), 1), Err(SupervisionError::Undrained));
     let refused = task.handle_failure(&p, at(1), 1, Failure::retryable(9), &mut r).unwrap_err();
     assert_eq!((refused.error, refused.input), (SupervisionError::Undrained, Failure::retryable(9)));
-    assert_eq!(task.handle_cancel(&p, at(1)), Err(SupervisionError::Undrained));
+    assert_eq!(task.handle_cancel(at(1)), Err(SupervisionError::Undrained));
     // A validity error takes precedence over `Undrained`.
     assert_eq!(task.handle_success(&p, at(1), 2), Err(SupervisionError::StaleAttempt { current: 1, got: 2 }));
     assert_eq!(task.handle_start(&p, at(1)), Err(SupervisionError::AlreadyStarted));
     let refused = task.handle_abandoned(&p, at(1), 1, None, &mut r).unwrap_err();
     assert_eq!(refused.error, SupervisionError::NothingAbandoned);
-    task.handle_timeout(&p, at(500), &mut r);
+    task.handle_timeout(&p, at(500));
     assert_eq!(task, before, "nothing changed, not even the accepted now");
     assert_eq!(r, rng_before, "no randomness was drawn");
     assert_eq!(drain(&mut task), vec![SupervisionAction::AttemptStarting { attempt: 1, deadline: Some(at(30)) }]);
@@ -690,17 +690,17 @@ fn s6_an_input_before_the_actions_are_drained_is_refused_and_changes_nothing() {
         Some(SupervisionAction::AttemptFailed { attempt: 1, class: FailureClass::Retryable })
     );
     let before = task;
-    task.handle_timeout(&p, at(110), &mut r); // the wait's end, with `BackoffScheduled` undrained
-    assert_eq!(task.handle_cancel(&p, at(110)), Err(SupervisionError::Undrained));
+    task.handle_timeout(&p, at(110)); // the wait's end, with `BackoffScheduled` undrained
+    assert_eq!(task.handle_cancel(at(110)), Err(SupervisionError::Undrained));
     assert_eq!(task, before);
     assert_eq!(
         drain(&mut task),
         vec![SupervisionAction::BackoffScheduled { next_attempt: 2, delay: ms(100), until: at(110) }]
     );
-    task.handle_timeout(&p, at(110), &mut r);
+    task.handle_timeout(&p, at(110));
     assert_eq!(drain(&mut task), vec![SupervisionAction::AttemptStarting { attempt: 2, deadline: Some(at(140)) }]);
     // A timed-out attempt: the drop is refused until `AttemptTimedOut` is drained.
-    task.handle_timeout(&p, at(140), &mut r);
+    task.handle_timeout(&p, at(140));
     let before = task;
     let refused = task.handle_abandoned(&p, at(141), 2, Some(5), &mut r).unwrap_err();
     assert_eq!((refused.error, refused.input), (SupervisionError::Undrained, Some(5)));
@@ -721,13 +721,13 @@ fn s_handle_timeout_early_or_twice_and_time_running_backwards_change_nothing() {
     task.handle_start(&p, at(100)).unwrap();
     task.poll_action();
     let before = task;
-    task.handle_timeout(&p, at(129), &mut r);
+    task.handle_timeout(&p, at(129));
     assert_eq!(task, before, "early");
-    task.handle_timeout(&p, at(130), &mut r);
+    task.handle_timeout(&p, at(130));
     assert_eq!(task.poll_action(), Some(SupervisionAction::AttemptTimedOut { attempt: 1 }));
     assert_eq!(task.poll_action(), None);
     let after = task;
-    task.handle_timeout(&p, at(500), &mut r);
+    task.handle_timeout(&p, at(500));
     assert_eq!(task, after, "twice");
     // A drop reported "before" the timeout is read as at the timeout.
     task.handle_abandoned(&p, at(10), 1, None, &mut r).unwrap();
@@ -754,7 +754,7 @@ fn s_misuse_returns_typed_errors_and_hands_the_input_back() {
     // takes precedence over `Undrained` (S6). Drain, so that the timeout below is acted on.
     assert_eq!(task.poll_action(), Some(SupervisionAction::AttemptStarting { attempt: 1, deadline: Some(at(30)) }));
     assert_eq!(task.poll_action(), None);
-    task.handle_timeout(&p, at(30), &mut r);
+    task.handle_timeout(&p, at(30));
     assert_eq!(task.handle_success(&p, at(31), 1), Err(SupervisionError::NoAttemptRunning), "it timed out");
     assert_eq!(task.status(), SupervisionStatus::Abandoning { attempt: 1 });
 }
@@ -840,10 +840,10 @@ fn apply(
         Op::Failure(t, a, k) => task.handle_failure(policy, at(t), a, failure_of(k), r).map_err(|e| e.error),
         Op::Abandoned(t, a, p) => task.handle_abandoned(policy, at(t), a, p.then_some(9), r).map_err(|e| e.error),
         Op::Timeout(t) => {
-            task.handle_timeout(policy, at(t), r);
+            task.handle_timeout(policy, at(t));
             Ok(())
         }
-        Op::Cancel(t) => task.handle_cancel(policy, at(t)),
+        Op::Cancel(t) => task.handle_cancel(at(t)),
     }
 }
 

@@ -541,12 +541,12 @@ impl<Rt: Runtime> Breaker<Rt> {
 
     /// Forces the breaker open until [`reset`](Self::reset).
     pub fn isolate(&self) {
-        self.shared.update(|breaker, policy, now, _| breaker.handle_isolate(policy, now));
+        self.shared.update(|breaker, _, now, _| breaker.handle_isolate(now));
     }
 
     /// Forces the breaker closed, counting nothing, until [`reset`](Self::reset).
     pub fn disable(&self) {
-        self.shared.update(|breaker, policy, now, _| breaker.handle_disable(policy, now));
+        self.shared.update(|breaker, _, now, _| breaker.handle_disable(now));
     }
 
     /// Closes the breaker by hand, from any state, and returns it to automatic operation, with

@@ -6,9 +6,7 @@ use std::ops::ControlFlow;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use persevere::{
-    Failure, FailureClass, FailureKind, Hedge, HedgeAction, HedgePolicy, HedgeStats, Instant, Outcome, SplitMix64,
-};
+use persevere::{Failure, FailureClass, FailureKind, Hedge, HedgeAction, HedgePolicy, HedgeStats, Instant, Outcome};
 use pin_project_lite::pin_project;
 
 use crate::classify::{Classifier, RetryAll, RetryGate};
@@ -344,7 +342,7 @@ where
     /// The gate refused hedge `attempt`, the newest; the machine is drained.
     fn reject(&mut self, attempt: u64) {
         let now = self.now();
-        let _ = self.machine.handle_rejected((*self.policy).borrow(), now, attempt);
+        let _ = self.machine.handle_rejected(now, attempt);
     }
 
     /// Attempt `attempt` could not be created: a panicked failure. It is in flight in the
@@ -388,7 +386,7 @@ where
         match answer {
             Answer::Value(value) => {
                 *won = Some((value, ticket));
-                let _ = self.machine.handle_success(policy, now, attempt);
+                let _ = self.machine.handle_success(now, attempt);
             }
             Answer::Failed(kind, error) => {
                 let _ = self.machine.handle_failure(policy, now, attempt, Failure::new(kind, error));
@@ -414,7 +412,7 @@ where
         *self.timer_at = None;
         let now = self.timeline.woken(&*self.rt, self.machine.now(), due);
         // A hedge draws no jitter: any RNG will do, and none is kept.
-        self.machine.handle_timeout((*self.policy).borrow(), now, &mut SplitMix64::new(0));
+        self.machine.handle_timeout((*self.policy).borrow(), now);
         Poll::Ready(())
     }
 

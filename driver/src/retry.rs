@@ -209,7 +209,7 @@ impl<E> Machine<E> {
 fn first_attempt_succeeded(policy: &RetryPolicy) -> Stats {
     let mut machine = Machine::<Infallible>::after_first_attempt(policy);
     // Attempt 1 is the running one, and the machine is drained.
-    let _ = machine.retry.handle_success(policy, Instant::ZERO, 1);
+    let _ = machine.retry.handle_success(Instant::ZERO, 1);
     machine.stats()
 }
 
@@ -836,7 +836,7 @@ where
         metric!(metrics::counter!("persevere_retries_refused_total").increment(1));
         let _ = next_attempt;
         let retry = &mut self.machine.retry;
-        let _ = retry.handle_rejected(self.policy, retry.now());
+        let _ = retry.handle_rejected(retry.now());
     }
 
     /// Sleeps until the machine's instant `until`. A zero delay (an `until` not past the
@@ -920,7 +920,7 @@ where
         let retry = &mut self.machine.retry;
         let attempt = retry.attempt();
         // The attempt is the running one and the machine is drained.
-        let _ = retry.handle_success(self.policy, now, attempt);
+        let _ = retry.handle_success(now, attempt);
         event!(attempts = retry.attempt(), "operation succeeded");
     }
 
@@ -936,7 +936,7 @@ where
             Ended::Canceled => {
                 event!(attempt = retry.attempt(), "operation canceled");
                 // A started, unfinished, drained machine accepts a cancel.
-                let _ = retry.handle_cancel(self.policy, now);
+                let _ = retry.handle_cancel(now);
                 return;
             }
             Ended::Failed(error) => Failure::new(self.classifier.classify(&error), Some(error)),

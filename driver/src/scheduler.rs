@@ -374,7 +374,6 @@ impl<Rt: SendRuntime, Sp: Spawn, K: Id, E: JobErrorType> Scheduler<Rt, Sp, K, E>
                 entries,
                 cron_due,
                 rng: SplitMix64::new(seed),
-                default_policy: policies[0].clone(),
                 sleeping_until: Instant::ZERO,
                 in_flight: 0,
                 stopped: false,
@@ -436,9 +435,6 @@ struct State<Rt, Sp, K, E> {
     /// The next tick of each cron flow.
     cron_due: BTreeSet<(Instant, K)>,
     rng: SplitMix64,
-    /// The policy of flows without their own; given to the registry's `handle_timeout`, which
-    /// dispatches what is due whatever its policy.
-    default_policy: Arc<FlowPolicy>,
     /// What the timer loop sleeps until (`Instant::MAX` for nothing); a change that makes
     /// something due earlier nudges it.
     sleeping_until: Instant,
@@ -523,8 +519,7 @@ impl<Rt: SendRuntime, Sp: Spawn, K: Id, E: JobErrorType> Shared<Rt, Sp, K, E> {
         now: Instant,
         batch: &mut Batch<Rt, Sp, K, E>,
     ) -> Option<Instant> {
-        let default_policy = state.default_policy.clone();
-        state.flows.handle_timeout(&default_policy, now, &mut state.rng);
+        state.flows.handle_timeout(now);
         while let Some((id, action)) = state.flows.poll_action() {
             if let FlowAction::Dispatch { .. } = action {
                 Self::take_run(state, id, batch);
@@ -535,8 +530,10 @@ impl<Rt: SendRuntime, Sp: Spawn, K: Id, E: JobErrorType> Shared<Rt, Sp, K, E> {
                 break;
             }
             state.cron_due.pop_first();
-            let Some(policy) = state.entries.get(&id).map(|e| e.policy.clone()) else { continue };
-            match state.flows.handle_tick(&policy, now, &id, tick) {
+            if !state.entries.contains_key(&id) {
+                continue;
+            }
+            match state.flows.handle_tick(now, &id, tick) {
                 Ok(FlowAction::Dispatch { .. }) => Self::take_run(state, id.clone(), batch),
                 Ok(skipped) => {
                     if let FlowAction::TickSkipped { reason, .. } = skipped {
@@ -611,7 +608,7 @@ impl<Rt: SendRuntime, Sp: Spawn, K: Id, E: JobErrorType> Shared<Rt, Sp, K, E> {
             let action = match end {
                 Some(RunEnd::Succeeded) => {
                     event!(debug, flow = ?id, "run succeeded");
-                    state.flows.handle_success(&policy, now, id).map(|()| None)
+                    state.flows.handle_success(now, id).map(|()| None)
                 }
                 Some(RunEnd::Failed(failure)) => {
                     event!(debug, flow = ?id, class = ?failure.kind.class(), "run failed");
@@ -619,7 +616,7 @@ impl<Rt: SendRuntime, Sp: Spawn, K: Id, E: JobErrorType> Shared<Rt, Sp, K, E> {
                 }
                 None => {
                     event!(debug, flow = ?id, "run canceled");
-                    state.flows.handle_cancel(&policy, now, id).map(|()| None)
+                    state.flows.handle_cancel(now, id).map(|()| None)
                 }
             };
             if let Ok(Some(FlowAction::Tripped { streak, reason })) = action {

@@ -731,7 +731,7 @@ impl<Rt: Runtime, Sp, K: Ord + Clone + fmt::Debug, E: Clone> Drop for TaskGuard<
         }
         self.aborted = true;
         let at = self.inner.rt.now();
-        let _ = self.machine.handle_cancel(&self.policy, at);
+        let _ = self.machine.handle_cancel(at);
         while let Some(event) = self.machine.poll_action() {
             match event {
                 SupervisionAction::TaskFinished { outcome, attempts } => return self.finish(at, outcome, attempts),
@@ -865,7 +865,7 @@ where
         self.now = Timeline::CLOCK.now(&self.guard.inner.rt, Instant::ZERO);
         let guard = &mut self.guard;
         if self.cell.control.level() >= STOP {
-            let _ = guard.machine.handle_cancel(&guard.policy, self.now);
+            let _ = guard.machine.handle_cancel(self.now);
         } else {
             // A fresh machine accepts its start.
             let _ = guard.machine.handle_start(&guard.policy, self.now);
@@ -946,7 +946,7 @@ where
     fn wait_until(&mut self, until: Instant, mut timer: Pin<&mut Option<Rt::Sleep>>) {
         let guard = &mut self.guard;
         if until <= self.now {
-            guard.machine.handle_timeout(&guard.policy, self.now, &mut self.rng);
+            guard.machine.handle_timeout(&guard.policy, self.now);
         } else {
             timer.set(Some(Timeline::CLOCK.sleep_until(&guard.inner.rt, until)));
         }
@@ -971,7 +971,7 @@ where
             Step::Timer if self.cell.control.level() >= STOP && attempt.is_none() => self.cancel(),
             Step::Timer => {
                 let guard = &mut self.guard;
-                guard.machine.handle_timeout(&guard.policy, self.now, &mut self.rng);
+                guard.machine.handle_timeout(&guard.policy, self.now);
             }
             Step::Stop => self.cancel(),
             Step::Cancel(abort) => {
@@ -1003,6 +1003,6 @@ where
     /// Cancels the machine (a started, unfinished, drained machine accepts it).
     fn cancel(&mut self) {
         let guard = &mut self.guard;
-        let _ = guard.machine.handle_cancel(&guard.policy, self.now);
+        let _ = guard.machine.handle_cancel(self.now);
     }
 }

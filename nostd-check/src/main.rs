@@ -57,7 +57,7 @@ fn run() -> Option<()> {
                         )
                         .ok()?;
                 } else {
-                    retry.handle_success(&policy, now, attempt).ok()?;
+                    retry.handle_success(now, attempt).ok()?;
                 }
             }
             RetryAction::Sleep { until, .. } => {

@@ -281,11 +281,11 @@ fn decide(
     let (timed_out, _) = drain(state, id, finished);
     let refused = |error| QueueError::Refused { task: job.id, error };
     // In `Async` durability the claim's commit is the start's persistence.
-    let result = state.handle_persisted(policy, now, attempt).map_err(refused).and_then(|()| match report {
+    let result = state.handle_persisted(now, attempt).map_err(refused).and_then(|()| match report {
         Report::Heartbeat(checkpoint) => {
             state.handle_heartbeat(policy, now, attempt, &job.worker, checkpoint.clone()).map_err(|r| refused(r.error))
         }
-        Report::Complete => state.handle_success(policy, now, attempt, &job.worker).map_err(refused),
+        Report::Complete => state.handle_success(now, attempt, &job.worker).map_err(refused),
         Report::Fail(failure) => {
             let mut rng = rng_for(id, attempt, now);
             state

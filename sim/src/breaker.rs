@@ -373,11 +373,11 @@ pub fn run(seed: u64, bug: Option<BreakerBug>) -> Result<Summary, Violation> {
                     world.record(u32::MAX, "operator", op, 0);
                     match op {
                         0 => {
-                            breaker.handle_isolate(policy, reported);
+                            breaker.handle_isolate(reported);
                             model.breaker.isolate(reported);
                         }
                         1 => {
-                            breaker.handle_disable(policy, reported);
+                            breaker.handle_disable(reported);
                             model.breaker.disable(reported);
                         }
                         _ => {

@@ -506,7 +506,7 @@ fn report(
     // worker as the report needs (G12), and what the report does.
     let (got, answer, expected, cause) = match what {
         Report::Persisted => {
-            let got = table.handle_persisted(policy, now, &task, attempt);
+            let got = table.handle_persisted(now, &task, attempt);
             (got, model.persisted(now, attempt), b.out().is_some_and(|o| o.0 == attempt), Cause::Progress)
         }
         Report::Started => {
@@ -520,7 +520,7 @@ fn report(
             (got, answer, holds.is_some(), Cause::Progress)
         }
         Report::Completed => {
-            let got = table.handle_success(policy, now, &task, attempt, &worker);
+            let got = table.handle_success(now, &task, attempt, &worker);
             (got, model.completed(now, attempt, worker), holds.is_some(), Cause::Completed)
         }
         Report::Failed(kind) => {
@@ -967,7 +967,7 @@ fn misuse(
         (0, Some((_, Some((attempt, worker, _, _)))), Some(model)) => {
             // The right attempt from the wrong worker.
             let wrong = worker.wrapping_add(1);
-            (table.handle_success(policy, now, &task, attempt, &wrong), model.completed(now, attempt, wrong))
+            (table.handle_success(now, &task, attempt, &wrong), model.completed(now, attempt, wrong))
         }
         (1, Some((attempt, _)), Some(model)) => {
             // An attempt that is not out.

@@ -240,7 +240,7 @@ pub fn run(seed: u64, bug: Option<FlowBug>) -> Result<Summary, Violation> {
                 world.record(u32::MAX, "registry timeout", registry_now.as_nanos(), 0);
                 let dues: Vec<Option<Instant>> = models.iter().map(|m| m.flow.due()).collect();
                 let was: Vec<FlowStatusKind> = models.iter().map(|m| m.flow.kind()).collect();
-                flows.handle_timeout(policy, reported, world.rng());
+                flows.handle_timeout(reported);
                 // The registry hands the timeout to each flow due by its own clock.
                 for m in models.iter_mut().filter(|m| m.flow.due().is_some_and(|d| d <= registry_now)) {
                     m.flow.timeout(registry_now);
@@ -289,7 +289,7 @@ pub fn run(seed: u64, bug: Option<FlowBug>) -> Result<Summary, Violation> {
                 m.last_tick = Some(tick);
                 let was = m.flow.kind();
                 let action = flows
-                    .handle_tick(policy, reported, &(i as u32), tick)
+                    .handle_tick(reported, &(i as u32), tick)
                     .map_err(|e| world.violation("G12", format!("flow {i}: tick refused: {e}")))?;
                 let answer = m.flow.tick(reported, tick);
                 world.accepted("a flow's input", answer)?;
@@ -326,7 +326,7 @@ pub fn run(seed: u64, bug: Option<FlowBug>) -> Result<Summary, Violation> {
                 let faulty = world.now < scenario.horizon;
                 let made = if faulty && world.chance(scenario.cancel_rate) {
                     world.record(id, "run canceled", run, 0);
-                    flows.handle_cancel(policy, reported, &id).map_err(|e| world.violation("G12", format!("{e}")))?;
+                    flows.handle_cancel(reported, &id).map_err(|e| world.violation("G12", format!("{e}")))?;
                     // F4: idle, the streak and the window unchanged.
                     let answer = m.flow.cancel(reported);
                     world.accepted("a flow's input", answer)?;
@@ -356,7 +356,7 @@ pub fn run(seed: u64, bug: Option<FlowBug>) -> Result<Summary, Violation> {
                     made
                 } else {
                     world.record(id, "run succeeds", run, 0);
-                    flows.handle_success(policy, reported, &id).map_err(|e| world.violation("G12", format!("{e}")))?;
+                    flows.handle_success(reported, &id).map_err(|e| world.violation("G12", format!("{e}")))?;
                     let answer = m.flow.success(reported);
                     world.accepted("a flow's input", answer)?;
                     None
@@ -551,19 +551,15 @@ fn misuse(
     let id = i as u32;
     let unknown = (n + world.between(0, 3)) as u32;
     let refused = match world.between(0, 6) {
-        0 if status != FlowStatusKind::Running => {
-            flows.handle_success(policy, now, &id) == Err(FlowError::NotRunning(status))
-        }
+        0 if status != FlowStatusKind::Running => flows.handle_success(now, &id) == Err(FlowError::NotRunning(status)),
         1 if status != FlowStatusKind::Running => {
             let failure = Failure::fatal(99);
             flows
                 .handle_failure(policy, now, &id, failure, world.rng())
                 .is_err_and(|r| r.error == FlowError::NotRunning(status) && r.input == failure)
         }
-        2 if status != FlowStatusKind::Running => {
-            flows.handle_cancel(policy, now, &id) == Err(FlowError::NotRunning(status))
-        }
-        3 if m.spec.every.is_some() => flows.handle_tick(policy, now, &id, now) == Err(FlowError::NotCron),
+        2 if status != FlowStatusKind::Running => flows.handle_cancel(now, &id) == Err(FlowError::NotRunning(status)),
+        3 if m.spec.every.is_some() => flows.handle_tick(now, &id, now) == Err(FlowError::NotCron),
         4 => flows.reset_flow(now, &unknown) == Err(FlowError::UnknownId),
         5 => {
             let failure = Failure::retryable(98);

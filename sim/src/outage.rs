@@ -276,7 +276,7 @@ impl Process {
                     if granted.is_ok() {
                         self.at(until, Event::Wake(r));
                     } else {
-                        self.requests[r].retry.handle_rejected(&self.retry, now).expect("a sleeping retry is rejected");
+                        self.requests[r].retry.handle_rejected(now).expect("a sleeping retry is rejected");
                     }
                 }
                 RetryAction::Finish { outcome, .. } => {
@@ -343,7 +343,7 @@ impl Process {
         let request = &mut self.requests[r];
         let attempt = request.retry.attempt();
         if ok {
-            request.retry.handle_success(&self.retry, now, attempt).expect("the running attempt succeeds");
+            request.retry.handle_success(now, attempt).expect("the running attempt succeeds");
         } else {
             request
                 .retry

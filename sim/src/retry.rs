@@ -230,9 +230,7 @@ pub fn run(seed: u64, bug: Option<RetryBug>) -> Result<Summary, Violation> {
         let (machine, model) = (&mut machines[i], &mut models[i]);
         if !model.started && world.chance(scenario.cancel_rate) {
             // Canceled before it started: no attempt, no time.
-            machine
-                .handle_cancel(&policy, reported)
-                .map_err(|e| world.violation("G12", format!("cancel refused: {e}")))?;
+            machine.handle_cancel(reported).map_err(|e| world.violation("G12", format!("cancel refused: {e}")))?;
             model.started = true;
             model.canceled = true;
             let answer = model.machine.cancel(reported);
@@ -249,9 +247,7 @@ pub fn run(seed: u64, bug: Option<RetryBug>) -> Result<Summary, Violation> {
             world.record(i as u32, "start", 0, 0);
             starts[i] = Instant::MAX;
         } else if world.chance(scenario.cancel_rate) {
-            machine
-                .handle_cancel(&policy, reported)
-                .map_err(|e| world.violation("G12", format!("cancel refused: {e}")))?;
+            machine.handle_cancel(reported).map_err(|e| world.violation("G12", format!("cancel refused: {e}")))?;
             model.canceled = true;
             let answer = model.machine.cancel(reported);
             model.expect(&mut world, "a cancel", answer)?;
@@ -262,7 +258,7 @@ pub fn run(seed: u64, bug: Option<RetryBug>) -> Result<Summary, Violation> {
             let past_horizon = world.now >= scenario.horizon;
             if past_horizon || !world.chance(scenario.failure_rate) {
                 machine
-                    .handle_success(&policy, reported, attempt)
+                    .handle_success(reported, attempt)
                     .map_err(|e| world.violation("G12", format!("success refused: {e}")))?;
                 let answer = model.machine.success(reported, attempt);
                 model.expect(&mut world, "a success", answer)?;
@@ -319,10 +315,10 @@ fn misuse(
     let running = model.running.map(|r| r.0);
     let wrong = running.map_or(model.attempts.wrapping_add(1), |a| a.wrapping_add(world.between(1, 3)));
     let refused = match world.between(0, 3) {
-        0 => machine.handle_success(policy, now, wrong).is_err(),
+        0 => machine.handle_success(now, wrong).is_err(),
         1 => machine.handle_failure(policy, now, wrong, Failure::retryable(0), world.rng()).is_err(),
         2 if model.started => machine.handle_start(policy, now).is_err(),
-        _ if running.is_some() || model.finished => machine.handle_rejected(policy, now).is_err(),
+        _ if running.is_some() || model.finished => machine.handle_rejected(now).is_err(),
         // Nothing wrong to feed in this state (a sleeping machine may be rejected).
         _ => return Ok(()),
     };
@@ -472,9 +468,7 @@ fn drain(
             let class = model.last.map_or(FailureClass::Retryable, |l| l.0);
             if bucket.try_acquire(budget_policy, persevere::RetryClass::from(class)).is_err() {
                 world.record(subject, "budget refuses", 0, bucket.balance_milli());
-                machine
-                    .handle_rejected(policy, eff)
-                    .map_err(|e| world.violation("G12", format!("rejection refused: {e}")))?;
+                machine.handle_rejected(eff).map_err(|e| world.violation("G12", format!("rejection refused: {e}")))?;
                 let answer = model.machine.rejected(eff);
                 model.expect(world, "a rejection", answer)?;
                 rejected_here = true;
@@ -516,7 +510,7 @@ fn probe(
     machine.handle_timeout(policy, Instant::MAX, world.rng());
     world.record(subject, "timeout while undrained", 0, 0);
     world.check("G12", *machine == before, || "a timeout acted while actions waited to be drained".into())?;
-    let refused = machine.handle_cancel(policy, Instant::MAX);
+    let refused = machine.handle_cancel(Instant::MAX);
     world.record(subject, "cancel while undrained", 0, 0);
     world.check("G12", *machine == before, || format!("a cancel while undrained ({refused:?}) changed the state"))?;
     match refused {

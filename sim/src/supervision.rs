@@ -307,9 +307,7 @@ pub fn run(seed: u64, bug: Option<SupervisionBug>) -> Result<Summary, Violation>
             model.expect(&mut world, "the start", answer)?;
         } else if periodic_done(&scenario, i, model) || world.chance(scenario.cancel_rate) {
             world.record(i as u32, "driver cancels", 0, 0);
-            machine
-                .handle_cancel(policy, reported)
-                .map_err(|e| world.violation("G12", format!("cancel refused: {e}")))?;
+            machine.handle_cancel(reported).map_err(|e| world.violation("G12", format!("cancel refused: {e}")))?;
             model.driver_canceled = true;
             if model.running.take().is_some() {
                 model.end = Some(End::Canceled);
@@ -358,7 +356,7 @@ pub fn run(seed: u64, bug: Option<SupervisionBug>) -> Result<Summary, Violation>
             model.expect(&mut world, "the drop", answer)?;
         } else {
             world.record(i as u32, "timeout", eff.as_nanos(), 0);
-            machine.handle_timeout(policy, reported, world.rng());
+            machine.handle_timeout(policy, reported);
             model.expected = model.machine.timeout(policy, reported);
         }
         drain(&mut world, &scenario, bug, i, machine, model)?;
@@ -392,11 +390,11 @@ fn misuse(
             machine.handle_abandoned(policy, now, model.attempts + 1, None, world.rng()).is_err()
         }
         2 => machine.handle_abandoned(policy, now, wrong, Some(1), world.rng()).is_err(),
-        3 if model.finished => machine.handle_cancel(policy, now).is_err(),
+        3 if model.finished => machine.handle_cancel(now).is_err(),
         // Early is before the wake-up time, at the latest time the machine has seen.
         4 if machine.poll_timeout().is_none_or(|t| t > model.machine.last_now.later(now)) => {
             // A spurious, early timeout changes nothing (and is no error).
-            machine.handle_timeout(policy, now, world.rng());
+            machine.handle_timeout(policy, now);
             world.record(0, "spurious timeout", now.as_nanos(), 0);
             return world.check("§3", *machine == before, || {
                 format!("an early timeout at {now:?} changed {before:?} to {machine:?}")
@@ -418,10 +416,10 @@ fn probe(
     machine: &mut Supervision<u64>,
 ) -> Result<SupervisionError, Violation> {
     let before = *machine;
-    machine.handle_timeout(policy, Instant::MAX, world.rng());
+    machine.handle_timeout(policy, Instant::MAX);
     world.record(subject, "timeout while undrained", 0, 0);
     world.check("G12", *machine == before, || "a timeout acted while events waited to be drained".into())?;
-    let refused = machine.handle_cancel(policy, Instant::MAX);
+    let refused = machine.handle_cancel(Instant::MAX);
     world.record(subject, "cancel while undrained", 0, 0);
     world.check("G12", *machine == before, || format!("a cancel while undrained ({refused:?}) changed the state"))?;
     refused

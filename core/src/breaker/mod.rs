@@ -527,16 +527,14 @@ impl Breaker {
 
     /// Forces the breaker open by hand (K1): every call is rejected until
     /// [`handle_reset`](Self::handle_reset). Outstanding permits become stale.
-    pub fn handle_isolate(&mut self, policy: &BreakerPolicy, now: Instant) {
-        let _ = policy;
+    pub fn handle_isolate(&mut self, now: Instant) {
         self.last_now = self.last_now.later(now);
         self.enter(Phase::Isolated, BreakerReason::ByHand);
     }
 
     /// Forces the breaker closed by hand (K1): every call is admitted and nothing is counted
     /// until [`handle_reset`](Self::handle_reset). Outstanding permits become stale.
-    pub fn handle_disable(&mut self, policy: &BreakerPolicy, now: Instant) {
-        let _ = policy;
+    pub fn handle_disable(&mut self, now: Instant) {
         self.last_now = self.last_now.later(now);
         self.enter(Phase::Disabled, BreakerReason::ByHand);
     }

@@ -114,7 +114,7 @@ const FINISH: u8 = 8;
 ///
 /// task.handle_hand_out(&policy, now, "w2")?;
 /// assert!(matches!(task.poll_action(), Some(DeliveryAction::HandOut(_))));
-/// task.handle_success(&policy, now, 2, &"w2")?;
+/// task.handle_success(now, 2, &"w2")?;
 /// assert_eq!(task.terminal(), Some(&Terminal::Completed { attempt: 2 }));
 /// assert_eq!(task.attempt_progress(), AttemptProgress::NotCompleted);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -273,13 +273,7 @@ impl<K, W, C, E, R> Delivery<K, W, C, E, R> {
     /// # Errors
     /// When `attempt` is not out, the task is finished, or actions wait to be drained;
     /// nothing changes.
-    pub fn handle_persisted(
-        &mut self,
-        policy: &DeliveryPolicy<R>,
-        now: Instant,
-        attempt: u64,
-    ) -> Result<(), DeliveryError> {
-        let _ = policy;
+    pub fn handle_persisted(&mut self, now: Instant, attempt: u64) -> Result<(), DeliveryError> {
         self.check_attempt(attempt)?;
         self.check_drained()?;
         match &mut self.state {
@@ -298,13 +292,7 @@ impl<K, W, C, E, R> Delivery<K, W, C, E, R> {
     /// When `attempt` is not out, `worker` does not hold it, the task is finished (a second
     /// result), or actions wait to be drained; nothing changes.
     #[inline]
-    pub fn handle_success(
-        &mut self,
-        policy: &DeliveryPolicy<R>,
-        now: Instant,
-        attempt: u64,
-        worker: &W,
-    ) -> Result<(), DeliveryError>
+    pub fn handle_success(&mut self, now: Instant, attempt: u64, worker: &W) -> Result<(), DeliveryError>
     where
         W: PartialEq,
     {
@@ -313,7 +301,7 @@ impl<K, W, C, E, R> Delivery<K, W, C, E, R> {
         self.last_now = now;
         // The embedded retry runs `attempt`, so it accepts the success; its `Finish` is
         // drained here, since the task's own `Finish` reports the outcome.
-        let _ = self.retry.handle_success(&policy.retry, now, attempt);
+        let _ = self.retry.handle_success(now, attempt);
         drain_retry(&mut self.retry);
         self.progress = AttemptProgress::NotCompleted;
         self.state = DeliveryStatus::Done(Terminal::Completed { attempt });
@@ -321,14 +309,15 @@ impl<K, W, C, E, R> Delivery<K, W, C, E, R> {
         Ok(())
     }
 
-    /// The former name of [`handle_success`](Self::handle_success).
+    /// The former name of [`handle_success`](Self::handle_success), with its former arguments:
+    /// the policy, which a success never reads, is taken and ignored so that old calls compile.
     ///
     /// # Errors
     /// As [`handle_success`](Self::handle_success).
-    #[deprecated(since = "0.1.0", note = "renamed `handle_success`, as every machine names it")]
+    #[deprecated(since = "0.1.0", note = "renamed `handle_success`, as every machine names it, which takes no policy")]
     pub fn handle_completed(
         &mut self,
-        policy: &DeliveryPolicy<R>,
+        _policy: &DeliveryPolicy<R>,
         now: Instant,
         attempt: u64,
         worker: &W,
@@ -336,7 +325,7 @@ impl<K, W, C, E, R> Delivery<K, W, C, E, R> {
     where
         W: PartialEq,
     {
-        self.handle_success(policy, now, attempt, worker)
+        self.handle_success(now, attempt, worker)
     }
 
     /// The former name of [`handle_failure`](Self::handle_failure).

@@ -236,7 +236,7 @@ pub(crate) fn run(data: &[u8]) {
     let mut rng = rng(config.seed);
     let mut machine = Breaker::new(&policy, config.id);
     let mut foreign = Breaker::new(&policy, config.id.wrapping_add(1));
-    foreign.handle_disable(&policy, Instant::ZERO);
+    foreign.handle_disable(Instant::ZERO);
     let mut model = Model::new(config.id, &rules);
     let mut permits: Vec<Permit> = Vec::new();
     let mut clock = Clock::default();
@@ -322,12 +322,12 @@ pub(crate) fn run(data: &[u8]) {
             Op::Isolate(at) => {
                 let now = clock.at(at, machine.poll_timeout());
                 model.isolate(now);
-                machine.handle_isolate(&policy, now);
+                machine.handle_isolate(now);
             }
             Op::Disable(at) => {
                 let now = clock.at(at, machine.poll_timeout());
                 model.disable(now);
-                machine.handle_disable(&policy, now);
+                machine.handle_disable(now);
             }
             Op::Reset(at) => {
                 let now = clock.at(at, machine.poll_timeout());

@@ -202,13 +202,13 @@ pub(crate) fn run(data: &[u8]) {
             Op::Persisted(at, attempt) => {
                 let now = clock.at(at, machine.poll_timeout());
                 let attempt = attempt.get(current);
-                compare(ctx, machine.handle_persisted(&policy, now, attempt), model.persisted(now, attempt))
+                compare(ctx, machine.handle_persisted(now, attempt), model.persisted(now, attempt))
             }
             Op::Completed(at, attempt, worker) => {
                 let now = clock.at(at, machine.poll_timeout());
                 let (attempt, worker) = (attempt.get(current), worker_of(worker));
                 let expected = model.completed(now, attempt, worker);
-                compare(ctx, machine.handle_success(&policy, now, attempt, &worker), expected)
+                compare(ctx, machine.handle_success(now, attempt, &worker), expected)
             }
             Op::Failed(at, attempt, worker, kind, error) => {
                 let now = clock.at(at, machine.poll_timeout());

@@ -129,7 +129,7 @@ pub(crate) fn run(data: &[u8]) {
             Op::Timeout(at) | Op::Timeout2(at) => {
                 now = clock.at(at, machine.poll_timeout());
                 model.timeout(now);
-                machine.handle_timeout(&policy, now, &mut rng);
+                machine.handle_timeout(now);
                 if model.pending == was.pending {
                     ensure!(
                         ctx,
@@ -146,7 +146,7 @@ pub(crate) fn run(data: &[u8]) {
             Op::Tick(at, tick) => {
                 now = clock.at(at, None);
                 let tick = Clock { now }.at(tick, None);
-                compare(ctx, machine.handle_tick(&policy, now, tick), model.tick(now, tick))
+                compare(ctx, machine.handle_tick(now, tick), model.tick(now, tick))
             }
             Op::Trigger(at) => {
                 now = clock.at(at, machine.poll_timeout());
@@ -158,7 +158,7 @@ pub(crate) fn run(data: &[u8]) {
             }
             Op::Success(at) => {
                 now = clock.at(at, machine.poll_timeout());
-                compare(ctx, machine.handle_success(&policy, now), model.success(now))
+                compare(ctx, machine.handle_success(now), model.success(now))
             }
             Op::Failure(at, kind, error) | Op::Failure2(at, kind, error) => {
                 now = clock.at(at, machine.poll_timeout());
@@ -173,7 +173,7 @@ pub(crate) fn run(data: &[u8]) {
             }
             Op::Cancel(at) => {
                 now = clock.at(at, machine.poll_timeout());
-                compare(ctx, machine.handle_cancel(&policy, now), model.cancel(now))
+                compare(ctx, machine.handle_cancel(now), model.cancel(now))
             }
             Op::Reset(at) => {
                 now = clock.at(at, machine.poll_timeout());

@@ -5,7 +5,7 @@
 use core::time::Duration;
 
 use arbitrary::{Arbitrary, Unstructured};
-use persevere::{Failure, FailureClass, Hedge, HedgeAction, HedgePolicy, HedgeStats, Instant, OutcomeKind, SplitMix64};
+use persevere::{Failure, FailureClass, Hedge, HedgeAction, HedgePolicy, HedgeStats, Instant, OutcomeKind};
 
 use super::{Ctx, MAX_OPS, SETUP, ensure};
 
@@ -204,7 +204,7 @@ pub(super) fn run(data: &[u8]) {
             Op::Timeout(by) => {
                 clock = (clock + i64::from(by) * ms as i64).max(0);
                 let now = model.now.max(clock as u64);
-                hedge.handle_timeout(&policy, Instant::from_nanos(clock as u64), &mut SplitMix64::new(0));
+                hedge.handle_timeout(&policy, Instant::from_nanos(clock as u64));
                 // Only a hedge that is due wakes it; an early call changes nothing.
                 if !model.finished && model.next.is_some_and(|next| next <= now) {
                     model.now = now;
@@ -217,7 +217,7 @@ pub(super) fn run(data: &[u8]) {
             }
             Op::Success(p) => {
                 let attempt = pick(p, &model);
-                let ok = hedge.handle_success(&policy, Instant::from_nanos(clock as u64), attempt).is_ok();
+                let ok = hedge.handle_success(Instant::from_nanos(clock as u64), attempt).is_ok();
                 let expected = !model.finished && model.running.contains(&attempt);
                 if expected {
                     model.now = model.now.max(clock as u64);
@@ -275,7 +275,7 @@ pub(super) fn run(data: &[u8]) {
             }
             Op::Reject(p) => {
                 let attempt = if p % 2 == 0 { model.started } else { pick(p, &model) };
-                let ok = hedge.handle_rejected(&policy, Instant::from_nanos(clock as u64), attempt).is_ok();
+                let ok = hedge.handle_rejected(Instant::from_nanos(clock as u64), attempt).is_ok();
                 // Only the attempts the latest input started may be refused, the newest with it.
                 let all_fresh = (attempt..=model.started).all(|a| model.fresh.contains(&a));
                 let expected = !model.finished && attempt >= 2 && model.running.contains(&attempt) && all_fresh;
@@ -290,7 +290,7 @@ pub(super) fn run(data: &[u8]) {
                 Some((ok, expected))
             }
             Op::Cancel => {
-                let ok = hedge.handle_cancel(&policy, Instant::from_nanos(clock as u64)).is_ok();
+                let ok = hedge.handle_cancel(Instant::from_nanos(clock as u64)).is_ok();
                 let expected = !model.finished;
                 if expected {
                     model.now = model.now.max(clock as u64);

@@ -291,7 +291,7 @@ pub(crate) fn run(data: &[u8]) {
                 let now = clock.at(at, machine.poll_timeout());
                 let attempt = attempt.get(model.attempt);
                 let expected = model.success(now, attempt);
-                compare(ctx, machine.handle_success(&policy, now, attempt), expected)
+                compare(ctx, machine.handle_success(now, attempt), expected)
             }
             Op::Failure(at, attempt, kind, error) => {
                 let now = clock.at(at, machine.poll_timeout());
@@ -318,12 +318,12 @@ pub(crate) fn run(data: &[u8]) {
             Op::Cancel(at) => {
                 let now = clock.at(at, machine.poll_timeout());
                 let expected = model.cancel(now);
-                compare(ctx, machine.handle_cancel(&policy, now), expected)
+                compare(ctx, machine.handle_cancel(now), expected)
             }
             Op::Rejected(at) => {
                 let now = clock.at(at, machine.poll_timeout());
                 let expected = model.rejected(now);
-                compare(ctx, machine.handle_rejected(&policy, now), expected)
+                compare(ctx, machine.handle_rejected(now), expected)
             }
         };
         if let Op::Failure(_, _, kind, _) = *op
@@ -397,7 +397,7 @@ fn probe(
             ensure!(ctx, expected.is_empty(), "drain", "the model acts on a timeout while undrained: {expected:?}");
             (Ok(()), Ok(expected))
         }
-        Probe::Success => (machine.handle_success(policy, now, attempt), model.success(now, attempt)),
+        Probe::Success => (machine.handle_success(now, attempt), model.success(now, attempt)),
         Probe::Failure => {
             let failure = Failure::retryable(9);
             let got = machine.handle_failure(policy, now, attempt, failure, rng);
@@ -406,8 +406,8 @@ fn probe(
             }
             (got.map_err(|r| r.error), model.failure(policy, now, attempt, failure, waits(machine)))
         }
-        Probe::Cancel => (machine.handle_cancel(policy, now), model.cancel(now)),
-        Probe::Rejected => (machine.handle_rejected(policy, now), model.rejected(now)),
+        Probe::Cancel => (machine.handle_cancel(now), model.cancel(now)),
+        Probe::Rejected => (machine.handle_rejected(now), model.rejected(now)),
         Probe::Start => (machine.handle_start(policy, now), model.start(policy, now)),
     };
     judge_probe(ctx, probe, got, expected, (*machine == before, *model == was));

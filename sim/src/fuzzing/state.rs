@@ -148,7 +148,7 @@ pub fn retry(data: &[u8]) {
             }
             RetryOp::Success(at, n) => {
                 let attempt = n.get(machine.attempt());
-                machine.handle_success(&policy, now(&mut clock, at, due), attempt).err().map(|e| format!("{e:?}"))
+                machine.handle_success(now(&mut clock, at, due), attempt).err().map(|e| format!("{e:?}"))
             }
             RetryOp::Failure(at, n, kind, error) => {
                 let now = now(&mut clock, at, due);
@@ -160,12 +160,8 @@ pub fn retry(data: &[u8]) {
                 machine.handle_timeout(&policy, now(&mut clock, at, due), &mut rng);
                 None
             }
-            RetryOp::Cancel(at) => {
-                machine.handle_cancel(&policy, now(&mut clock, at, due)).err().map(|e| format!("{e:?}"))
-            }
-            RetryOp::Reject(at) => {
-                machine.handle_rejected(&policy, now(&mut clock, at, due)).err().map(|e| format!("{e:?}"))
-            }
+            RetryOp::Cancel(at) => machine.handle_cancel(now(&mut clock, at, due)).err().map(|e| format!("{e:?}")),
+            RetryOp::Reject(at) => machine.handle_rejected(now(&mut clock, at, due)).err().map(|e| format!("{e:?}")),
         };
         if let Some(refused) = refused {
             unchanged(ctx, &before, &machine, &refused);
@@ -260,12 +256,10 @@ pub fn supervision(data: &[u8]) {
                 .err()
                 .map(|e| format!("{e:?}")),
             SupervisionOp::Timeout(at) => {
-                machine.handle_timeout(&policy, clock.at(at, due), &mut rng);
+                machine.handle_timeout(&policy, clock.at(at, due));
                 None
             }
-            SupervisionOp::Cancel(at) => {
-                machine.handle_cancel(&policy, clock.at(at, due)).err().map(|e| format!("{e:?}"))
-            }
+            SupervisionOp::Cancel(at) => machine.handle_cancel(clock.at(at, due)).err().map(|e| format!("{e:?}")),
         };
         if let Some(refused) = refused {
             unchanged(ctx, &before, &machine, &refused);
@@ -323,23 +317,23 @@ pub fn flow(data: &[u8]) {
         let due = flow.poll_timeout();
         let refused = match *op {
             FlowOp::Timeout(at) => {
-                flow.handle_timeout(&policy, clock.at(at, due), &mut rng);
+                flow.handle_timeout(clock.at(at, due));
                 None
             }
             FlowOp::Tick(at, tick) => {
                 let now = clock.at(at, due);
                 let tick = Clock { now }.at(tick, None);
-                flow.handle_tick(&policy, now, tick).err().map(|e| format!("{e:?}"))
+                flow.handle_tick(now, tick).err().map(|e| format!("{e:?}"))
             }
             FlowOp::Trigger(at) => flow.trigger(clock.at(at, due)).err().map(|e| format!("{e:?}")),
-            FlowOp::Success(at) => flow.handle_success(&policy, clock.at(at, due)).err().map(|e| format!("{e:?}")),
+            FlowOp::Success(at) => flow.handle_success(clock.at(at, due)).err().map(|e| format!("{e:?}")),
             FlowOp::Failure(at, kind, error) => {
                 let now = clock.at(at, due);
                 flow.handle_failure(&policy, now, Failure::new(kind.get(now), error), &mut rng)
                     .err()
                     .map(|e| format!("{e:?}"))
             }
-            FlowOp::Cancel(at) => flow.handle_cancel(&policy, clock.at(at, due)).err().map(|e| format!("{e:?}")),
+            FlowOp::Cancel(at) => flow.handle_cancel(clock.at(at, due)).err().map(|e| format!("{e:?}")),
             FlowOp::Reset(at) => flow.reset_flow(clock.at(at, due)).err().map(|e| format!("{e:?}")),
         };
         if let Some(refused) = refused {
@@ -477,11 +471,11 @@ pub fn breaker(data: &[u8]) {
                 None
             }
             BreakerOp::Isolate(at) => {
-                breaker.handle_isolate(&policy, clock.at(at, due));
+                breaker.handle_isolate(clock.at(at, due));
                 None
             }
             BreakerOp::Disable(at) => {
-                breaker.handle_disable(&policy, clock.at(at, due));
+                breaker.handle_disable(clock.at(at, due));
                 None
             }
             BreakerOp::Reset(at) => {
@@ -669,10 +663,10 @@ pub fn delivery(data: &[u8]) {
                 .err()
                 .map(|e| format!("{e:?}")),
             DeliveryOp::Persisted(at, n) => {
-                task.handle_persisted(&policy, clock.at(at, due), n.get(current)).err().map(|e| format!("{e:?}"))
+                task.handle_persisted(clock.at(at, due), n.get(current)).err().map(|e| format!("{e:?}"))
             }
             DeliveryOp::Completed(at, n, w) => {
-                task.handle_success(&policy, clock.at(at, due), n.get(current), &w).err().map(|e| format!("{e:?}"))
+                task.handle_success(clock.at(at, due), n.get(current), &w).err().map(|e| format!("{e:?}"))
             }
             DeliveryOp::Failed(at, n, w, kind, error) => {
                 let now = clock.at(at, due);
@@ -746,7 +740,7 @@ pub fn flows(data: &[u8]) {
                 None
             }
             FlowsOp::Timeout(at) => {
-                flows.handle_timeout(&policy, clock.at(at, due), &mut rng);
+                flows.handle_timeout(clock.at(at, due));
                 None
             }
             FlowsOp::Poll => {
@@ -777,12 +771,10 @@ pub fn flows(data: &[u8]) {
             FlowsOp::Tick(id, at, tick) => {
                 let now = clock.at(at, due);
                 let tick = Clock { now }.at(tick, None);
-                flows.handle_tick(&policy, now, &id, tick).err().map(|e| format!("{e:?}"))
+                flows.handle_tick(now, &id, tick).err().map(|e| format!("{e:?}"))
             }
             FlowsOp::Trigger(id, at) => flows.trigger(clock.at(at, due), &id).err().map(|e| format!("{e:?}")),
-            FlowsOp::Success(id, at) => {
-                flows.handle_success(&policy, clock.at(at, due), &id).err().map(|e| format!("{e:?}"))
-            }
+            FlowsOp::Success(id, at) => flows.handle_success(clock.at(at, due), &id).err().map(|e| format!("{e:?}")),
             FlowsOp::Failure(id, at, kind, error) => {
                 let now = clock.at(at, due);
                 flows
@@ -790,9 +782,7 @@ pub fn flows(data: &[u8]) {
                     .err()
                     .map(|e| format!("{e:?}"))
             }
-            FlowsOp::Cancel(id, at) => {
-                flows.handle_cancel(&policy, clock.at(at, due), &id).err().map(|e| format!("{e:?}"))
-            }
+            FlowsOp::Cancel(id, at) => flows.handle_cancel(clock.at(at, due), &id).err().map(|e| format!("{e:?}")),
             FlowsOp::Reset(id, at) => flows.reset_flow(clock.at(at, due), &id).err().map(|e| format!("{e:?}")),
         };
         if let Some(refused) = refused {
@@ -868,7 +858,7 @@ pub fn deliveries(data: &[u8]) {
                 .err()
                 .map(|e| format!("{e:?}")),
             DeliveriesOp::Persisted(task, at, n) => table
-                .handle_persisted(&policy, clock.at(at, due), &task, n.get(current(&table, task)))
+                .handle_persisted(clock.at(at, due), &task, n.get(current(&table, task)))
                 .err()
                 .map(|e| format!("{e:?}")),
             DeliveriesOp::Interrupted(task, at, n, w, why) => table
@@ -884,7 +874,7 @@ pub fn deliveries(data: &[u8]) {
                 .err()
                 .map(|e| format!("{e:?}")),
             DeliveriesOp::Completed(task, at, n, w) => table
-                .handle_success(&policy, clock.at(at, due), &task, n.get(current(&table, task)), &w)
+                .handle_success(clock.at(at, due), &task, n.get(current(&table, task)), &w)
                 .err()
                 .map(|e| format!("{e:?}")),
             DeliveriesOp::Failed(task, at, n, w, kind, error) => {
@@ -1062,7 +1052,7 @@ fn seed_states() -> Vec<(&'static str, Vec<u8>)> {
     let flow_policy = FlowPolicy::builder().with_trip(3).build().expect("valid");
     let mut flow = Flow::<u8>::every(Instant::ZERO, Duration::from_secs(1));
     seeds.push(("flow_state", encode(&flow)));
-    flow.handle_timeout(&flow_policy, Instant::ZERO, &mut rng);
+    flow.handle_timeout(Instant::ZERO);
     let _ = flow.poll_action();
     let _ = flow.handle_failure(&flow_policy, Instant::from_millis(1), Failure::retryable(9), &mut rng);
     seeds.push(("flow_state", encode(&flow)));
@@ -1105,7 +1095,7 @@ fn seed_states() -> Vec<(&'static str, Vec<u8>)> {
     let _ = flows.insert(1, Flow::every(Instant::ZERO, Duration::from_secs(1)));
     let _ = flows.insert(2, Flow::cron(Instant::ZERO));
     let _ = flows.insert(3, Flow::every(Instant::from_millis(5), Duration::from_millis(100)));
-    flows.handle_timeout(&flow_policy, Instant::from_millis(5), &mut rng);
+    flows.handle_timeout(Instant::from_millis(5));
     seeds.push(("flows_state", encode(&flows)));
     let _ = flows.poll_action();
     let _ = flows.handle_failure(&flow_policy, Instant::from_millis(6), &1, Failure::retryable(2), &mut rng);
@@ -1119,7 +1109,7 @@ fn seed_states() -> Vec<(&'static str, Vec<u8>)> {
     }
     let _ = table.hand_out_next(&delivery_policy, Instant::from_millis(1), &7);
     let _ = table.hand_out_next(&delivery_policy, Instant::from_millis(1), &8);
-    let _ = table.handle_success(&delivery_policy, Instant::from_millis(2), &1, 1, &7);
+    let _ = table.handle_success(Instant::from_millis(2), &1, 1, &7);
     seeds.push(("deliveries_state", encode(&table)));
     while table.poll_action().is_some() {}
     let _ = table.handle_failure(&delivery_policy, Instant::from_millis(3), &2, 1, &8, Failure::retryable(4), &mut rng);

@@ -242,7 +242,7 @@ pub(crate) fn run(data: &[u8]) {
             Op::Timeout(at) | Op::Timeout2(at) => {
                 let now = clock.at(at, machine.poll_timeout());
                 let expected = model.timeout(&policy, now);
-                machine.handle_timeout(&policy, now, &mut rng);
+                machine.handle_timeout(&policy, now);
                 if expected.is_empty() {
                     ensure!(ctx, machine == before, "S6", "an early or spurious handle_timeout changed the state");
                 }
@@ -250,7 +250,7 @@ pub(crate) fn run(data: &[u8]) {
             }
             Op::Cancel(at) => {
                 let now = clock.at(at, machine.poll_timeout());
-                compare(ctx, machine.handle_cancel(&policy, now), model.cancel(now))
+                compare(ctx, machine.handle_cancel(now), model.cancel(now))
             }
         };
         match result {
@@ -333,7 +333,7 @@ fn feed_probe(
     let attempt = model.attempt;
     let (got, expected) = match probe {
         Probe::Timeout => {
-            machine.handle_timeout(policy, Instant::MAX, rng);
+            machine.handle_timeout(policy, Instant::MAX);
             (Ok(()), Ok(model.timeout(policy, Instant::MAX)))
         }
         Probe::Success => (machine.handle_success(policy, now, attempt), model.success(policy, now, attempt)),
@@ -352,7 +352,7 @@ fn feed_probe(
             }
             (got.map_err(|r| r.error), model.abandoned(policy, now, attempt, None, waits(machine)))
         }
-        Probe::Cancel => (machine.handle_cancel(policy, now), model.cancel(now)),
+        Probe::Cancel => (machine.handle_cancel(now), model.cancel(now)),
         Probe::Start => (machine.handle_start(policy, now), model.start(policy, now)),
     };
     judge_probe(ctx, probe, got, expected, (*machine == before, *model == was));
