@@ -23,9 +23,37 @@
 //! - **Inputs** are `handle_*` verbs whose arguments always come in one order:
 //!   `(policy, now, subject, input, rng)` — the policy, the time, what the input is about (an
 //!   attempt number, a task id, a permit), the input itself (a [`Failure`], a checkpoint), and
-//!   the RNG when the input may draw jitter. Every machine has
-//!   `handle_timeout(policy, now, rng)`; calling it early, twice, or spuriously changes
-//!   nothing.
+//!   the RNG. A verb takes only what it reads: the policy when its answer depends on it (a
+//!   start, a failure, a wake-up that may start or time out an attempt), the RNG when it may
+//!   draw jitter (a failure, and a wake-up that may turn into one), so no caller builds a value
+//!   to be ignored. Every machine with timed work has `handle_timeout`; calling it early,
+//!   twice, or spuriously changes nothing. The machines that emit actions follow these verbs:
+//!
+//!   | | `handle_start` | `handle_success` | `handle_failure` | `handle_timeout` | `handle_cancel` |
+//!   |---|---|---|---|---|---|
+//!   | [`Retry`] | `(policy, now)` | `(now, attempt)` | `(policy, now, attempt, failure, rng)` | `(policy, now, rng)` | `(now)` |
+//!   | [`Supervision`] | `(policy, now)` | `(policy, now, attempt)` | `(policy, now, attempt, failure, rng)` | `(policy, now)` | `(now)` |
+//!   | [`Flow`] | (made by `every` / `cron`) | `(now)` | `(policy, now, failure, rng)` | `(now)` | `(now)` |
+//!   | [`Delivery`] | `handle_hand_out(policy, now, worker)` | `(now, attempt, worker)` | `(policy, now, attempt, worker, failure, rng)` | `(policy, now, rng)` | — |
+//!   | [`Hedge`] | `(policy, now)` | `(now, attempt)` | `(policy, now, attempt, failure)` | `(policy, now)` | `(now)` |
+//!
+//!   A success ends an operation whatever the policy, except a [`Supervision`]'s, whose policy
+//!   may repeat the task. A [`Retry`]'s or a [`Delivery`]'s wake-up may time an attempt out and
+//!   decide that failure at once, so it takes the RNG; a [`Supervision`]'s reports the timeout
+//!   and decides on [`handle_abandoned`](Supervision::handle_abandoned), which takes it. A
+//!   [`Flow`]'s wake-up dispatches at a time already set, and a [`Hedge`] draws no jitter.
+//!   Cancels, [`Retry::handle_rejected`] and [`Hedge::handle_rejected`], and a
+//!   [`Delivery`]'s `handle_persisted` read neither. The [`Flows`] and [`Deliveries`] tables
+//!   take what their machines take, with the task's id as the subject.
+//!
+//!   The breaker and the budgets are driven by calls whose answer is the output
+//!   (`try_acquire`, `record…`) rather than by these verbs. The [`Breaker`] takes
+//!   `(policy, now, rng)` wherever its open period may start (its open duration may be
+//!   jittered), its `handle_timeout` too; `handle_isolate(now)` and `handle_disable(now)` set
+//!   it by hand whatever the policy. A [`TokenBucket`] takes no `now` (its tokens do not refill
+//!   with time), a [`RatioBudget`] takes one (its window slides), and a [`ConcurrencyBudget`]'s
+//!   end of a request reads neither policy nor time; none of the budgets has timed work, so
+//!   none has `handle_timeout`.
 //! - **Outputs** come out of `poll_action()`, drained until `None`, and `poll_timeout()` says
 //!   when `handle_timeout` is next due (a pure query). The machines that emit actions share
 //!   them through the [`Drain`] trait, so one generic loop (`machine.drain()`) drains any of
