@@ -186,7 +186,9 @@ impl Limiter {
         completion: Completion,
         rng: &mut R,
     ) -> Result<(), LimiterError> {
-        let rtt_ns = now.as_nanos().saturating_sub(permit.started_at.as_nanos());
+        // 1 ns at least, for a `now` at or before the start (one comparison, where a saturating
+        // subtraction then a `max(1)` would be two).
+        let rtt_ns = if now > permit.started_at { now.as_nanos() - permit.started_at.as_nanos() } else { 1 };
         self.release_ns(policy, now, permit, completion, rtt_ns, rng)
     }
 
@@ -203,9 +205,10 @@ impl Limiter {
         rtt: Duration,
         rng: &mut R,
     ) -> Result<(), LimiterError> {
-        self.release_ns(policy, now, permit, completion, saturating_nanos(rtt), rng)
+        self.release_ns(policy, now, permit, completion, saturating_nanos(rtt).max(1), rng)
     }
 
+    /// Both releases, with an RTT of at least 1 ns (0 would read as no load at all).
     #[inline]
     fn release_ns<R: Rng + ?Sized>(
         &mut self,
@@ -223,9 +226,7 @@ impl Limiter {
         if completion == Completion::Ignored {
             return Ok(());
         }
-        // An RTT of 0 (a `now` before the start) would read as no load at all: 1 ns at least.
-        let rtt_ns = rtt_ns.max(1);
-        if self.probe.is_some() || (self.next_probe == Instant::MAX && policy.probe.is_some()) {
+        if self.in_window(policy) {
             self.sample_probe(policy, now, permit.started_at, rtt_ns, rng);
             if self.probe.is_some() {
                 return Ok(());
@@ -235,62 +236,57 @@ impl Limiter {
         Ok(())
     }
 
+    /// Whether a completion belongs to the minimum-RTT re-probe: a window is open, or the
+    /// policy re-probes and none is scheduled yet (the first completion schedules it).
+    #[inline]
+    fn in_window(&self, policy: &LimiterPolicy) -> bool {
+        match policy.probe {
+            None => self.probe.is_some(),
+            Some(_) => self.probe.is_some() || self.next_probe == Instant::MAX,
+        }
+    }
+
     /// Moves the estimate by the algorithm, then clamps it into `[min_limit, max_limit]` (L3).
     #[inline]
     fn update(&mut self, policy: &LimiterPolicy, rtt_ns: u64, in_flight: u32, dropped: bool) {
         let limit = self.estimate;
-        let next = match policy.algorithm {
+        // At least half the limit was in flight: only then does a success say the limit is
+        // used (Netflix's `inflight * 2 >= limit`).
+        let used = f64::from(in_flight) * 2.0 >= limit;
+        let next = match &policy.algorithm {
             LimitAlgorithm::Aimd { backoff_ratio, .. } => {
                 if dropped || rtt_ns > policy.timeout_ns {
                     floor(limit * backoff_ratio)
-                } else if f64::from(in_flight) * 2.0 >= limit {
+                } else if used {
                     limit + 1.0
                 } else {
                     return;
                 }
             }
-            LimitAlgorithm::Vegas { smoothing } => match self.vegas(rtt_ns, in_flight, dropped) {
-                Some(target) => (1.0 - smoothing) * limit + smoothing * target,
-                None => return,
-            },
+            LimitAlgorithm::Vegas { smoothing } => {
+                if self.min_rtt_ns == 0 || rtt_ns < self.min_rtt_ns {
+                    self.min_rtt_ns = rtt_ns;
+                    return;
+                }
+                if !dropped && !used {
+                    return;
+                }
+                match vegas_target(limit, self.min_rtt_ns, rtt_ns, dropped) {
+                    Some(target) => (1.0 - smoothing) * limit + smoothing * target,
+                    None => return,
+                }
+            }
             LimitAlgorithm::Gradient2 { smoothing, rtt_tolerance, queue_size, .. } => {
                 let long = self.long_rtt(rtt_ns, policy.long_factor);
-                if f64::from(in_flight) < limit / 2.0 {
+                if !used {
                     return;
                 }
                 let gradient = (rtt_tolerance * long / rtt_ns as f64).clamp(0.5, 1.0);
-                let target = limit * gradient + f64::from(queue_size);
+                let target = limit * gradient + f64::from(*queue_size);
                 limit * (1.0 - smoothing) + target * smoothing
             }
         };
         self.set_estimate(policy, next);
-    }
-
-    /// Vegas's target limit, or `None` when it keeps the limit (a new minimum RTT, too few in
-    /// flight, or a queue in its sweet spot).
-    fn vegas(&mut self, rtt_ns: u64, in_flight: u32, dropped: bool) -> Option<f64> {
-        if self.min_rtt_ns == 0 || rtt_ns < self.min_rtt_ns {
-            self.min_rtt_ns = rtt_ns;
-            return None;
-        }
-        let limit = self.estimate;
-        if !dropped && f64::from(in_flight) * 2.0 < limit {
-            return None;
-        }
-        let a = f64::from(log10_floor(limit as u32).max(1));
-        if dropped {
-            return Some(limit - a);
-        }
-        let queue = ceil(limit * (1.0 - self.min_rtt_ns as f64 / rtt_ns as f64));
-        if queue <= a {
-            Some(limit + 6.0 * a)
-        } else if queue < 3.0 * a {
-            Some(limit + a)
-        } else if queue > 6.0 * a {
-            Some(limit - a)
-        } else {
-            None
-        }
     }
 
     /// Adds a sample to Gradient2's long RTT (the first 10 averaged, then an exponential
@@ -447,6 +443,26 @@ fn next_window<R: Rng + ?Sized>(probe: &crate::MinRttProbe, interval_ns: u64, no
     let delay = interval_ns.saturating_add(uniform_inclusive(rng, 0, spread));
     // Instant::MAX means "none scheduled": a window due at the end of time is never due.
     now.saturating_add(Duration::from_nanos(delay)).earlier(Instant::from_nanos(u64::MAX - 1))
+}
+
+/// Vegas's target once the limit is used or a call dropped, or `None` when it keeps the limit
+/// (a queue in its sweet spot): `queue = ⌈limit × (1 − min_rtt / rtt)⌉` against `a = ⌊log10
+/// limit⌋`, at least 1.
+fn vegas_target(limit: f64, min_rtt_ns: u64, rtt_ns: u64, dropped: bool) -> Option<f64> {
+    let a = f64::from(log10_floor(limit as u32).max(1));
+    if dropped {
+        return Some(limit - a);
+    }
+    let queue = ceil(limit * (1.0 - min_rtt_ns as f64 / rtt_ns as f64));
+    if queue <= a {
+        Some(limit + 6.0 * a)
+    } else if queue < 3.0 * a {
+        Some(limit + a)
+    } else if queue > 6.0 * a {
+        Some(limit - a)
+    } else {
+        None
+    }
 }
 
 fn floor(x: f64) -> f64 {
