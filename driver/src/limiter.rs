@@ -115,6 +115,7 @@ impl<Rt> Shared<Rt> {
 }
 
 impl<Rt: Runtime> Shared<Rt> {
+    #[inline]
     fn acquire(&self) -> Result<LimiterPermit, Duration> {
         let mut state = self.lock();
         let now = self.runtime.now();
@@ -129,6 +130,7 @@ impl<Rt: Runtime> Shared<Rt> {
         }
     }
 
+    #[inline]
     fn release(&self, permit: LimiterPermit, completion: Completion) {
         let mut state = self.lock();
         let now = self.runtime.now();
@@ -151,6 +153,39 @@ impl<Rt: Runtime> Shared<Rt> {
         }
         let after = state.limiter.min_rtt().unwrap_or(Duration::ZERO);
         Some(Refusal::new(Gate::Limiter, Some(after)))
+    }
+}
+
+/// A limiter and, once admitted, the place a call holds in it: what [`LimiterGuard`] and
+/// [`LimiterCall`] keep. Dropped while it holds the place, it returns it as
+/// [`Completion::Ignored`].
+struct Place<Rt: Runtime> {
+    shared: Arc<Shared<Rt>>,
+    permit: Option<LimiterPermit>,
+}
+
+impl<Rt: Runtime> Place<Rt> {
+    /// Returns the place, if held, with `completion`.
+    #[inline]
+    fn release(&mut self, completion: Completion) {
+        if let Some(permit) = self.permit.take() {
+            self.shared.release(permit, completion);
+        }
+    }
+
+    /// Dropped while holding the place: the call was canceled, or the guard forgotten.
+    #[cold]
+    fn abandon(&mut self) {
+        self.release(Completion::Ignored);
+    }
+}
+
+impl<Rt: Runtime> Drop for Place<Rt> {
+    #[inline]
+    fn drop(&mut self) {
+        if self.permit.is_some() {
+            self.abandon();
+        }
     }
 }
 
@@ -229,7 +264,7 @@ impl<Rt: Runtime> Limiter<Rt> {
     /// The limit is full: a [`Refusal`] naming [`Gate::Limiter`] with how long to wait.
     pub fn try_acquire(&self) -> Result<LimiterGuard<Rt>, Refusal> {
         match self.shared.acquire() {
-            Ok(permit) => Ok(LimiterGuard { shared: self.shared.clone(), permit: Some(permit) }),
+            Ok(permit) => Ok(LimiterGuard { place: Place { shared: self.shared.clone(), permit: Some(permit) } }),
             Err(after) => Err(Refusal::new(Gate::Limiter, Some(after))),
         }
     }
@@ -250,7 +285,7 @@ impl<Rt: Runtime> Limiter<Rt> {
         F: Future<Output = Result<T, E>>,
         C: CompletionClassifier<T, E>,
     {
-        LimiterCall { shared: self.shared.clone(), classify: Some(classify), permit: None, call }
+        LimiterCall { place: Place { shared: self.shared.clone(), permit: None }, classify: Some(classify), call }
     }
 
     /// The limit now.
@@ -275,22 +310,19 @@ impl<Rt: Runtime> Limiter<Rt> {
 /// as [`Completion::Ignored`].
 #[must_use = "a guard holds a place until it completes or is dropped"]
 pub struct LimiterGuard<Rt: Runtime> {
-    shared: Arc<Shared<Rt>>,
-    permit: Option<LimiterPermit>,
+    place: Place<Rt>,
 }
 
 impl<Rt: Runtime> fmt::Debug for LimiterGuard<Rt> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LimiterGuard").field("permit", &self.permit).finish_non_exhaustive()
+        f.debug_struct("LimiterGuard").field("permit", &self.place.permit).finish_non_exhaustive()
     }
 }
 
 impl<Rt: Runtime> LimiterGuard<Rt> {
     /// The call ended with `completion`, now.
     pub fn complete(mut self, completion: Completion) {
-        if let Some(permit) = self.permit.take() {
-            self.shared.release(permit, completion);
-        }
+        self.place.release(completion);
     }
 
     /// The call was answered: its RTT is a sample.
@@ -304,14 +336,6 @@ impl<Rt: Runtime> LimiterGuard<Rt> {
     }
 }
 
-impl<Rt: Runtime> Drop for LimiterGuard<Rt> {
-    fn drop(&mut self) {
-        if let Some(permit) = self.permit.take() {
-            self.shared.release(permit, Completion::Ignored);
-        }
-    }
-}
-
 pin_project! {
     /// A call through a [`Limiter`], created by [`Limiter::call`] and
     /// [`Limiter::call_classified`]: asks for a place at its first poll, runs the call, and
@@ -319,26 +343,16 @@ pin_project! {
     /// [`Completion::Ignored`].
     #[must_use = "futures do nothing unless awaited"]
     pub struct LimiterCall<Rt: Runtime, F, C> {
-        shared: Arc<Shared<Rt>>,
+        place: Place<Rt>,
         classify: Option<C>,
-        permit: Option<LimiterPermit>,
         #[pin]
         call: F,
-    }
-
-    impl<Rt: Runtime, F, C> PinnedDrop for LimiterCall<Rt, F, C> {
-        fn drop(this: Pin<&mut Self>) {
-            let this = this.project();
-            if let Some(permit) = this.permit.take() {
-                this.shared.release(permit, Completion::Ignored);
-            }
-        }
     }
 }
 
 impl<Rt: Runtime, F, C> fmt::Debug for LimiterCall<Rt, F, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LimiterCall").field("permit", &self.permit).finish_non_exhaustive()
+        f.debug_struct("LimiterCall").field("permit", &self.place.permit).finish_non_exhaustive()
     }
 }
 
@@ -350,12 +364,14 @@ where
 {
     type Output = Result<T, ShedError<E>>;
 
+    #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         assert!(this.classify.is_some(), "`LimiterCall` polled after it completed");
-        if this.permit.is_none() {
-            match this.shared.acquire() {
-                Ok(permit) => *this.permit = Some(permit),
+        let place = this.place;
+        if place.permit.is_none() {
+            match place.shared.acquire() {
+                Ok(permit) => place.permit = Some(permit),
                 Err(retry_after) => {
                     *this.classify = None;
                     return Poll::Ready(Err(ShedError::Shed { retry_after }));
@@ -367,10 +383,7 @@ where
             Poll::Pending => return Poll::Pending,
         };
         let Some(classify) = this.classify.take() else { unreachable!("checked on entry") };
-        let completion = classify.completion(&result);
-        if let Some(permit) = this.permit.take() {
-            this.shared.release(permit, completion);
-        }
+        place.release(classify.completion(&result));
         Poll::Ready(result.map_err(ShedError::Failed))
     }
 }
