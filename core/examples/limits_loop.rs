@@ -10,11 +10,13 @@
 //! The difference between the two counts, divided by 2000, is the cost of one admission and
 //! release (the start-up cancels out). The modes are those of `benches/limits.rs`: `aimd`,
 //! `vegas` and `gradient2` (the [`Limiter`] under each preset), `breaker` (the breaker's closed
-//! path, the bar) and `bulkhead`. Every call starts 1 µs after the last and takes 1 µs, and
+//! path, the bar), `bulkhead` and `atomic` (a hand-written atomic counter, the baseline of
+//! `adapter-tower/benches/limits.rs`). Every call starts 1 µs after the last and takes 1 µs, and
 //! succeeds: each machine is told the instant of its admission and of its end, as a caller
 //! reading its clock at both would.
 
 use std::hint::black_box;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use persevere::{
@@ -32,7 +34,8 @@ fn main() {
         "gradient2" => limiter(&LimiterPolicy::gradient2(), iterations),
         "breaker" => breaker(iterations),
         "bulkhead" => bulkhead(iterations),
-        other => panic!("unknown mode {other:?}: aimd, vegas, gradient2, breaker or bulkhead"),
+        "atomic" => atomic(iterations),
+        other => panic!("unknown mode {other:?}: aimd, vegas, gradient2, breaker, bulkhead or atomic"),
     };
     assert_eq!(admitted, iterations);
 }
@@ -90,6 +93,45 @@ fn bulkhead(iterations: u64) -> u64 {
             Ok(permit) => bulkhead.release(permit).is_ok(),
             Err(_) => false,
         };
+        admitted += u64::from(black_box(ok));
+    }
+    admitted
+}
+
+/// A hand-written concurrency limit: one atomic counter (as in the benches).
+struct AtomicLimit {
+    in_flight: AtomicU32,
+    limit: u32,
+}
+
+impl AtomicLimit {
+    fn try_acquire(&self) -> bool {
+        let mut current = self.in_flight.load(Ordering::Relaxed);
+        loop {
+            if current >= self.limit {
+                return false;
+            }
+            match self.in_flight.compare_exchange_weak(current, current + 1, Ordering::Acquire, Ordering::Relaxed) {
+                Ok(_) => return true,
+                Err(actual) => current = actual,
+            }
+        }
+    }
+
+    fn release(&self) {
+        self.in_flight.fetch_sub(1, Ordering::Release);
+    }
+}
+
+fn atomic(iterations: u64) -> u64 {
+    let atomic = AtomicLimit { in_flight: AtomicU32::new(0), limit: 20 };
+    let mut admitted = 0;
+    for _ in 0..iterations {
+        let limit = black_box(&atomic);
+        let ok = limit.try_acquire();
+        if ok {
+            limit.release();
+        }
         admitted += u64::from(black_box(ok));
     }
     admitted
