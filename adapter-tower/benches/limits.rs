@@ -80,11 +80,11 @@ async fn op() -> Result<u64, &'static str> {
 
 fn core(group: &mut BenchmarkGroup<'_, WallTime>) {
     let mut rng = SplitMix64::new(1);
-    let mut i = 0u64;
     let breaker_policy = breaker_policy();
     let mut breaker = Breaker::new(&breaker_policy, 1);
     group.bench_function("core/breaker_closed", |b| {
         let policy = black_box(&breaker_policy);
+        let mut i = 0u64;
         b.iter(|| {
             i = i.wrapping_add(1);
             match breaker.try_acquire(policy, Instant::from_micros(i), &mut rng) {
@@ -99,6 +99,7 @@ fn core(group: &mut BenchmarkGroup<'_, WallTime>) {
         let mut limiter = Limiter::new(&policy, 1);
         group.bench_function(format!("core/limiter/{name}"), |b| {
             let policy = black_box(&policy);
+            let mut i = 0u64;
             b.iter(|| {
                 i = i.wrapping_add(1);
                 match limiter.try_acquire(policy, Instant::from_micros(i)) {
