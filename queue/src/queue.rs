@@ -60,8 +60,6 @@ pub struct Queue<S> {
     /// Whether a task's row stays once it is completed, proceeded or diverted (until
     /// [`prune`](Self::prune)), or goes with the write that finishes it.
     keep_finished: bool,
-    /// How many held jobs it keeps at most (at least [`MAX_HELD`]).
-    max_held: usize,
 }
 
 /// Reports decided on the clock estimate ([`Queue::decide_reports`]): the guarded writes to
@@ -366,7 +364,6 @@ impl<S: Store> Queue<S> {
             declined: BTreeMap::new(),
             held: HashMap::new(),
             keep_finished: true,
-            max_held: MAX_HELD,
         }
     }
 
@@ -663,12 +660,6 @@ impl<S: Store> Queue<S> {
         Ok(Some((write_of(&state, now)?, version, status, finished)))
     }
 
-    /// Keeps at least `n` held jobs (a runner keeps as many as it can have out, waiting to be
-    /// written and being written).
-    pub(crate) fn hold_at_least(&mut self, n: usize) {
-        self.max_held = self.max_held.max(n);
-    }
-
     /// Whether a guarded write that leaves the task `status` deletes its row instead
     /// ([`keep_finished`](Self::keep_finished)).
     fn deletes(&self, status: Status) -> bool {
@@ -680,7 +671,7 @@ impl<S: Store> Queue<S> {
         if !matches!(held.state.status(), DeliveryStatus::HandedOut { .. } | DeliveryStatus::Running { .. }) {
             return;
         }
-        if self.held.len() >= self.max_held {
+        if self.held.len() >= MAX_HELD {
             self.held.clear();
         }
         self.held.insert(id.0, held);

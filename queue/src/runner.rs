@@ -324,9 +324,6 @@ impl<S: Store> RunnerBuilder<S> {
         if settings.retention == Some(Duration::ZERO) {
             self.runner.queue.keep_finished(false);
         }
-        // Out, waiting to be written, and being written.
-        let capacity = settings.concurrency.saturating_add(settings.buffer);
-        self.runner.queue.hold_at_least(capacity.saturating_mul(3));
         self.runner
     }
 }

@@ -424,11 +424,11 @@ impl<S: Store> Feeder<S> {
     }
 
     /// How many jobs a claim may take now, if one is worth its transaction: the runner is not
-    /// stopping, and half its capacity is free or fewer jobs are out than handlers. (A result
-    /// not yet written frees its job's place: the queue holds its job until it is written, up
-    /// to three times the capacity, `Queue::hold_at_least`.)
+    /// stopping, and half its capacity is free or fewer jobs are out than handlers. Results not
+    /// yet written hold their jobs' places (the queue holds those jobs until they are written).
     fn room(&self) -> Option<usize> {
-        let room = self.capacity().saturating_sub(self.out.len());
+        let in_flight = self.in_flight.as_ref().map_or(0, |flight| flight.batch.len());
+        let room = self.capacity().saturating_sub(self.out.len() + self.pending.len() + in_flight);
         let worth = room * 2 >= self.capacity() || self.out.len() < self.parts.settings.concurrency;
         (self.stopping.is_none() && room > 0 && worth).then_some(room)
     }
