@@ -261,47 +261,7 @@ impl BreakerPolicyBuilder {
             }
             Some(d) => saturating_nanos(d),
         };
-        let (window, default_minimum) = match self.window {
-            BreakerWindow::Calls(0) => {
-                return Err(PolicyError::Zero {
-                    setting: "window calls",
-                    why: "an empty window has no rate; use at least 1",
-                });
-            }
-            BreakerWindow::Calls(n) if n > MAX_WINDOW_CALLS => {
-                return Err(PolicyError::LimitTooLarge { setting: "window calls", max: u64::from(MAX_WINDOW_CALLS) });
-            }
-            BreakerWindow::Calls(n) => (WindowSpec::Calls(n), n),
-            BreakerWindow::Time { buckets: 0, .. } => {
-                return Err(PolicyError::Zero {
-                    setting: "window buckets",
-                    why: "a time window needs at least 1 bucket",
-                });
-            }
-            BreakerWindow::Time { buckets, .. } if buckets > MAX_WINDOW_BUCKETS => {
-                return Err(PolicyError::LimitTooLarge {
-                    setting: "window buckets",
-                    max: u64::from(MAX_WINDOW_BUCKETS),
-                });
-            }
-            BreakerWindow::Time { span, buckets } => {
-                let span_ns = nanos_of(span).ok_or(PolicyError::DurationOverflow { setting: "window span" })?;
-                let width_ns = span_ns / u64::from(buckets);
-                if width_ns == 0 {
-                    return Err(PolicyError::Zero {
-                        setting: "window span",
-                        why: "each bucket must be at least 1 ns wide (span ≥ buckets ns)",
-                    });
-                }
-                if width_ns > MAX_BUCKET_WIDTH_NS {
-                    return Err(PolicyError::LimitTooLarge {
-                        setting: "window bucket width (ns)",
-                        max: MAX_BUCKET_WIDTH_NS,
-                    });
-                }
-                (WindowSpec::Time { width_ns, buckets }, 100)
-            }
-        };
+        let (window, default_minimum) = window_spec(self.window)?;
         let minimum_calls = match self.minimum_calls {
             None => default_minimum,
             Some(0) => {
@@ -321,6 +281,38 @@ impl BreakerPolicyBuilder {
                 why: "the window never holds that many calls, so the rate rules would never apply",
             });
         }
+        let close_after = self.close_after()?;
+        let probe_timeout_ns =
+            nanos_of(self.probe_timeout).ok_or(PolicyError::DurationOverflow { setting: "probe_timeout" })?;
+        if probe_timeout_ns == 0 {
+            return Err(PolicyError::Zero {
+                setting: "probe_timeout",
+                why: "every probe would fail at once; a probe needs time to answer",
+            });
+        }
+        let rated = failure_ppm != NEVER || slow_ppm != NEVER;
+        Ok(BreakerPolicy {
+            open: self.open,
+            consecutive,
+            failure_ppm,
+            slow_ppm,
+            slow_ns,
+            window_key: if rated { window_key(window) } else { 0 },
+            window,
+            minimum_calls,
+            permits: self.half_open_permits,
+            close_after,
+            probe_timeout_ns,
+            half_open: self.half_open,
+            failure_rate: self.failure_rate,
+            slow_call_rate: self.slow_call_rate,
+            window_given: self.window,
+        })
+    }
+
+    /// How many probe successes close the breaker; refuses half-open settings that could
+    /// never close it or contradict the half-open rule.
+    fn close_after(&self) -> Result<u32, PolicyError> {
         if self.half_open_permits == 0 {
             return Err(PolicyError::Zero {
                 setting: "half_open_permits",
@@ -356,32 +348,44 @@ impl BreakerPolicyBuilder {
                 });
             }
         }
-        let probe_timeout_ns =
-            nanos_of(self.probe_timeout).ok_or(PolicyError::DurationOverflow { setting: "probe_timeout" })?;
-        if probe_timeout_ns == 0 {
-            return Err(PolicyError::Zero {
-                setting: "probe_timeout",
-                why: "every probe would fail at once; a probe needs time to answer",
-            });
+        Ok(close_after)
+    }
+}
+
+/// A window as the breaker keeps it, and the default `minimum_calls` for it; refuses an empty,
+/// too long or too finely bucketed window.
+fn window_spec(window: BreakerWindow) -> Result<(WindowSpec, u32), PolicyError> {
+    match window {
+        BreakerWindow::Calls(0) => {
+            Err(PolicyError::Zero { setting: "window calls", why: "an empty window has no rate; use at least 1" })
         }
-        let rated = failure_ppm != NEVER || slow_ppm != NEVER;
-        Ok(BreakerPolicy {
-            open: self.open,
-            consecutive,
-            failure_ppm,
-            slow_ppm,
-            slow_ns,
-            window_key: if rated { window_key(window) } else { 0 },
-            window,
-            minimum_calls,
-            permits: self.half_open_permits,
-            close_after,
-            probe_timeout_ns,
-            half_open: self.half_open,
-            failure_rate: self.failure_rate,
-            slow_call_rate: self.slow_call_rate,
-            window_given: self.window,
-        })
+        BreakerWindow::Calls(n) if n > MAX_WINDOW_CALLS => {
+            Err(PolicyError::LimitTooLarge { setting: "window calls", max: u64::from(MAX_WINDOW_CALLS) })
+        }
+        BreakerWindow::Calls(n) => Ok((WindowSpec::Calls(n), n)),
+        BreakerWindow::Time { buckets: 0, .. } => {
+            Err(PolicyError::Zero { setting: "window buckets", why: "a time window needs at least 1 bucket" })
+        }
+        BreakerWindow::Time { buckets, .. } if buckets > MAX_WINDOW_BUCKETS => {
+            Err(PolicyError::LimitTooLarge { setting: "window buckets", max: u64::from(MAX_WINDOW_BUCKETS) })
+        }
+        BreakerWindow::Time { span, buckets } => {
+            let span_ns = nanos_of(span).ok_or(PolicyError::DurationOverflow { setting: "window span" })?;
+            let width_ns = span_ns / u64::from(buckets);
+            if width_ns == 0 {
+                return Err(PolicyError::Zero {
+                    setting: "window span",
+                    why: "each bucket must be at least 1 ns wide (span ≥ buckets ns)",
+                });
+            }
+            if width_ns > MAX_BUCKET_WIDTH_NS {
+                return Err(PolicyError::LimitTooLarge {
+                    setting: "window bucket width (ns)",
+                    max: MAX_BUCKET_WIDTH_NS,
+                });
+            }
+            Ok((WindowSpec::Time { width_ns, buckets }, 100))
+        }
     }
 }
 
